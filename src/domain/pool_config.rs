@@ -1,0 +1,92 @@
+//! A pool's configuration, as set with `PUT /pools/{pool}`.
+
+use serde::{Deserialize, Serialize};
+
+/// How a member that comes back to the eligible set is given its assignment count.
+///
+/// The choice matters because assignment always goes to the lowest count: a member that
+/// comes back far below the others receives every assignment until it has caught up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RestorePolicy {
+    /// Join at the current minimum among eligible members (keep its own count when no
+    /// member is eligible). A fair share from the first moment, and no flood.
+    #[default]
+    Minimum,
+    /// `max(kept count, current minimum)`: never below the pack, and never ahead of it for
+    /// having been away (the rule Linux CFS applies to a waking task).
+    History,
+    /// Literally zero. The returning member takes every assignment until it reaches the
+    /// others' counts; only for operators who want exactly that.
+    Zero,
+}
+
+impl RestorePolicy {
+    /// The name used in the API and in the Redis scripts.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Minimum => "minimum",
+            Self::History => "history",
+            Self::Zero => "zero",
+        }
+    }
+
+    /// Parses the name written by [`RestorePolicy::as_str`].
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "minimum" => Some(Self::Minimum),
+            "history" => Some(Self::History),
+            "zero" => Some(Self::Zero),
+            _ => None,
+        }
+    }
+
+    /// The count a returning member restarts at, given the count it kept while it was away
+    /// and the minimum among the members that were eligible when it came back.
+    pub fn restored_count(self, kept: u64, eligible_minimum: Option<u64>) -> u64 {
+        match (self, eligible_minimum) {
+            (Self::Zero, _) => 0,
+            (Self::Minimum, Some(min)) => min,
+            (Self::History, Some(min)) => kept.max(min),
+            (Self::Minimum | Self::History, None) => kept,
+        }
+    }
+}
+
+/// A pool's configuration. Every field has a default, so `{}` is a complete configuration;
+/// `PUT /pools/{pool}` replaces the whole configuration with the one it is given.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// How members returning to the eligible set are given their count.
+    #[serde(default)]
+    pub restore: RestorePolicy,
+    /// The agreed starting count for new members. `None` means "the current minimum among
+    /// eligible members", so that a newly added proxy is not flooded.
+    #[serde(default)]
+    pub start_assignments: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restore_policies_follow_their_documented_rule() {
+        use RestorePolicy::*;
+        assert_eq!(Minimum.restored_count(3, Some(10)), 10);
+        assert_eq!(Minimum.restored_count(30, Some(10)), 10);
+        assert_eq!(Minimum.restored_count(30, None), 30);
+        assert_eq!(History.restored_count(3, Some(10)), 10);
+        assert_eq!(History.restored_count(30, Some(10)), 30);
+        assert_eq!(History.restored_count(30, None), 30);
+        assert_eq!(Zero.restored_count(30, Some(10)), 0);
+    }
+
+    #[test]
+    fn an_empty_object_is_the_default_configuration_and_unknown_fields_are_refused() {
+        let parsed: PoolConfig = serde_json::from_str("{}").expect("valid");
+        assert_eq!(parsed, PoolConfig::default());
+        assert!(serde_json::from_str::<PoolConfig>(r#"{"restor": "zero"}"#).is_err());
+    }
+}

@@ -1,0 +1,112 @@
+//! The HTTP API: every route in one table, the shared state, and the layers around them.
+//!
+//! Handlers live in one file per resource and only ever call the [`Store`] trait.
+
+mod assign;
+mod auth;
+pub mod error;
+mod extract;
+mod log;
+mod members;
+mod pools;
+mod probes;
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::Method;
+use axum::routing::{MethodRouter, delete, get, post, put};
+use axum::{Extension, Router};
+
+pub use self::auth::Tokens;
+use self::error::ApiError;
+use self::extract::BodyLimit;
+pub use self::members::MAX_MEMBERS_PER_CALL;
+use crate::store::Store;
+
+/// What every handler can reach. Cloning is shallow.
+#[derive(Clone)]
+pub struct AppState {
+    /// The pools' state.
+    pub store: Arc<dyn Store>,
+    /// The accepted tokens.
+    pub tokens: Arc<Tokens>,
+}
+
+/// Limits applied to requests.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Largest request body accepted, in bytes.
+    pub body_bytes: usize,
+}
+
+/// One route of the API: the table that builds the router is also what the OpenAPI
+/// contract test compares with `openapi.yaml`.
+pub struct Route {
+    /// Path pattern in axum's (and OpenAPI's) `{param}` syntax.
+    pub path: &'static str,
+    /// HTTP method.
+    pub method: Method,
+    handler: MethodRouter<AppState>,
+}
+
+fn route(path: &'static str, method: Method, handler: MethodRouter<AppState>) -> Route {
+    Route {
+        path,
+        method,
+        handler,
+    }
+}
+
+/// Every route of the API.
+pub fn routes() -> Vec<Route> {
+    vec![
+        route("/livez", Method::GET, get(probes::livez)),
+        route("/readyz", Method::GET, get(probes::readyz)),
+        route("/pools", Method::GET, get(pools::list_pools)),
+        route("/pools/{pool}", Method::PUT, put(pools::put_pool)),
+        route("/pools/{pool}", Method::GET, get(pools::get_pool)),
+        route("/pools/{pool}", Method::DELETE, delete(pools::delete_pool)),
+        route("/pools/{pool}/assign", Method::POST, post(assign::assign)),
+        route(
+            "/pools/{pool}/members",
+            Method::POST,
+            post(members::add_members),
+        ),
+        route(
+            "/pools/{pool}/members",
+            Method::GET,
+            get(members::list_members),
+        ),
+        route(
+            "/pools/{pool}/members/disable",
+            Method::POST,
+            post(members::disable_members),
+        ),
+        route(
+            "/pools/{pool}/members/enable",
+            Method::POST,
+            post(members::enable_members),
+        ),
+        route(
+            "/pools/{pool}/members/remove",
+            Method::POST,
+            post(members::remove_members),
+        ),
+    ]
+}
+
+/// The whole application as a `Router`, ready to serve or to drive with `oneshot` in tests.
+pub fn app(state: AppState, limits: Limits) -> Router {
+    let mut router = Router::new();
+    for Route { path, handler, .. } in routes() {
+        router = router.route(path, handler);
+    }
+    router
+        .fallback(|| async { ApiError::RouteNotFound })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(DefaultBodyLimit::max(limits.body_bytes))
+        .layer(Extension(BodyLimit(limits.body_bytes)))
+        .layer(axum::middleware::from_fn(log::log_request))
+        .with_state(state)
+}

@@ -1,0 +1,147 @@
+//! `ApiError`: every error the API returns, each with one status and one stable code.
+//!
+//! Every error response has the same body, `{"error": {"code": "<snake_case>", "message":
+//! "<human text>"}}`. The message never carries internal details (Redis error text, file
+//! paths): those travel to the request log line through the response's extensions, so a
+//! failure is logged once, where the request ends.
+
+use std::time::Duration;
+
+use crate::store::StoreError;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+/// An error answer of the API.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 400 `invalid_pool_id`: the pool id in the path is not a valid id.
+    #[error("{0}")]
+    InvalidPoolId(#[from] crate::domain::InvalidPoolId),
+    /// 400 `invalid_json`: the body is not JSON of the expected shape.
+    #[error("{0}")]
+    InvalidJson(String),
+    /// 400 `invalid_query`: a query parameter is malformed.
+    #[error("{0}")]
+    InvalidQuery(String),
+    /// 400 `invalid_request`: a field has a value outside its documented range.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// 400 `too_many_members`: more members in one call than allowed.
+    #[error("at most {0} members per call")]
+    TooManyMembers(usize),
+    /// 401 `unauthorized`: no valid token.
+    #[error("a valid bearer token is required")]
+    Unauthorized,
+    /// 403 `forbidden`: a valid token without the right to this route.
+    #[error("this route needs the admin token")]
+    Forbidden,
+    /// 404 `pool_not_found`.
+    #[error("pool not found")]
+    PoolNotFound,
+    /// 404 `not_found`: no such route.
+    #[error("no such route")]
+    RouteNotFound,
+    /// 405 `method_not_allowed`.
+    #[error("method not allowed on this route")]
+    MethodNotAllowed,
+    /// 413 `payload_too_large`.
+    #[error("request body is larger than {0} bytes")]
+    PayloadTooLarge(usize),
+    /// 415 `unsupported_media_type`.
+    #[error("expected a body with content type application/json")]
+    UnsupportedMediaType,
+    /// 503 `store_unavailable`, with `Retry-After`.
+    #[error("the pool store is unavailable; retry shortly")]
+    StoreUnavailable(#[source] StoreError),
+}
+
+/// The internal detail of a failure, kept in the response's extensions for the request log.
+#[derive(Debug, Clone)]
+pub struct ErrorDetail(pub String);
+
+/// The stable code of an error answer, kept in the response's extensions for the request log.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorCode(pub &'static str);
+
+impl ApiError {
+    /// The HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::InvalidPoolId(_)
+            | Self::InvalidJson(_)
+            | Self::InvalidQuery(_)
+            | Self::InvalidRequest(_)
+            | Self::TooManyMembers(_) => StatusCode::BAD_REQUEST,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::PoolNotFound | Self::RouteNotFound => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The stable snake_case code of this error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::InvalidPoolId(_) => "invalid_pool_id",
+            Self::InvalidJson(_) => "invalid_json",
+            Self::InvalidQuery(_) => "invalid_query",
+            Self::InvalidRequest(_) => "invalid_request",
+            Self::TooManyMembers(_) => "too_many_members",
+            Self::Unauthorized => "unauthorized",
+            Self::Forbidden => "forbidden",
+            Self::PoolNotFound => "pool_not_found",
+            Self::RouteNotFound => "not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::PayloadTooLarge(_) => "payload_too_large",
+            Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::StoreUnavailable(_) => "store_unavailable",
+        }
+    }
+
+    /// How long a client should wait before retrying a 503.
+    pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::PoolNotFound => Self::PoolNotFound,
+            other => Self::StoreUnavailable(other),
+        }
+    }
+}
+
+/// Renders the one error shape; also used by the readiness probe, which adds fields.
+pub fn error_body(code: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({ "error": { "code": code, "message": message } })
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = error_body(self.code(), &self.to_string());
+        let mut response = (self.status(), axum::Json(body)).into_response();
+        let headers = response.headers_mut();
+        match &self {
+            Self::StoreUnavailable(_) => {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(Self::RETRY_AFTER.as_secs()),
+                );
+            }
+            Self::Unauthorized => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        if let Self::StoreUnavailable(source) = &self {
+            response
+                .extensions_mut()
+                .insert(ErrorDetail(source.to_string()));
+        }
+        response.extensions_mut().insert(ErrorCode(self.code()));
+        response
+    }
+}

@@ -1,0 +1,132 @@
+//! Extractors whose rejections use the API's own error shape.
+//!
+//! axum's own `Json`, `Query` and `Path` reject with plain-text bodies; these wrap them so
+//! that malformed JSON, a wrong content type, an oversized body or a bad pool id all answer
+//! with `{"error": {...}}` and a stable code.
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, JsonRejection};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+use crate::domain::PoolId;
+
+/// The pool id of the path, parsed.
+#[derive(Debug, Clone)]
+pub struct PoolPath(pub PoolId);
+
+impl<S: Send + Sync> FromRequestParts<S> for PoolPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::InvalidPoolId(crate::domain::InvalidPoolId))?;
+        Ok(Self(PoolId::parse(&raw)?))
+    }
+}
+
+/// A JSON body. With `T: Default`, see [`JsonOrDefault`] for bodies that may be empty.
+#[derive(Debug, Clone)]
+pub struct Json<T>(pub T);
+
+/// A JSON body that may also be empty, meaning `T::default()`.
+#[derive(Debug, Clone)]
+pub struct JsonOrDefault<T>(pub T);
+
+/// The body limit the request ran into, for the 413 message.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimit(pub usize);
+
+fn body_rejection(rejection: BytesRejection, limit: usize) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::PayloadTooLarge(limit)
+    } else {
+        ApiError::InvalidJson(rejection.body_text())
+    }
+}
+
+fn json_rejection(rejection: JsonRejection, limit: usize) -> ApiError {
+    match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge(limit),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::UnsupportedMediaType,
+        _ => ApiError::InvalidJson(rejection.body_text()),
+    }
+}
+
+async fn read_json<T: DeserializeOwned + Send>(
+    req: Request,
+    empty: Option<T>,
+) -> Result<T, ApiError> {
+    let limit = req
+        .extensions()
+        .get::<BodyLimit>()
+        .map_or(0, |limit| limit.0);
+    let is_json = is_json_content_type(req.headers());
+    let bytes = Bytes::from_request(req, &())
+        .await
+        .map_err(|rejection| body_rejection(rejection, limit))?;
+    if bytes.is_empty()
+        && let Some(default) = empty
+    {
+        return Ok(default);
+    }
+    if !is_json {
+        return Err(ApiError::UnsupportedMediaType);
+    }
+    axum::Json::<T>::from_bytes(&bytes)
+        .map(|axum::Json(value)| value)
+        .map_err(|rejection| json_rejection(rejection, limit))
+}
+
+/// `application/json` or `application/<anything>+json`, parameters ignored.
+fn is_json_content_type(headers: &axum::http::HeaderMap) -> bool {
+    let Some(value) = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequest<S> for Json<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
+        read_json(req, None).await.map(Self)
+    }
+}
+
+impl<S: Send + Sync, T: DeserializeOwned + Default + Send> FromRequest<S> for JsonOrDefault<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
+        read_json(req, Some(T::default())).await.map(Self)
+    }
+}
+
+/// Query parameters, rejected with the API's error shape.
+#[derive(Debug, Clone)]
+pub struct Query<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(value)| Self(value))
+            .map_err(|rejection| ApiError::InvalidQuery(rejection.body_text()))
+    }
+}

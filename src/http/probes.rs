@@ -1,0 +1,36 @@
+//! `GET /livez` and `GET /readyz`, open to orchestrators without a token.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use super::AppState;
+use super::error::{ApiError, ErrorDetail, error_body};
+
+/// 200 while the process serves requests.
+pub async fn livez() -> Response {
+    axum::Json(json!({ "status": "ok" })).into_response()
+}
+
+/// 200 when the store answers within its timeout, else 503 with the reason.
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    match state.store.status().await {
+        Ok(status) => axum::Json(json!({
+            "status": "ready",
+            "store": status.store,
+            "topology": status.topology,
+        }))
+        .into_response(),
+        Err(error) => {
+            let detail = error.to_string();
+            let api = ApiError::from(error);
+            let mut body = error_body(api.code(), &api.to_string());
+            body["status"] = json!("unavailable");
+            body["store"] = json!(state.store.name());
+            let mut response = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+            response.extensions_mut().insert(ErrorDetail(detail));
+            response
+        }
+    }
+}

@@ -1,0 +1,28 @@
+-- Moves members from the eligible to the ineligible set, keeping their counts, and records
+-- why and when. An assign running at the same moment sees a member either before or after
+-- the move, never half-moved, because both happen inside scripts.
+-- KEYS[1] meta, KEYS[2] eligible, KEYS[3] ineligible, KEYS[4] taken_out hash.
+-- ARGV[1] reason, ARGV[2..] member ids.
+-- Returns {-1} when the pool does not exist, else
+-- {1, {1 = disabled | 2 = already ineligible | 0 = unknown ...}}.
+if redis.call('EXISTS', KEYS[1]) == 0 then
+    return {-1}
+end
+local t = redis.call('TIME')
+local since = t[1] .. string.format('%03d', math.floor(t[2] / 1000))
+local outcome = {}
+for i = 2, #ARGV do
+    local member = ARGV[i]
+    local count = redis.call('ZSCORE', KEYS[2], member)
+    if count then
+        redis.call('ZREM', KEYS[2], member)
+        redis.call('ZADD', KEYS[3], count, member)
+        redis.call('HSET', KEYS[4], member, since .. ' ' .. ARGV[1])
+        outcome[#outcome + 1] = 1
+    elseif redis.call('ZSCORE', KEYS[3], member) then
+        outcome[#outcome + 1] = 2
+    else
+        outcome[#outcome + 1] = 0
+    end
+end
+return {1, outcome}

@@ -1,0 +1,444 @@
+//! Test harness: Redis servers started on free loopback ports, the application spawned on
+//! port 0, and a client that speaks to it.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use proxy_allocator::config::Config;
+use proxy_allocator::startup::Application;
+use reqwest::{Method, RequestBuilder, StatusCode};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The admin token every test app is started with.
+pub const ADMIN: &str = "test-admin-token";
+
+/// A `redis-server` process owned by a test (or by the whole test binary).
+pub struct RedisServer {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+    aof: bool,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn redis_server_missing() -> ! {
+    panic!(
+        "redis-server was not found on PATH. The Redis tests need it: install it with \
+         `apt-get install redis-server` (Debian/Ubuntu) or `brew install redis`, or point \
+         TEST_REDIS_URL at a Redis the tests may write to."
+    )
+}
+
+impl RedisServer {
+    /// Starts a throw-away Redis that keeps nothing on disk.
+    pub fn start() -> Self {
+        Self::launch(false)
+    }
+
+    fn launch(aof: bool) -> Self {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("pa-test-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let mut server = Self {
+            port,
+            dir,
+            child: None,
+            aof,
+        };
+        server.restart();
+        server
+    }
+
+    /// (Re)starts the process on the same port and directory.
+    pub fn restart(&mut self) {
+        let mut cmd = Command::new("redis-server");
+        cmd.args([
+            "--port",
+            &self.port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+        ])
+        .args(["--dir".as_ref(), self.dir.as_os_str()])
+        .args(["--appendonly", if self.aof { "yes" } else { "no" }])
+        .args(["--appendfsync", "always"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        let child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => redis_server_missing(),
+            Err(e) => panic!("cannot start redis-server: {e}"),
+        };
+        self.child = Some(child);
+        wait_for_redis(self.port);
+    }
+
+    /// Kills the process with SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The URL to give the service.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn wait_for_redis(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) {
+            let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+            let mut buf = [0u8; 16];
+            if stream.write_all(b"PING\r\n").is_ok()
+                && stream
+                    .read(&mut buf)
+                    .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
+            {
+                return;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("redis-server on port {port} did not answer PING within 10 s");
+}
+
+/// Sends one command to a Redis and returns its reply (the tests' own side channel).
+pub fn redis_cli(url: &str, args: &[&str]) -> redis::Value {
+    let client = redis::Client::open(url).expect("a valid Redis URL");
+    let mut conn = client
+        .get_connection()
+        .expect("a connection to the test Redis");
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query(&mut conn).expect("the command succeeds")
+}
+
+/// The Redis shared by every test of this binary that does not stop its Redis. It lives as
+/// long as the test process; each test isolates itself with its own key prefix.
+pub fn shared_redis_url() -> String {
+    static SHARED: OnceLock<String> = OnceLock::new();
+    static SERVER: OnceLock<std::sync::Mutex<Option<RedisServer>>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            if let Ok(url) = std::env::var("TEST_REDIS_URL") {
+                return url;
+            }
+            let server = RedisServer::start();
+            let url = server.url();
+            reap_with_parent(server.port);
+            SERVER.get_or_init(|| std::sync::Mutex::new(Some(server)));
+            url
+        })
+        .clone()
+}
+
+/// Statics are never dropped, so the shared Redis would outlive the test process. A small
+/// watcher shell shuts it down as soon as this process is gone.
+fn reap_with_parent(port: u16) {
+    let script = format!(
+        "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; \
+         redis-cli -p {port} shutdown nosave >/dev/null 2>&1",
+        pid = std::process::id()
+    );
+    let _ = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+}
+
+/// Which store an application runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The shared Redis, isolated by a random key prefix.
+    Redis,
+    /// The in-process store.
+    Embedded,
+}
+
+/// A running application and a client for it.
+pub struct TestApp {
+    /// Base URL, `http://127.0.0.1:<port>`.
+    pub base: String,
+    /// The HTTP client.
+    pub client: reqwest::Client,
+    /// The Redis URL, when on Redis.
+    pub redis_url: Option<String>,
+    /// The key prefix, when on Redis.
+    pub key_prefix: String,
+    shutdown: Option<oneshot::Sender<()>>,
+    handle: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+/// A configuration for tests: port 0, fixed tokens, nothing taken from the environment.
+pub fn test_config(redis_url: Option<String>) -> Config {
+    let mut config = Config::defaults();
+    config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    config.redis_url = redis_url;
+    config.key_prefix = format!("t{:016x}", rand::random::<u64>());
+    config.admin_token = Some(ADMIN.to_owned());
+    config.admin_token_file = None;
+    config.worker_token = None;
+    config.store_timeout_ms = 1000;
+    config.shutdown_timeout_ms = 5000;
+    config.body_limit_bytes = 1024 * 1024;
+    config
+}
+
+impl TestApp {
+    /// Starts the application on `backend` with the test configuration.
+    pub async fn spawn(backend: Backend) -> Self {
+        let url = match backend {
+            Backend::Redis => Some(shared_redis_url()),
+            Backend::Embedded => None,
+        };
+        Self::spawn_with(test_config(url)).await
+    }
+
+    /// Starts the application with a given configuration.
+    pub async fn spawn_with(config: Config) -> Self {
+        proxy_allocator::telemetry::init(proxy_allocator::config::LogFormat::Text);
+        let redis_url = config.redis_url.clone();
+        let key_prefix = config.key_prefix.clone();
+        let app = Application::build(config)
+            .await
+            .expect("the application starts");
+        let base = format!("http://{}", app.local_addr());
+        let (tx, rx) = oneshot::channel();
+        let handle = tokio::spawn(app.run_until_stopped(async move {
+            let _ = rx.await;
+        }));
+        Self {
+            base,
+            client: reqwest::Client::builder()
+                .pool_max_idle_per_host(64)
+                .build()
+                .expect("an HTTP client"),
+            redis_url,
+            key_prefix,
+            shutdown: Some(tx),
+            handle: Some(handle),
+        }
+    }
+
+    /// Stops the application and waits for it to drain.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.await;
+        }
+    }
+
+    /// A request with the admin token.
+    pub fn admin(&self, method: Method, path: &str) -> RequestBuilder {
+        self.client
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(ADMIN)
+    }
+
+    /// A request without a token.
+    pub fn anonymous(&self, method: Method, path: &str) -> RequestBuilder {
+        self.client.request(method, format!("{}{path}", self.base))
+    }
+
+    /// Creates a pool with a configuration and checks it was created.
+    pub async fn create_pool(&self, pool: &str, config: Value) {
+        let response = self
+            .admin(Method::PUT, &format!("/pools/{pool}"))
+            .json(&config)
+            .send()
+            .await
+            .expect("PUT /pools/{pool}");
+        assert_eq!(response.status(), StatusCode::CREATED, "creating {pool}");
+    }
+
+    /// Seeds members (optionally with a starting count) and returns the response body.
+    pub async fn seed(&self, pool: &str, members: &[&str], assignments: Option<u64>) -> Value {
+        let mut body = json!({ "members": members });
+        if let Some(n) = assignments {
+            body["assignments"] = json!(n);
+        }
+        self.post_json(&format!("/pools/{pool}/members"), body)
+            .await
+            .1
+    }
+
+    /// An admin POST with a JSON body; returns status and body (Null when empty).
+    pub async fn post_json(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        let response = self
+            .admin(Method::POST, path)
+            .json(&body)
+            .send()
+            .await
+            .expect("request sent");
+        read(response).await
+    }
+
+    /// An admin GET; returns status and body.
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        read(
+            self.admin(Method::GET, path)
+                .send()
+                .await
+                .expect("request sent"),
+        )
+        .await
+    }
+
+    /// One assign; returns status and body (Null on 204).
+    pub async fn assign(&self, pool: &str) -> (StatusCode, Value) {
+        let response = self
+            .anonymous(Method::POST, &format!("/pools/{pool}/assign"))
+            .send()
+            .await
+            .expect("request sent");
+        read(response).await
+    }
+
+    /// The proxy of an assign that must succeed.
+    pub async fn assigned(&self, pool: &str) -> (String, u64) {
+        let (status, body) = self.assign(pool).await;
+        assert_eq!(status, StatusCode::OK, "assign on {pool}: {body}");
+        (
+            body["proxy"].as_str().expect("proxy").to_owned(),
+            body["assignments"].as_u64().expect("assignments"),
+        )
+    }
+
+    /// Every member of a pool with its count, in listing order.
+    pub async fn counts(&self, pool: &str) -> Vec<(String, u64, String)> {
+        let (status, body) = self.get(&format!("/pools/{pool}/members?limit=1000")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body["members"]
+            .as_array()
+            .expect("members")
+            .iter()
+            .map(|m| {
+                (
+                    m["member"].as_str().expect("member").to_owned(),
+                    m["assignments"].as_u64().expect("assignments"),
+                    m["state"].as_str().expect("state").to_owned(),
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Sends `request` as raw bytes and returns the status and JSON body of the answer: for
+/// paths an HTTP client would normalise (`/pools/../assign`) or headers it would refuse.
+pub async fn raw_request(base: &str, request: &str) -> (StatusCode, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connected");
+    stream.write_all(request.as_bytes()).await.expect("sent");
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.expect("an answer");
+    let text = String::from_utf8_lossy(&answer);
+    let status: u16 = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("a status line in {text:?}"));
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let body = if body.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(body).unwrap_or_else(|_| panic!("a JSON body in {text:?}"))
+    };
+    (StatusCode::from_u16(status).expect("a valid status"), body)
+}
+
+/// Status and JSON body of a response (Null for an empty body).
+pub async fn read(response: reqwest::Response) -> (StatusCode, Value) {
+    let status = response.status();
+    let bytes = response.bytes().await.expect("a body");
+    let body = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| panic!("a JSON body, got {:?}", String::from_utf8_lossy(&bytes)))
+    };
+    (status, body)
+}
+
+/// Asserts the one error shape with a given status and code.
+pub fn assert_error(status: StatusCode, body: &Value, expected_status: StatusCode, code: &str) {
+    assert_eq!(status, expected_status, "{body}");
+    assert_eq!(body["error"]["code"], json!(code), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert_eq!(
+        body.as_object().map(|o| o.len()),
+        Some(1),
+        "only `error` at the top: {body}"
+    );
+}
+
+/// Runs each listed `async fn name(app: TestApp)` once on Redis and once on the embedded
+/// store, as `redis::name` and `embedded::name`.
+#[macro_export]
+macro_rules! for_each_store {
+    ($($name:ident),* $(,)?) => {
+        mod on_redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let app = $crate::helpers::TestApp::spawn($crate::helpers::Backend::Redis).await;
+                    super::$name(app).await;
+                }
+            )*
+        }
+        mod on_embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let app = $crate::helpers::TestApp::spawn($crate::helpers::Backend::Embedded).await;
+                    super::$name(app).await;
+                }
+            )*
+        }
+    };
+}

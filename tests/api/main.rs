@@ -1,0 +1,14 @@
+//! The API test suite: one binary, the real application on port 0, a real Redis started by
+//! the harness. Tests that state a rule of the store run against both stores (see
+//! `for_each_store!`), so the Redis and embedded stores cannot drift apart.
+
+mod helpers;
+
+mod assign;
+mod auth;
+mod concurrency;
+mod contract;
+mod members;
+mod pools;
+mod redis_faults;
+mod requests;

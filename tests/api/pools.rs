@@ -1,0 +1,157 @@
+//! Pool routes: create, update, read, list and delete.
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use crate::for_each_store;
+use crate::helpers::{TestApp, assert_error, read};
+
+async fn put_creates_a_pool_with_201_and_echoes_the_defaults(app: TestApp) {
+    let response = app
+        .admin(Method::PUT, "/pools/web")
+        .send()
+        .await
+        .expect("sent");
+    let (status, body) = read(response).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(
+        body,
+        json!({"pool": "web", "config": {"restore": "minimum", "start_assignments": null}})
+    );
+}
+
+async fn put_on_an_existing_pool_replaces_its_configuration_with_200(app: TestApp) {
+    app.create_pool("web", json!({"restore": "history", "start_assignments": 7}))
+        .await;
+    let response = app
+        .admin(Method::PUT, "/pools/web")
+        .json(&json!({"restore": "zero"}))
+        .send()
+        .await
+        .expect("sent");
+    let (status, body) = read(response).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body["config"],
+        json!({"restore": "zero", "start_assignments": null})
+    );
+    let (_, info) = app.get("/pools/web").await;
+    assert_eq!(info["config"], body["config"]);
+}
+
+async fn put_refuses_unknown_fields_and_bad_values_with_400(app: TestApp) {
+    for bad in [
+        json!({"restor": "zero"}),
+        json!({"restore": "sometimes"}),
+        json!({"start_assignments": -1}),
+        json!([1]),
+    ] {
+        let response = app
+            .admin(Method::PUT, "/pools/web")
+            .json(&bad)
+            .send()
+            .await
+            .expect("sent");
+        let (status, body) = read(response).await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_json");
+    }
+    assert_error_404(&app, "/pools/web").await;
+}
+
+async fn assert_error_404(app: &TestApp, path: &str) {
+    let (status, body) = app.get(path).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND, "pool_not_found");
+}
+
+async fn get_pool_shows_configuration_and_stats(app: TestApp) {
+    app.create_pool("p", json!({"start_assignments": 4})).await;
+    app.seed("p", &["a", "b", "c"], None).await;
+    app.post_json("/pools/p/members/disable", json!({"members": ["c"]}))
+        .await;
+    app.assigned("p").await;
+    let (status, body) = app.get("/pools/p").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["pool"], json!("p"));
+    assert_eq!(
+        body["config"],
+        json!({"restore": "minimum", "start_assignments": 4})
+    );
+    assert_eq!(
+        body["stats"],
+        json!({"eligible": 2, "ineligible": 1, "min_assignments": 4, "max_assignments": 5, "total_assignments": 1})
+    );
+    assert!(
+        body["created_at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{body}"
+    );
+}
+
+async fn get_pool_of_an_empty_pool_has_null_min_and_max(app: TestApp) {
+    app.create_pool("p", json!({})).await;
+    let (_, body) = app.get("/pools/p").await;
+    assert_eq!(
+        body["stats"],
+        json!({"eligible": 0, "ineligible": 0, "min_assignments": null, "max_assignments": null, "total_assignments": 0})
+    );
+}
+
+async fn get_pools_lists_every_pool_in_id_order(app: TestApp) {
+    for pool in ["zeta", "alpha", "mid"] {
+        app.create_pool(pool, json!({})).await;
+    }
+    app.seed("mid", &["m1"], Some(3)).await;
+    let (status, body) = app.get("/pools").await;
+    assert_eq!(status, StatusCode::OK);
+    let pools = body["pools"].as_array().expect("pools");
+    let ids: Vec<&str> = pools
+        .iter()
+        .map(|p| p["pool"].as_str().expect("id"))
+        .collect();
+    assert_eq!(ids, ["alpha", "mid", "zeta"]);
+    assert_eq!(pools[1]["stats"]["eligible"], json!(1));
+    assert_eq!(pools[1]["stats"]["min_assignments"], json!(3));
+}
+
+async fn delete_removes_the_pool_and_assign_then_answers_404(app: TestApp) {
+    app.create_pool("gone", json!({})).await;
+    app.seed("gone", &["a"], None).await;
+    let response = app
+        .admin(Method::DELETE, "/pools/gone")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(
+        read(response).await,
+        (StatusCode::NO_CONTENT, serde_json::Value::Null)
+    );
+    let (status, body) = app.assign("gone").await;
+    assert_error(status, &body, StatusCode::NOT_FOUND, "pool_not_found");
+    let (_, list) = app.get("/pools").await;
+    assert_eq!(list, json!({"pools": []}));
+    // Re-creating starts from nothing: the old members are gone with their counts.
+    app.create_pool("gone", json!({})).await;
+    assert_eq!(app.assign("gone").await.0, StatusCode::NO_CONTENT);
+}
+
+async fn delete_of_an_unknown_pool_answers_404(app: TestApp) {
+    let response = app
+        .admin(Method::DELETE, "/pools/never")
+        .send()
+        .await
+        .expect("sent");
+    let (status, body) = read(response).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND, "pool_not_found");
+}
+
+for_each_store!(
+    put_creates_a_pool_with_201_and_echoes_the_defaults,
+    put_on_an_existing_pool_replaces_its_configuration_with_200,
+    put_refuses_unknown_fields_and_bad_values_with_400,
+    get_pool_shows_configuration_and_stats,
+    get_pool_of_an_empty_pool_has_null_min_and_max,
+    get_pools_lists_every_pool_in_id_order,
+    delete_removes_the_pool_and_assign_then_answers_404,
+    delete_of_an_unknown_pool_answers_404,
+);

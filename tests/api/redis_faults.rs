@@ -1,0 +1,161 @@
+//! Redis-specific behaviour: script cache loss, Redis going away and coming back, and the
+//! key layout.
+
+use std::time::{Duration, Instant};
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use crate::helpers::{RedisServer, TestApp, assert_error, read, redis_cli, test_config};
+
+#[tokio::test]
+async fn assign_recovers_after_the_script_cache_is_flushed() {
+    let app = TestApp::spawn(crate::helpers::Backend::Redis).await;
+    let url = app.redis_url.clone().expect("on Redis");
+    app.create_pool("p", json!({})).await;
+    app.seed("p", &["a", "b"], Some(0)).await;
+    assert_eq!(app.assigned("p").await, ("a".to_owned(), 1));
+    let sha = redis::Script::new(include_str!("../../src/store/scripts/assign.lua"))
+        .get_hash()
+        .to_owned();
+    assert_eq!(
+        redis_cli(&url, &["SCRIPT", "EXISTS", &sha]),
+        redis::Value::Array(vec![redis::Value::Int(1)])
+    );
+    redis_cli(&url, &["SCRIPT", "FLUSH"]);
+    assert_eq!(
+        redis_cli(&url, &["SCRIPT", "EXISTS", &sha]),
+        redis::Value::Array(vec![redis::Value::Int(0)])
+    );
+    assert_eq!(app.assigned("p").await, ("b".to_owned(), 1));
+    assert_eq!(app.assigned("p").await, ("a".to_owned(), 2));
+}
+
+#[tokio::test]
+async fn every_key_of_a_pool_carries_the_pool_as_its_hash_tag() {
+    let app = TestApp::spawn(crate::helpers::Backend::Redis).await;
+    let url = app.redis_url.clone().expect("on Redis");
+    app.create_pool("tagged", json!({})).await;
+    app.seed("tagged", &["a", "b"], None).await;
+    app.post_json("/pools/tagged/members/disable", json!({"members": ["b"]}))
+        .await;
+    app.assigned("tagged").await;
+    let keys = format!(
+        "{:?}",
+        redis_cli(&url, &["KEYS", &format!("{}:*", app.key_prefix)])
+    );
+    let prefix = &app.key_prefix;
+    for expected in ["meta", "eligible", "ineligible", "taken_out"] {
+        assert!(
+            keys.contains(&format!("{prefix}:{{tagged}}:{expected}")),
+            "{expected} missing from {keys}"
+        );
+    }
+    // Only the registry lives outside the pool's slot.
+    assert_eq!(keys.matches("{tagged}").count(), 4, "{keys}");
+    assert!(keys.contains(&format!("{prefix}:pools")), "{keys}");
+}
+
+#[tokio::test]
+async fn with_redis_down_requests_answer_503_within_the_timeout_and_recover_without_a_restart() {
+    let mut redis = RedisServer::start();
+    let mut config = test_config(Some(redis.url()));
+    config.store_timeout_ms = 500;
+    let app = TestApp::spawn_with(config).await;
+    app.create_pool("p", json!({})).await;
+    app.seed("p", &["a"], None).await;
+    assert_eq!(app.assigned("p").await, ("a".to_owned(), 1));
+
+    redis.kill();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let response = app
+            .anonymous(Method::POST, "/pools/p/assign")
+            .send()
+            .await
+            .expect("sent");
+        let retry_after = response.headers().get("retry-after").cloned();
+        let (status, body) = read(response).await;
+        assert_error(
+            status,
+            &body,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+        );
+        assert_eq!(retry_after.as_ref().map(|v| v.as_bytes()), Some(&b"1"[..]));
+        assert!(
+            started.elapsed() < Duration::from_millis(1500),
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+    let (status, body) = read(
+        app.anonymous(Method::GET, "/readyz")
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["status"], json!("unavailable"));
+    assert_eq!(body["store"], json!("redis"));
+    assert_eq!(body["error"]["code"], json!("store_unavailable"));
+
+    // Same port, empty data (no AOF): the pool is gone, which proves the service reached
+    // the new process rather than answering from a cache.
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let recovered = loop {
+        let (status, _) = app.assign("p").await;
+        if status == StatusCode::NOT_FOUND || Instant::now() > deadline {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(recovered, StatusCode::NOT_FOUND);
+    let response = app
+        .anonymous(Method::GET, "/readyz")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn readyz_reports_the_redis_store_and_its_topology() {
+    let app = TestApp::spawn(crate::helpers::Backend::Redis).await;
+    let (status, body) = read(
+        app.anonymous(Method::GET, "/readyz")
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body,
+        json!({"status": "ready", "store": "redis", "topology": "standalone"})
+    );
+}
+
+#[tokio::test]
+async fn the_service_starts_while_redis_is_down_and_serves_once_it_is_up() {
+    let mut redis = RedisServer::start();
+    redis.kill();
+    let mut config = test_config(Some(redis.url()));
+    config.store_timeout_ms = 300;
+    let app = TestApp::spawn_with(config).await;
+    let response = app
+        .anonymous(Method::GET, "/readyz")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    redis.restart();
+    let response = app
+        .admin(Method::PUT, "/pools/p")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::CREATED);
+}
