@@ -65,6 +65,11 @@ pub struct Config {
     #[arg(long, env = "SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
 
+    /// Longest time, in milliseconds, a client may take to send a request's headers; a
+    /// slower connection is closed so that it cannot hold resources.
+    #[arg(long, env = "HEADER_READ_TIMEOUT_MS", default_value_t = 5_000)]
+    pub header_read_timeout_ms: u64,
+
     /// Log format. The level is set with `RUST_LOG` (default `info`).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,
@@ -79,6 +84,11 @@ impl Config {
     /// The shutdown drain timeout as a duration.
     pub fn shutdown_timeout(&self) -> Duration {
         Duration::from_millis(self.shutdown_timeout_ms)
+    }
+
+    /// The header read timeout as a duration.
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
     }
 
     /// A configuration with every default, for tests and embedding.

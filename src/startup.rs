@@ -4,8 +4,16 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use axum::Router;
+use axum::body::Body;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tower::ServiceExt;
 
 use crate::config::Config;
 use crate::http::{self, AppState, Limits, Tokens};
@@ -101,6 +109,10 @@ impl Application {
     /// Serves until `shutdown` completes, then stops accepting connections and lets the
     /// requests in flight finish, for at most the configured shutdown timeout.
     ///
+    /// The accept loop is this crate's own rather than `axum::serve` so that HTTP/1 header
+    /// reads have a deadline: a client that trickles its headers byte by byte is cut off
+    /// after `HEADER_READ_TIMEOUT_MS` instead of holding a connection forever.
+    ///
     /// # Errors
     /// An I/O error of the listener.
     pub async fn run_until_stopped(
@@ -108,30 +120,65 @@ impl Application {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let drain = self.config.shutdown_timeout();
-        let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
-        let signal = async move {
-            shutdown.await;
-            tracing::info!("shutting down: draining requests in flight");
-            let _ = stopping_tx.send(());
-        };
+        let mut builder = Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.config.header_read_timeout())
+            .max_buf_size(MAX_HEADER_BYTES);
+        let graceful = GracefulShutdown::new();
         tracing::info!(addr = %self.local_addr(), "listening");
-        let server = axum::serve(self.listener, self.router).with_graceful_shutdown(signal);
-        let deadline = async move {
-            if stopping_rx.await.is_ok() {
-                tokio::time::sleep(drain).await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        };
-        tokio::select! {
-            result = server.into_future() => result,
-            () = deadline => {
-                tracing::warn!(timeout_ms = drain.as_millis(), "drain timeout reached; closing the remaining connections");
-                Ok(())
-            }
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let (stream, _peer) = tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                () = &mut shutdown => break,
+            };
+            let _ = stream.set_nodelay(true);
+            let service = TowerToHyperService::new(
+                self.router
+                    .clone()
+                    .map_request(|req: hyper::Request<hyper::body::Incoming>| req.map(Body::new)),
+            );
+            let connection = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .into_owned();
+            let connection = graceful.watch(connection);
+            tokio::spawn(async move {
+                if let Err(error) = connection.await {
+                    tracing::debug!(error = %error, "connection ended with an error");
+                }
+            });
         }
+        drop(self.listener);
+        tracing::info!(
+            connections = graceful.count(),
+            "shutting down: draining requests in flight"
+        );
+        if tokio::time::timeout(drain, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                timeout_ms = drain.as_millis(),
+                "drain timeout reached; closing the remaining connections"
+            );
+        }
+        Ok(())
     }
 }
+
+/// Largest request head (request line and headers) accepted, in bytes; beyond it the
+/// connection answers 431.
+const MAX_HEADER_BYTES: usize = 64 * 1024;
 
 fn admin_token(config: &Config) -> Result<String, StartupError> {
     if let Some(token) = &config.admin_token {

@@ -20,6 +20,10 @@
 //! returns the pool object at once, so concurrent requests share a few connections and
 //! reach Redis pipelined. A connection is marked broken when a command on it fails at the
 //! connection level or times out; the next checkout then drops it and dials a new one.
+//! When any connection notices that its socket closed (redis-rs reports a `Disconnection`
+//! push), every pooled connection is verified with one PING at its next checkout, so that
+//! after Redis restarts or a proxy cuts connections the next request goes out on a live
+//! connection instead of failing on a dead one. In steady state no checkout sends anything.
 //!
 //! A script call is never retried after it was sent: the script may have run with only its
 //! reply lost, and running it again would count an assignment twice. The caller gets a 503
@@ -27,13 +31,15 @@
 //! script and sends it again.)
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, RedisError, Script, Value};
+use redis::{
+    AsyncConnectionConfig, IntoConnectionInfo, ProtocolVersion, RedisError, Script, Value,
+};
 
 use super::{
     Assignment, Cursor, DisableReport, EnableReport, MemberPage, MemberState, MemberView, PoolInfo,
@@ -120,6 +126,8 @@ impl Scripts {
 struct SharedConnection {
     connection: MultiplexedConnection,
     broken: Arc<AtomicBool>,
+    /// The disconnect generation this connection was last known to be alive at.
+    verified_at: u64,
 }
 
 impl SharedConnection {
@@ -135,9 +143,12 @@ impl SharedConnection {
     }
 }
 
-/// deadpool-redis's manager for dialling, with a recycle step that costs no round trip.
+/// deadpool-redis's manager for dialling, with a recycle step that costs no round trip
+/// unless some connection was seen to disconnect since this one was last verified.
 struct SharedConnectionManager {
     dial: deadpool_redis::Manager,
+    /// Bumped by every connection whose socket closed.
+    disconnects: Arc<AtomicU64>,
 }
 
 impl managed::Manager for SharedConnectionManager {
@@ -145,19 +156,30 @@ impl managed::Manager for SharedConnectionManager {
     type Error = RedisError;
 
     async fn create(&self) -> Result<SharedConnection, RedisError> {
+        let verified_at = self.disconnects.load(Ordering::Acquire);
         let connection = managed::Manager::create(&self.dial).await?;
         Ok(SharedConnection {
             connection,
             broken: Arc::new(AtomicBool::new(false)),
+            verified_at,
         })
     }
 
     async fn recycle(&self, conn: &mut SharedConnection, _: &Metrics) -> RecycleResult<RedisError> {
         if conn.broken.load(Ordering::Relaxed) {
-            Err(RecycleError::message("connection failed earlier"))
-        } else {
-            Ok(())
+            return Err(RecycleError::message("connection failed earlier"));
         }
+        let generation = self.disconnects.load(Ordering::Acquire);
+        if generation != conn.verified_at {
+            // Some connection closed; this one may share its fate (Redis restarted, a proxy
+            // cut everything). One PING now is cheaper than failing a real request.
+            let _: Value = redis::cmd("PING")
+                .query_async(&mut conn.connection)
+                .await
+                .inspect_err(|_| conn.broken.store(true, Ordering::Relaxed))?;
+            conn.verified_at = generation;
+        }
+        Ok(())
     }
 }
 
@@ -176,7 +198,8 @@ mod reply {
 
     pub fn array(value: Value) -> Result<Vec<Value>, StoreError> {
         match value {
-            Value::Array(items) => Ok(items),
+            // RESP3 answers SMEMBERS with a set.
+            Value::Array(items) | Value::Set(items) => Ok(items),
             _ => Err(unexpected("expected an array")),
         }
     }
@@ -237,13 +260,31 @@ impl RedisStore {
     /// # Errors
     /// [`StoreError::Unavailable`] when the URL cannot be parsed or the pool cannot be built.
     pub async fn connect(options: RedisStoreOptions) -> Result<Self, StoreError> {
+        let disconnects = Arc::new(AtomicU64::new(0));
+        let on_push = Arc::clone(&disconnects);
         let connection_config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(options.timeout))
-            .set_response_timeout(Some(options.timeout));
-        let dial =
-            deadpool_redis::Manager::new_with_config(options.url.as_str(), connection_config)
-                .map_err(|e| StoreError::Unavailable(Box::new(e)))?;
-        let pool = managed::Pool::builder(SharedConnectionManager { dial })
+            .set_response_timeout(Some(options.timeout))
+            .set_push_sender(move |push: redis::PushInfo| {
+                if push.kind == redis::PushKind::Disconnection {
+                    on_push.fetch_add(1, Ordering::AcqRel);
+                }
+                Ok::<(), redis::aio::SendError>(())
+            });
+        // RESP3, because redis-rs only reports disconnections to connections speaking it.
+        let info = options
+            .url
+            .as_str()
+            .into_connection_info()
+            .map_err(|e| StoreError::Unavailable(Box::new(e)))?;
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let info = info.set_redis_settings(settings);
+        let dial = deadpool_redis::Manager::new_with_config(info, connection_config)
+            .map_err(|e| StoreError::Unavailable(Box::new(e)))?;
+        let pool = managed::Pool::builder(SharedConnectionManager { dial, disconnects })
             .max_size(options.connections.max(1))
             .runtime(deadpool::Runtime::Tokio1)
             .wait_timeout(Some(options.timeout))

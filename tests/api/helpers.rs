@@ -94,6 +94,11 @@ impl RedisServer {
         }
     }
 
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// The URL to give the service.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)

@@ -12,3 +12,4 @@ mod members;
 mod pools;
 mod redis_faults;
 mod requests;
+mod round_trips;

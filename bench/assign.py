@@ -1,0 +1,190 @@
+"""Drives bench/assign.sh: starts Redis and the release build, seeds pools, measures.
+
+Every number in the table comes from this one run, on this machine, with the load
+generator, Redis and the service sharing its cores; compare the ratios, not the absolute
+figures, across machines.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import date
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BINARY = os.path.join(ROOT, "target", "release", "proxy-allocator")
+SCRIPT = os.path.join(ROOT, "src", "store", "scripts", "assign.lua")
+SIZES = [int(s) for s in os.environ.get("SIZES", "100 10000 1000000").split()]
+DURATION = int(os.environ.get("DURATION", "10"))
+CONNECTIONS = int(os.environ.get("CONNECTIONS", "64"))
+TOKEN = "bench-token"
+PREFIX = "bench"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, timeout=10.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"nothing listens on {port}")
+
+
+def request(base, method, path, body=None):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(base + path, data=data, method=method)
+    req.add_header("Authorization", f"Bearer {TOKEN}")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return resp.status
+
+
+def seed(base, pool, size):
+    request(base, "PUT", f"/pools/{pool}", {})
+    chunk = 10_000
+    for start in range(0, size, chunk):
+        members = [f"proxy-{i:07d}" for i in range(start, min(size, start + chunk))]
+        request(base, "POST", f"/pools/{pool}/members", {"members": members, "assignments": 0})
+
+
+def to_ms(text):
+    value, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()
+    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def wrk(url, method="POST"):
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(f'wrk.method = "{method}"\n')
+    out = subprocess.run(
+        ["wrk", "-t2", f"-c{CONNECTIONS}", f"-d{DURATION}s", "--latency", "-s", script.name, url],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    os.unlink(script.name)
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    p50 = to_ms(re.search(r"^\s+50%\s+(\S+)", out, re.M).group(1))
+    p99 = to_ms(re.search(r"^\s+99%\s+(\S+)", out, re.M).group(1))
+    non2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    errors = re.search(r"Socket errors:.*", out)
+    return {"rps": rps, "p50": p50, "p99": p99,
+            "non2xx": int(non2xx.group(1)) if non2xx else 0,
+            "socket_errors": errors.group(0) if errors else ""}
+
+
+def redis_benchmark(port, sha, keys):
+    requests = max(100_000, 60_000 * DURATION)
+    out = subprocess.run(
+        ["redis-benchmark", "-p", str(port), "-c", str(CONNECTIONS), "-n", str(requests), "--csv",
+         "EVALSHA", sha, str(len(keys)), *keys],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip().splitlines()
+    header = [h.strip('"') for h in out[0].split(",")]
+    row = [v.strip('"') for v in out[-1].split(",")]
+    values = dict(zip(header, row))
+    return {"rps": float(values["rps"]), "p50": float(values["p50_latency_ms"]),
+            "p99": float(values["p99_latency_ms"]), "non2xx": 0}
+
+
+def peak_rss_mb(pid):
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def start_service(redis_url):
+    port = free_port()
+    env = dict(os.environ, ADMIN_TOKEN=TOKEN, LISTEN_ADDR=f"127.0.0.1:{port}",
+               KEY_PREFIX=PREFIX, LOG_FORMAT="json")
+    env.pop("REDIS_URL", None)
+    if redis_url:
+        env["REDIS_URL"] = redis_url
+    log = open(os.devnull, "w")
+    proc = subprocess.Popen([BINARY], env=env, stdout=log, stderr=log)
+    wait_port(port)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def main():
+    redis_port = free_port()
+    redis = subprocess.Popen(
+        ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows = []
+    try:
+        wait_port(redis_port)
+        with open(SCRIPT) as f:
+            sha = subprocess.run(["redis-cli", "-p", str(redis_port), "SCRIPT", "LOAD", f.read()],
+                                 check=True, capture_output=True, text=True).stdout.strip()
+        for store in ["redis", "embedded"]:
+            url = f"redis://127.0.0.1:{redis_port}" if store == "redis" else None
+            proc, base = start_service(url)
+            try:
+                ceiling = wrk(base + "/livez", method="GET")
+                rows.append(("HTTP ceiling (`GET /livez`)", store, "-", ceiling, None))
+                for size in SIZES:
+                    pool = f"p{size}"
+                    seed(base, pool, size)
+                    result = wrk(f"{base}/pools/{pool}/assign")
+                    rows.append(("service `POST /assign`", store, size, result, ceiling))
+                    if store == "redis":
+                        keys = [f"{PREFIX}:{{{pool}}}:meta", f"{PREFIX}:{{{pool}}}:eligible"]
+                        rows.append(("redis-benchmark EVALSHA", "redis", size,
+                                     redis_benchmark(redis_port, sha, keys), None))
+                rss = peak_rss_mb(proc.pid)
+                rows.append(("peak RSS of the service", store, "-", {"rss": rss}, None))
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
+    finally:
+        redis.terminate()
+        redis.wait()
+    report(rows)
+
+
+def report(rows):
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    print(f"\n{date.today()} · {os.cpu_count()} cores ({cpu}) · {CONNECTIONS} connections · "
+          f"{DURATION} s per run · wrk, Redis and the service on the same machine\n")
+    print("| what | store | pool size | requests/s | p50 ms | p99 ms | non-2xx | vs redis-benchmark | vs HTTP ceiling |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    bench = {size: r for (what, _, size, r, _) in rows if what.startswith("redis-benchmark")}
+    for what, store, size, r, ceiling in rows:
+        if "rss" in r:
+            print(f"| {what} | {store} | | {r['rss']:.1f} MB | | | | | |")
+            continue
+        vs_bench = (f"{r['rps'] / bench[size]['rps']:.2f}"
+                    if what.startswith("service") and store == "redis" and size in bench else "")
+        vs_ceiling = f"{r['rps'] / ceiling['rps']:.2f}" if ceiling else ""
+        size_text = f"{size:,}" if isinstance(size, int) else size
+        print(f"| {what} | {store} | {size_text} | {r['rps']:,.0f} | {r['p50']:.2f} | {r['p99']:.2f} | "
+              f"{r['non2xx']} | {vs_bench} | {vs_ceiling} |")
+    assigns = [r for (what, _, size, r, _) in rows if what.startswith("service")]
+    by_size = {(store, size): r["rps"] for (what, store, size, r, _) in rows if what.startswith("service")}
+    for store in ["redis", "embedded"]:
+        if (store, SIZES[0]) in by_size and (store, SIZES[-1]) in by_size:
+            print(f"\n{store}: throughput at {SIZES[-1]:,} members / at {SIZES[0]:,} members = "
+                  f"{by_size[(store, SIZES[-1])] / by_size[(store, SIZES[0])]:.2f}", end="")
+    print()
+    errors = [r["socket_errors"] for r in assigns if r.get("socket_errors")]
+    if errors:
+        print("\nwrk socket errors:", *errors, sep="\n  ")
+
+
+if __name__ == "__main__":
+    main()
