@@ -47,6 +47,12 @@ impl RedisServer {
         Self::launch(false)
     }
 
+    /// Starts a Redis with an append-only file (fsync on every write), so that a restart
+    /// after SIGKILL finds its data again.
+    pub fn start_with_aof() -> Self {
+        Self::launch(true)
+    }
+
     fn launch(aof: bool) -> Self {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("pa-test-redis-{}-{port}", std::process::id()));
@@ -97,6 +103,11 @@ impl RedisServer {
     /// The port it listens on.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 
     /// The URL to give the service.

@@ -2,6 +2,10 @@
 //! the harness. Tests that state a rule of the store run against both stores (see
 //! `for_each_store!`), so the Redis and embedded stores cannot drift apart.
 
+#[expect(
+    dead_code,
+    reason = "the harness is shared with tests/faults; this binary uses part of it"
+)]
 mod helpers;
 
 mod assign;

@@ -1,0 +1,90 @@
+//! The service as a real process, so that it can receive signals.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::helpers::ADMIN;
+
+/// A running `proxy-allocator` process; dropping it kills it.
+pub struct ServiceProcess {
+    child: Option<Child>,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+}
+
+impl ServiceProcess {
+    /// Starts the binary on a free port with `env` on top of a clean test environment.
+    pub fn start(env: &[(&str, String)]) -> Self {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_proxy-allocator"));
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("LISTEN_ADDR", "127.0.0.1:0")
+            .env("ADMIN_TOKEN", ADMIN)
+            .env("LOG_FORMAT", "json")
+            .env("RUST_LOG", "warn,proxy_allocator::startup=info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        for (key, value) in env {
+            cmd.env(key, value);
+        }
+        let mut child = cmd.spawn().expect("the service binary starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Read the bound address from the "listening" line, then keep draining the pipe so
+        // that logging never blocks the service.
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if !sent && line.contains("\"listening\"") {
+                    let value: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+                    if let Some(addr) = value["addr"].as_str() {
+                        let _ = tx.send(addr.to_owned());
+                        sent = true;
+                    }
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the service logs its address within 10 s");
+        Self {
+            child: Some(child),
+            base: format!("http://{addr}"),
+        }
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        if let Some(child) = &self.child {
+            let status = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()
+                .expect("kill runs");
+            assert!(status.success());
+        }
+    }
+
+    /// Waits for the process to exit, at most `limit`; returns how long it took.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        let child = self.child.as_mut()?;
+        while started.elapsed() < limit {
+            if let Ok(Some(_)) = child.try_wait() {
+                self.child = None;
+                return Some(started.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for ServiceProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
