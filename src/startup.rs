@@ -9,6 +9,7 @@ use tokio::net::TcpListener;
 
 use crate::config::Config;
 use crate::http::{self, AppState, Limits, Tokens};
+use crate::reaper;
 use crate::store::{EmbeddedStore, RedisStore, RedisStoreOptions, Store, StoreError};
 
 /// Why the service could not start.
@@ -39,6 +40,7 @@ pub enum StartupError {
 pub struct Application {
     listener: TcpListener,
     router: Router,
+    store: Arc<dyn Store>,
     config: Config,
 }
 
@@ -70,7 +72,7 @@ impl Application {
         };
         let tokens = Tokens::new(admin_token(&config)?, config.worker_token.clone());
         let state = AppState {
-            store,
+            store: Arc::clone(&store),
             tokens: Arc::new(tokens),
         };
         let router = http::app(
@@ -89,6 +91,7 @@ impl Application {
         Ok(Self {
             listener,
             router,
+            store,
             config,
         })
     }
@@ -99,7 +102,8 @@ impl Application {
     }
 
     /// Serves until `shutdown` completes, then stops accepting connections and lets the
-    /// requests in flight finish, for at most the configured shutdown timeout.
+    /// requests in flight finish, for at most the configured shutdown timeout. The lease
+    /// reaper runs alongside and stops with the server.
     ///
     /// # Errors
     /// An I/O error of the listener.
@@ -115,6 +119,14 @@ impl Application {
             let _ = stopping_tx.send(());
         };
         tracing::info!(addr = %self.local_addr(), "listening");
+        let (reaper_stop, reaper_stopped) = tokio::sync::oneshot::channel::<()>();
+        let reaper = tokio::spawn(reaper::run(
+            Arc::clone(&self.store),
+            self.config.reap_interval(),
+            async move {
+                let _ = reaper_stopped.await;
+            },
+        ));
         let server = axum::serve(self.listener, self.router).with_graceful_shutdown(signal);
         let deadline = async move {
             if stopping_rx.await.is_ok() {
@@ -123,13 +135,18 @@ impl Application {
                 std::future::pending::<()>().await;
             }
         };
-        tokio::select! {
+        let result = tokio::select! {
             result = server.into_future() => result,
             () = deadline => {
                 tracing::warn!(timeout_ms = drain.as_millis(), "drain timeout reached; closing the remaining connections");
                 Ok(())
             }
-        }
+        };
+        let _ = reaper_stop.send(());
+        // The reaper only ever ends by being told to; a panic inside it is not the
+        // server's failure, so its join result is not the run's result.
+        let _ = reaper.await;
+        result
     }
 }
 

@@ -15,9 +15,13 @@ async fn assign_recovers_after_the_script_cache_is_flushed() {
     app.create_pool("p", json!({})).await;
     app.seed("p", &["a", "b"], Some(0)).await;
     assert_eq!(app.assigned("p").await, ("a".to_owned(), 1));
-    let sha = redis::Script::new(include_str!("../../src/store/scripts/assign.lua"))
-        .get_hash()
-        .to_owned();
+    // The service puts the shared helpers in front of the script (`with_helpers!`).
+    let sha = redis::Script::new(concat!(
+        include_str!("../../src/store/scripts/leases.lua"),
+        include_str!("../../src/store/scripts/assign.lua")
+    ))
+    .get_hash()
+    .to_owned();
     assert_eq!(
         redis_cli(&url, &["SCRIPT", "EXISTS", &sha]),
         redis::Value::Array(vec![redis::Value::Int(1)])
