@@ -61,6 +61,35 @@ async fn every_key_of_a_pool_carries_the_pool_as_its_hash_tag() {
 }
 
 #[tokio::test]
+async fn every_lease_key_of_a_least_in_flight_pool_carries_the_pool_as_its_hash_tag() {
+    let app = TestApp::spawn(crate::helpers::Backend::Redis).await;
+    let url = app.redis_url.clone().expect("on Redis");
+    app.create_pool("leasing", json!({"policy": "least-in-flight"}))
+        .await;
+    app.seed("leasing", &["a", "b"], None).await;
+    app.assigned("leasing").await;
+    let keys = format!(
+        "{:?}",
+        redis_cli(&url, &["KEYS", &format!("{}:*", app.key_prefix)])
+    );
+    let prefix = &app.key_prefix;
+    for expected in [
+        "meta",
+        "eligible",
+        "by_in_flight",
+        "in_flight",
+        "leases",
+        "lease_expiry",
+    ] {
+        assert!(
+            keys.contains(&format!("{prefix}:{{leasing}}:{expected}")),
+            "{expected} missing from {keys}"
+        );
+    }
+    assert_eq!(keys.matches("{leasing}").count(), 6, "{keys}");
+}
+
+#[tokio::test]
 async fn with_redis_down_requests_answer_503_within_the_timeout_and_recover_without_a_restart() {
     let mut redis = RedisServer::start();
     let mut config = test_config(Some(redis.url()));
