@@ -178,12 +178,8 @@ fn admin_token(config: &Config) -> Result<String, StartupError> {
 
 /// 32 random bytes as hex.
 pub fn random_token() -> String {
-    use std::fmt::Write;
     let bytes: [u8; 32] = rand::random();
-    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    crate::domain::hex(&bytes)
 }
 
 /// Completes on SIGINT or SIGTERM.

@@ -23,16 +23,8 @@ impl LeaseId {
 
     /// A fresh, unpredictable id.
     pub fn random() -> Self {
-        use std::fmt::Write;
         let bytes: [u8; 16] = rand::random();
-        let text = bytes
-            .iter()
-            .fold(String::with_capacity(Self::LEN), |mut s, b| {
-                // Writing to a String cannot fail.
-                let _ = write!(s, "{b:02x}");
-                s
-            });
-        Self(text)
+        Self(hex(&bytes))
     }
 
     /// Parses an id as it appears in a path.
@@ -67,6 +59,18 @@ impl Serialize for LeaseId {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(&self.0)
     }
+}
+
+/// Bytes as lowercase hex, two digits each.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            // Writing to a String cannot fail.
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 /// How long a lease lives unless it is renewed: 100 ms to 24 h, in milliseconds.
