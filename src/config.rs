@@ -56,7 +56,7 @@ pub struct Config {
     #[arg(long, env = "ADMIN_TOKEN_FILE", conflicts_with = "admin_token")]
     pub admin_token_file: Option<PathBuf>,
 
-    /// Token required on worker routes (assign). When unset, worker routes are open. The
+    /// Token required on worker routes (assign, lease release and renewal). When unset, worker routes are open. The
     /// admin token is accepted there too.
     #[arg(long, env = "WORKER_TOKEN", hide_env_values = true)]
     pub worker_token: Option<String>,
@@ -69,6 +69,12 @@ pub struct Config {
     /// slower connection is closed so that it cannot hold resources.
     #[arg(long, env = "HEADER_READ_TIMEOUT_MS", default_value_t = 5_000)]
     pub header_read_timeout_ms: u64,
+
+    /// How often, in milliseconds, the background reaper reclaims expired leases in every
+    /// pool (assigns also reclaim a few in their own pool). A crashed worker's lease is back
+    /// within its ttl plus this interval, even in a pool nobody assigns from.
+    #[arg(long, env = "REAP_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub reap_interval_ms: u64,
 
     /// Log format. The level is set with `RUST_LOG` (default `info`).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
@@ -89,6 +95,11 @@ impl Config {
     /// The header read timeout as a duration.
     pub fn header_read_timeout(&self) -> Duration {
         Duration::from_millis(self.header_read_timeout_ms)
+    }
+
+    /// The reaper interval as a duration.
+    pub fn reap_interval(&self) -> Duration {
+        Duration::from_millis(self.reap_interval_ms)
     }
 
     /// A configuration with every default, for tests and embedding.

@@ -6,6 +6,7 @@ mod assign;
 mod auth;
 pub mod error;
 mod extract;
+mod leases;
 mod log;
 mod members;
 mod pools;
@@ -68,6 +69,16 @@ pub fn routes() -> Vec<Route> {
         route("/pools/{pool}", Method::GET, get(pools::get_pool)),
         route("/pools/{pool}", Method::DELETE, delete(pools::delete_pool)),
         route("/pools/{pool}/assign", Method::POST, post(assign::assign)),
+        route(
+            "/pools/{pool}/leases/{lease}/release",
+            Method::POST,
+            post(leases::release),
+        ),
+        route(
+            "/pools/{pool}/leases/{lease}/renew",
+            Method::POST,
+            post(leases::renew),
+        ),
         route(
             "/pools/{pool}/members",
             Method::POST,

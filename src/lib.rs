@@ -1,18 +1,23 @@
-//! proxy-allocator hands out the least-used eligible proxy of a pool, over HTTP.
+//! proxy-allocator hands out the least-used (or least-busy) eligible proxy of a pool, over
+//! HTTP.
 //!
-//! Workers call `POST /pools/{pool}/assign` before each outgoing request and receive the
-//! eligible member with the fewest recorded assignments; the pick and the increment happen
-//! in one atomic step (one Lua script in Redis, one lock in the embedded store), so two
-//! workers never both take the same minimum. Operators create pools, seed members, and
+//! Workers call `POST /pools/{pool}/assign` before each outgoing request. On a least-used
+//! pool they receive the eligible member with the fewest recorded assignments; on a
+//! least-in-flight pool, the one with the fewest live leases, together with a lease they
+//! release when done (or that is reclaimed once it expires). The pick and the update
+//! happen in one atomic step (one Lua script in Redis, one lock in the embedded store), so
+//! two workers never both take the same minimum. Operators create pools, seed members, and
 //! take members out and bring them back under an explicit restore policy.
 //!
 //! # Layout
 //! - [`config`]: every option, as flag, environment variable and default.
 //! - [`domain`]: ids and configuration values parsed at the edge (`PoolId`, `MemberId`,
-//!   `PoolConfig`, `RestorePolicy`).
+//!   `LeaseId`, `LeaseTtl`, `PoolConfig`, `Policy`, `RestorePolicy`).
 //! - [`store`]: the [`store::Store`] trait, the only code that touches pool state, with its
 //!   Redis implementation (scripts in `src/store/scripts/*.lua`) and the embedded one.
-//! - [`http`]: the route table, handlers per resource, auth, extractors, the error type.
+//! - [`http`]: the route table, handlers per resource (assign, leases, pools, members,
+//!   probes), auth, extractors, the error type.
+//! - [`reaper`]: the background task that reclaims expired leases in every pool.
 //! - [`startup`]: [`startup::Application`], which binds, builds and serves (port 0 works,
 //!   which is how the tests start it).
 //! - [`telemetry`]: logging setup.
@@ -20,6 +25,7 @@
 pub mod config;
 pub mod domain;
 pub mod http;
+pub mod reaper;
 pub mod startup;
 pub mod store;
 pub mod telemetry;

@@ -17,6 +17,7 @@ use tower::ServiceExt;
 
 use crate::config::Config;
 use crate::http::{self, AppState, Limits, Tokens};
+use crate::reaper;
 use crate::store::{EmbeddedStore, RedisStore, RedisStoreOptions, Store, StoreError};
 
 /// Why the service could not start.
@@ -47,6 +48,7 @@ pub enum StartupError {
 pub struct Application {
     listener: TcpListener,
     router: Router,
+    store: Arc<dyn Store>,
     config: Config,
 }
 
@@ -78,7 +80,7 @@ impl Application {
         };
         let tokens = Tokens::new(admin_token(&config)?, config.worker_token.clone());
         let state = AppState {
-            store,
+            store: Arc::clone(&store),
             tokens: Arc::new(tokens),
         };
         let router = http::app(
@@ -97,6 +99,7 @@ impl Application {
         Ok(Self {
             listener,
             router,
+            store,
             config,
         })
     }
@@ -107,7 +110,8 @@ impl Application {
     }
 
     /// Serves until `shutdown` completes, then stops accepting connections and lets the
-    /// requests in flight finish, for at most the configured shutdown timeout.
+    /// requests in flight finish, for at most the configured shutdown timeout. The lease
+    /// reaper runs alongside and stops with the server.
     ///
     /// The accept loop is this crate's own rather than `axum::serve` so that HTTP/1 header
     /// reads have a deadline: a client that trickles its headers byte by byte is cut off
@@ -128,6 +132,14 @@ impl Application {
             .max_buf_size(MAX_HEADER_BYTES);
         let graceful = GracefulShutdown::new();
         tracing::info!(addr = %self.local_addr(), "listening");
+        let (reaper_stop, reaper_stopped) = tokio::sync::oneshot::channel::<()>();
+        let reaper = tokio::spawn(reaper::run(
+            Arc::clone(&self.store),
+            self.config.reap_interval(),
+            async move {
+                let _ = reaper_stopped.await;
+            },
+        ));
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             let (stream, _peer) = tokio::select! {
@@ -172,6 +184,10 @@ impl Application {
                 "drain timeout reached; closing the remaining connections"
             );
         }
+        let _ = reaper_stop.send(());
+        // The reaper only ever ends by being told to; a panic inside it is not the
+        // server's failure, so its join result is not the run's result.
+        let _ = reaper.await;
         Ok(())
     }
 }
@@ -208,12 +224,8 @@ fn admin_token(config: &Config) -> Result<String, StartupError> {
 
 /// 32 random bytes as hex.
 pub fn random_token() -> String {
-    use std::fmt::Write;
     let bytes: [u8; 32] = rand::random();
-    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    crate::domain::hex(&bytes)
 }
 
 /// Completes on SIGINT or SIGTERM.

@@ -12,6 +12,19 @@
 //!   byte-wise, which is Redis's own order for equal scores.
 //! - The count is a count of assignments. Nothing here lowers it when a request fails.
 //! - Ineligible members keep their count, the reason and the time they were taken out.
+//!
+//! # Leases (least-in-flight pools)
+//! - Assign takes the eligible member with the fewest live leases, then the fewest
+//!   assignments, then the lowest member bytes, skipping members at the pool's
+//!   `max_in_flight`; it records a lease and counts one assignment, in one atomic step.
+//! - A lease ends exactly once: released by its worker, reclaimed once it has expired
+//!   (counted as `abandoned`), or dropped with its member or pool. Every ending is a step
+//!   that first checks the lease still exists, so a retried release, two replicas' reapers
+//!   and an assign reaping at the same time can never decrement a member twice.
+//! - An expired lease cannot be released or renewed; it counts as live until reclaimed.
+//! - Time is the store's own clock: Redis `TIME` inside the scripts, the process clock in
+//!   the embedded store. Callers never pass a time.
+//! - A member keeps its live leases while it is taken out, and comes back with them.
 
 mod embedded;
 mod redis;
@@ -23,7 +36,15 @@ use serde::Serialize;
 
 pub use self::embedded::EmbeddedStore;
 pub use self::redis::{RedisStore, RedisStoreOptions};
-use crate::domain::{MemberId, PoolConfig, PoolId, RestorePolicy, Timestamp};
+use crate::domain::{LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy, Timestamp};
+
+/// How many expired leases an assign reclaims before it chooses, at most. It keeps the
+/// assign step short; the background reaper takes care of larger backlogs.
+pub const REAP_ON_ASSIGN: u64 = 16;
+
+/// How many expired leases one reaper step reclaims in one pool, at most. The reaper
+/// repeats the step while a pool has more.
+pub const REAP_BATCH: u64 = 256;
 
 /// What went wrong in a store. Each variant maps to one documented HTTP answer.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +52,13 @@ pub enum StoreError {
     /// The pool does not exist.
     #[error("pool not found")]
     PoolNotFound,
+    /// The pool has no such live lease: never issued, already released, expired, or gone
+    /// with its member.
+    #[error("lease not found")]
+    LeaseNotFound,
+    /// A pool's policy can only change while it has no members.
+    #[error("the policy of a pool can only change while it has no members")]
+    PolicyChangeRequiresEmptyPool,
     /// The store did not answer within its configured timeout.
     #[error("the store did not answer within {0:?}")]
     Timeout(Duration),
@@ -49,8 +77,40 @@ pub enum Assignment {
         /// Its count including this assignment.
         assignments: u64,
     },
-    /// The pool exists but has no eligible member.
+    /// On a least-in-flight pool: `member` was chosen and leased.
+    Leased {
+        /// The chosen member.
+        member: MemberId,
+        /// Its cumulative count including this assignment.
+        assignments: u64,
+        /// Its live leases including this one.
+        in_flight: u64,
+        /// The new lease.
+        lease: Lease,
+    },
+    /// The pool exists but has no eligible member (or, on a least-in-flight pool, every
+    /// eligible member is at `max_in_flight`).
     Empty,
+}
+
+/// A live lease as its holder sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Lease {
+    /// The lease's id, the holder's proof.
+    pub id: LeaseId,
+    /// When it expires unless renewed.
+    pub expires_at: Timestamp,
+    /// The ttl it was given.
+    pub ttl_ms: LeaseTtl,
+}
+
+/// The answer to a renewal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Renewed {
+    /// The leased member.
+    pub member: MemberId,
+    /// The lease with its new expiry.
+    pub lease: Lease,
 }
 
 /// A pool's configuration together with its current numbers.
@@ -80,6 +140,10 @@ pub struct PoolStats {
     /// Assignments handed out by this pool since it was created. Starting counts given when
     /// seeding are not assignments and are not included.
     pub total_assignments: u64,
+    /// Live leases: handed out, not yet released nor reclaimed (0 on least-used pools).
+    pub in_flight: u64,
+    /// Leases that expired without being released and were reclaimed.
+    pub abandoned: u64,
 }
 
 /// Whether a pool was created or an existing one updated.
@@ -164,6 +228,8 @@ pub struct MemberView {
     pub state: MemberState,
     /// Its count.
     pub assignments: u64,
+    /// Its live leases (0 on least-used pools).
+    pub in_flight: u64,
     /// Why it was taken out (ineligible members only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -239,10 +305,39 @@ pub trait Store: Send + Sync + 'static {
     /// Checks that the store answers, for the readiness probe.
     async fn status(&self) -> Result<StoreStatus, StoreError>;
 
-    /// Picks the eligible member with the fewest assignments and counts one more for it.
-    async fn assign(&self, pool: &PoolId) -> Result<Assignment, StoreError>;
+    /// Picks a member under the pool's policy and counts one more assignment for it. On a
+    /// least-in-flight pool it first reclaims up to [`REAP_ON_ASSIGN`] expired leases of
+    /// the pool, then leases the member for `ttl` (the pool's `lease_ttl_ms` when `None`).
+    async fn assign(&self, pool: &PoolId, ttl: Option<LeaseTtl>) -> Result<Assignment, StoreError>;
+
+    /// Ends a live lease and frees its place on its member.
+    ///
+    /// # Errors
+    /// [`StoreError::LeaseNotFound`], changing nothing, when the lease is unknown, already
+    /// ended or expired.
+    async fn release(&self, pool: &PoolId, lease: &LeaseId) -> Result<(), StoreError>;
+
+    /// Extends a live lease to `ttl` from now (the pool's `lease_ttl_ms` when `None`).
+    ///
+    /// # Errors
+    /// [`StoreError::LeaseNotFound`], changing nothing, when the lease is unknown, already
+    /// ended or expired.
+    async fn renew(
+        &self,
+        pool: &PoolId,
+        lease: &LeaseId,
+        ttl: Option<LeaseTtl>,
+    ) -> Result<Renewed, StoreError>;
+
+    /// Reclaims every expired lease of every pool; returns how many were reclaimed. Run
+    /// periodically so that pools nobody assigns from are cleaned too.
+    async fn reap(&self) -> Result<u64, StoreError>;
 
     /// Creates the pool or replaces its configuration.
+    ///
+    /// # Errors
+    /// [`StoreError::PolicyChangeRequiresEmptyPool`] when the configuration names another
+    /// policy than the pool's and the pool has members.
     async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError>;
 
     /// One pool's configuration and numbers.
@@ -282,7 +377,7 @@ pub trait Store: Send + Sync + 'static {
         restore: Option<RestorePolicy>,
     ) -> Result<EnableReport, StoreError>;
 
-    /// Forgets members entirely.
+    /// Forgets members entirely, ending their live leases (not counted as abandoned).
     async fn remove_members(
         &self,
         pool: &PoolId,

@@ -1,6 +1,36 @@
 //! A pool's configuration, as set with `PUT /pools/{pool}`.
 
+use std::num::NonZeroU64;
+
 use serde::{Deserialize, Serialize};
+
+use super::LeaseTtl;
+
+/// How assign chooses among a pool's eligible members. A pool's policy can only change
+/// while it has no members: the two policies keep different state, and a member's state
+/// under one means nothing under the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// The member with the fewest assignments so far (a cumulative counter that nothing
+    /// lowers). An assignment is not a reservation and needs no completion.
+    #[default]
+    LeastUsed,
+    /// The member with the fewest live leases right now (least connections). Every
+    /// assignment is a lease that the worker releases when done, renews while it works,
+    /// or that is reclaimed once its ttl has passed.
+    LeastInFlight,
+}
+
+impl Policy {
+    /// The name used in the API and in the Redis scripts.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::LeastUsed => "least-used",
+            Self::LeastInFlight => "least-in-flight",
+        }
+    }
+}
 
 /// How a member that comes back to the eligible set is given its assignment count.
 ///
@@ -58,6 +88,9 @@ impl RestorePolicy {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolConfig {
+    /// How assign chooses a member.
+    #[serde(default)]
+    pub policy: Policy,
     /// How members returning to the eligible set are given their count.
     #[serde(default)]
     pub restore: RestorePolicy,
@@ -65,6 +98,14 @@ pub struct PoolConfig {
     /// eligible members", so that a newly added proxy is not flooded.
     #[serde(default)]
     pub start_assignments: Option<u64>,
+    /// How long a lease lives unless renewed, when the assign does not ask for another ttl
+    /// (least-in-flight pools).
+    #[serde(default)]
+    pub lease_ttl_ms: LeaseTtl,
+    /// The most live leases one member may hold (least-in-flight pools); `None` means no
+    /// cap. A member at its cap is skipped; `1` gives exclusive use of a proxy.
+    #[serde(default)]
+    pub max_in_flight: Option<NonZeroU64>,
 }
 
 #[cfg(test)]

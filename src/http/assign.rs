@@ -8,10 +8,11 @@ use serde::Serialize;
 use super::AppState;
 use super::auth::Worker;
 use super::error::ApiError;
-use super::extract::PoolPath;
+use super::extract::{JsonOrDefault, PoolPath};
+use super::leases::LeaseBody;
 use super::log::Outcome;
 use crate::domain::{MemberId, PoolId};
-use crate::store::Assignment;
+use crate::store::{Assignment, Lease};
 
 #[derive(Serialize)]
 struct Assigned<'a> {
@@ -20,29 +21,55 @@ struct Assigned<'a> {
     assignments: u64,
 }
 
-/// Hands out the eligible member with the fewest assignments: 200 with it, 204 when the
-/// pool has no eligible member (the worker skips its request), 404 when there is no pool.
+#[derive(Serialize)]
+struct Leased<'a> {
+    pool: &'a PoolId,
+    proxy: &'a MemberId,
+    in_flight: u64,
+    assignments: u64,
+    lease: &'a Lease,
+}
+
+/// Hands out a member under the pool's policy: 200 with it (and, on a least-in-flight
+/// pool, its lease), 204 when the pool has no member to give (the worker skips its
+/// request), 404 when there is no pool. The body is optional: `{"ttl_ms": n}` asks for a
+/// lease ttl other than the pool's (ignored by least-used pools, which give no leases).
 pub async fn assign(
     _: Worker,
     State(state): State<AppState>,
     PoolPath(pool): PoolPath,
+    JsonOrDefault(body): JsonOrDefault<LeaseBody>,
 ) -> Result<Response, ApiError> {
-    let mut response = match state.store.assign(&pool).await? {
+    let (outcome, mut response) = match state.store.assign(&pool, body.ttl_ms).await? {
         Assignment::Assigned {
             member,
             assignments,
-        } => axum::Json(Assigned {
-            pool: &pool,
-            proxy: &member,
+        } => (
+            "assigned",
+            axum::Json(Assigned {
+                pool: &pool,
+                proxy: &member,
+                assignments,
+            })
+            .into_response(),
+        ),
+        Assignment::Leased {
+            member,
             assignments,
-        })
-        .into_response(),
-        Assignment::Empty => StatusCode::NO_CONTENT.into_response(),
-    };
-    let outcome = if response.status() == StatusCode::OK {
-        "assigned"
-    } else {
-        "empty"
+            in_flight,
+            lease,
+        } => (
+            "leased",
+            axum::Json(Leased {
+                pool: &pool,
+                proxy: &member,
+                in_flight,
+                assignments,
+                lease: &lease,
+            })
+            .into_response(),
+        ),
+        Assignment::Empty => ("empty", StatusCode::NO_CONTENT.into_response()),
     };
     response.extensions_mut().insert(Outcome(outcome));
     Ok(response)

@@ -38,12 +38,20 @@ pub enum ApiError {
     /// 404 `pool_not_found`.
     #[error("pool not found")]
     PoolNotFound,
+    /// 404 `lease_not_found`: no such live lease in the pool (never issued, already
+    /// released, expired, or ended with its member).
+    #[error("no such live lease in this pool")]
+    LeaseNotFound,
     /// 404 `not_found`: no such route.
     #[error("no such route")]
     RouteNotFound,
     /// 405 `method_not_allowed`.
     #[error("method not allowed on this route")]
     MethodNotAllowed,
+    /// 409 `policy_change_requires_empty_pool`: the pool's policy can only change while it
+    /// has no members.
+    #[error("the policy of a pool can only change while it has no members; remove them first")]
+    PolicyChangeRequiresEmptyPool,
     /// 413 `payload_too_large`.
     #[error("request body is larger than {0} bytes")]
     PayloadTooLarge(usize),
@@ -74,8 +82,9 @@ impl ApiError {
             | Self::TooManyMembers(_) => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
-            Self::PoolNotFound | Self::RouteNotFound => StatusCode::NOT_FOUND,
+            Self::PoolNotFound | Self::LeaseNotFound | Self::RouteNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::PolicyChangeRequiresEmptyPool => StatusCode::CONFLICT,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -93,8 +102,10 @@ impl ApiError {
             Self::Unauthorized => "unauthorized",
             Self::Forbidden => "forbidden",
             Self::PoolNotFound => "pool_not_found",
+            Self::LeaseNotFound => "lease_not_found",
             Self::RouteNotFound => "not_found",
             Self::MethodNotAllowed => "method_not_allowed",
+            Self::PolicyChangeRequiresEmptyPool => "policy_change_requires_empty_pool",
             Self::PayloadTooLarge(_) => "payload_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::StoreUnavailable(_) => "store_unavailable",
@@ -109,6 +120,8 @@ impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
         match error {
             StoreError::PoolNotFound => Self::PoolNotFound,
+            StoreError::LeaseNotFound => Self::LeaseNotFound,
+            StoreError::PolicyChangeRequiresEmptyPool => Self::PolicyChangeRequiresEmptyPool,
             other => Self::StoreUnavailable(other),
         }
     }

@@ -12,7 +12,7 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
-use crate::domain::PoolId;
+use crate::domain::{LeaseId, PoolId};
 
 /// The pool id of the path, parsed.
 #[derive(Debug, Clone)]
@@ -26,6 +26,25 @@ impl<S: Send + Sync> FromRequestParts<S> for PoolPath {
             .await
             .map_err(|_| ApiError::InvalidPoolId(crate::domain::InvalidPoolId))?;
         Ok(Self(PoolId::parse(&raw)?))
+    }
+}
+
+/// The pool id and lease id of a `/pools/{pool}/leases/{lease}/...` path, parsed. A lease
+/// id this service could never have issued answers 404 `lease_not_found`, like any other
+/// unknown lease.
+#[derive(Debug, Clone)]
+pub struct LeasePath(pub PoolId, pub LeaseId);
+
+impl<S: Send + Sync> FromRequestParts<S> for LeasePath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path((pool, lease)) = Path::<(String, String)>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::LeaseNotFound)?;
+        let pool = PoolId::parse(&pool)?;
+        let lease = LeaseId::parse(&lease).map_err(|_| ApiError::LeaseNotFound)?;
+        Ok(Self(pool, lease))
     }
 }
 

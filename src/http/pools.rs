@@ -9,17 +9,24 @@ use super::AppState;
 use super::auth::Admin;
 use super::error::ApiError;
 use super::extract::{JsonOrDefault, PoolPath};
-use crate::domain::PoolConfig;
+use crate::domain::{Policy, PoolConfig};
 use crate::store::PutPool;
 
 /// Creates the pool (201) or replaces its configuration (200); fields left out take their
-/// defaults. Echoes the configuration with defaults filled in.
+/// defaults. Echoes the configuration with defaults filled in. 409 when the policy would
+/// change on a pool that has members.
 pub async fn put_pool(
     _: Admin,
     State(state): State<AppState>,
     PoolPath(pool): PoolPath,
     JsonOrDefault(config): JsonOrDefault<PoolConfig>,
 ) -> Result<Response, ApiError> {
+    // A cap on a pool that gives no leases would promise exclusivity it cannot keep.
+    if config.policy == Policy::LeastUsed && config.max_in_flight.is_some() {
+        return Err(ApiError::InvalidRequest(
+            "max_in_flight applies to least-in-flight pools only".to_owned(),
+        ));
+    }
     let status = match state.store.put_pool(&pool, &config).await? {
         PutPool::Created => StatusCode::CREATED,
         PutPool::Updated => StatusCode::OK,

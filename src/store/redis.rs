@@ -10,6 +10,10 @@
 //! | `<prefix>:{<pool>}:eligible` | sorted set | eligible member -> assignments |
 //! | `<prefix>:{<pool>}:ineligible` | sorted set | ineligible member -> kept assignments |
 //! | `<prefix>:{<pool>}:taken_out` | hash | ineligible member -> `"<since_ms> <reason>"` |
+//! | `<prefix>:{<pool>}:by_in_flight` | sorted set | least-in-flight: the choosing order (see `scripts/leases.lua`) |
+//! | `<prefix>:{<pool>}:in_flight` | hash | member -> live leases (absent when none) |
+//! | `<prefix>:{<pool>}:leases` | hash | lease id -> member |
+//! | `<prefix>:{<pool>}:lease_expiry` | sorted set | lease id -> expiry (ms, Redis clock) |
 //! | `<prefix>:pools` | set | pool ids, for listing; updated outside the pool scripts because it lives in another slot |
 //!
 //! # Connections
@@ -27,7 +31,8 @@
 //!
 //! A script call is never retried after it was sent: the script may have run with only its
 //! reply lost, and running it again would count an assignment twice. The caller gets a 503
-//! instead. (A NOSCRIPT answer is the exception: Redis ran nothing, so `Script` loads the
+//! instead. The same holds for a release: a retried one finds the lease gone and answers
+//! 404, never a second decrement. (A NOSCRIPT answer is the exception: Redis ran nothing, so `Script` loads the
 //! script and sends it again.)
 
 use std::sync::Arc;
@@ -42,11 +47,36 @@ use redis::{
 };
 
 use super::{
-    Assignment, Cursor, DisableReport, EnableReport, MemberPage, MemberState, MemberView, PoolInfo,
-    PoolStats, PutPool, RemoveReport, Restored, Seed, SeedReport, StateFilter, Store, StoreError,
-    StoreStatus,
+    Assignment, Cursor, DisableReport, EnableReport, Lease, MemberPage, MemberState, MemberView,
+    PoolInfo, PoolStats, PutPool, REAP_BATCH, REAP_ON_ASSIGN, RemoveReport, Renewed, Restored,
+    Seed, SeedReport, StateFilter, Store, StoreError, StoreStatus,
 };
-use crate::domain::{MemberId, PoolConfig, PoolId, RestorePolicy, Timestamp};
+use crate::domain::{LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy, Timestamp};
+
+/// Most reaper steps one sweep runs on one pool, so that a sweep always ends.
+const MAX_REAP_STEPS: u64 = 64;
+
+/// Every key of a pool, in the order of `KEYS` in every pool script (see `leases.lua`).
+const POOL_KEY_PARTS: [&str; 8] = [
+    "meta",
+    "eligible",
+    "ineligible",
+    "taken_out",
+    "by_in_flight",
+    "in_flight",
+    "leases",
+    "lease_expiry",
+];
+
+/// A script with the shared helpers of `scripts/leases.lua` in front of it.
+macro_rules! with_helpers {
+    ($file:literal) => {
+        Script::new(concat!(
+            include_str!("scripts/leases.lua"),
+            include_str!($file)
+        ))
+    };
+}
 
 /// How to reach Redis and how long to wait for it.
 #[derive(Debug, Clone)]
@@ -89,24 +119,30 @@ struct Scripts {
     disable: Script,
     enable: Script,
     remove: Script,
+    release: Script,
+    renew: Script,
+    reap: Script,
 }
 
 impl Scripts {
     fn new() -> Self {
         Self {
-            assign: Script::new(include_str!("scripts/assign.lua")),
+            assign: with_helpers!("scripts/assign.lua"),
             put_pool: Script::new(include_str!("scripts/put_pool.lua")),
             pool_info: Script::new(include_str!("scripts/pool_info.lua")),
             delete_pool: Script::new(include_str!("scripts/delete_pool.lua")),
-            seed: Script::new(include_str!("scripts/seed.lua")),
+            seed: with_helpers!("scripts/seed.lua"),
             members: Script::new(include_str!("scripts/members.lua")),
-            disable: Script::new(include_str!("scripts/disable.lua")),
-            enable: Script::new(include_str!("scripts/enable.lua")),
-            remove: Script::new(include_str!("scripts/remove.lua")),
+            disable: with_helpers!("scripts/disable.lua"),
+            enable: with_helpers!("scripts/enable.lua"),
+            remove: with_helpers!("scripts/remove.lua"),
+            release: with_helpers!("scripts/release.lua"),
+            renew: with_helpers!("scripts/renew.lua"),
+            reap: with_helpers!("scripts/reap.lua"),
         }
     }
 
-    fn all(&self) -> [&Script; 9] {
+    fn all(&self) -> [&Script; 12] {
         [
             &self.assign,
             &self.put_pool,
@@ -117,6 +153,9 @@ impl Scripts {
             &self.disable,
             &self.enable,
             &self.remove,
+            &self.release,
+            &self.renew,
+            &self.reap,
         ]
     }
 }
@@ -383,12 +422,50 @@ impl RedisStore {
         format!("{}:pools", self.prefix)
     }
 
-    /// Keys in the order every member script expects them.
+    /// Keys in the order every pool script expects them.
     fn pool_keys(&self, pool: &PoolId) -> Vec<String> {
-        ["meta", "eligible", "ineligible", "taken_out"]
+        POOL_KEY_PARTS
             .iter()
             .map(|part| self.key(pool, part))
             .collect()
+    }
+
+    /// Every registered pool id, in id order.
+    async fn pool_ids(&self) -> Result<Vec<PoolId>, StoreError> {
+        let mut smembers = redis::cmd("SMEMBERS");
+        smembers.arg(self.registry_key());
+        let ids = reply::array(self.command(smembers).await?)?;
+        let mut ids: Vec<PoolId> = ids
+            .into_iter()
+            .filter_map(|v| reply::string(v).ok())
+            .filter_map(|s| PoolId::parse(&s).ok())
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Reaper steps on one pool until it has no expired lease left (or the step budget is
+    /// spent; the next sweep goes on).
+    async fn reap_pool(&self, pool: &PoolId) -> Result<u64, StoreError> {
+        let batch = REAP_BATCH.to_string();
+        let keys = self.pool_keys(pool);
+        let mut reclaimed = 0;
+        for _ in 0..MAX_REAP_STEPS {
+            let value = self
+                .eval(&self.scripts.reap, &keys, &[batch.as_bytes()])
+                .await?;
+            let step = match reply::pool_status(value) {
+                Ok(mut items) => reply::count(&reply::next(&mut items)?)?,
+                // Deleted between the listing and the step.
+                Err(StoreError::PoolNotFound) => 0,
+                Err(e) => return Err(e),
+            };
+            reclaimed += step;
+            if step < REAP_BATCH {
+                break;
+            }
+        }
+        Ok(reclaimed)
     }
 
     async fn member_script(
@@ -416,14 +493,20 @@ fn parse_taken_out(info: Value) -> Result<(Option<String>, Option<Timestamp>), S
     Ok((Some(reason.to_owned()), since))
 }
 
-fn member_views(pairs: Value, infos: Option<Vec<Value>>) -> Result<Vec<MemberView>, StoreError> {
+fn member_views(
+    pairs: Value,
+    live: Value,
+    infos: Option<Vec<Value>>,
+) -> Result<Vec<MemberView>, StoreError> {
     let pairs = reply::array(pairs)?;
+    let mut live = reply::array(live)?.into_iter();
     let mut infos = infos.map(Vec::into_iter);
     let mut views = Vec::with_capacity(pairs.len() / 2);
     let mut items = pairs.into_iter();
     while let Some(member) = items.next() {
         let member = MemberId::from_stored(reply::string(member)?);
         let assignments = reply::count(&reply::next(&mut items)?)?;
+        let in_flight = reply::optional_count(&live.next().unwrap_or(Value::Nil))?.unwrap_or(0);
         let (state, (reason, since)) = match infos.as_mut() {
             None => (MemberState::Eligible, (None, None)),
             Some(infos) => (
@@ -435,11 +518,30 @@ fn member_views(pairs: Value, infos: Option<Vec<Value>>) -> Result<Vec<MemberVie
             member,
             state,
             assignments,
+            in_flight,
             reason,
             since,
         });
     }
     Ok(views)
+}
+
+/// The `expires_ms, ttl_ms` pair that ends the lease replies.
+fn lease_times(
+    items: &mut impl Iterator<Item = Value>,
+) -> Result<(Timestamp, LeaseTtl), StoreError> {
+    let expires_at = Timestamp(reply::count(&reply::next(items)?)?);
+    let ttl = LeaseTtl::from_millis(reply::count(&reply::next(items)?)?)
+        .map_err(|_| unexpected("lease ttl out of range"))?;
+    Ok((expires_at, ttl))
+}
+
+/// The status lease scripts put after the pool's: `0` means no live lease.
+fn lease_found(items: &mut impl Iterator<Item = Value>) -> Result<(), StoreError> {
+    match reply::int(&reply::next(items)?)? {
+        0 => Err(StoreError::LeaseNotFound),
+        _ => Ok(()),
+    }
 }
 
 #[async_trait]
@@ -456,17 +558,89 @@ impl Store for RedisStore {
         })
     }
 
-    async fn assign(&self, pool: &PoolId) -> Result<Assignment, StoreError> {
-        let keys = [self.key(pool, "meta"), self.key(pool, "eligible")];
-        let value = self.eval(&self.scripts.assign, &keys, &[]).await?;
-        let mut items = reply::pool_status(value)?;
-        let Some(member) = items.next() else {
+    async fn assign(&self, pool: &PoolId, ttl: Option<LeaseTtl>) -> Result<Assignment, StoreError> {
+        // The id is drawn for every assign, used only on least-in-flight pools: deciding
+        // here would need the pool's policy, which only the script reads.
+        let id = LeaseId::random();
+        let ttl_arg = ttl.map(|t| t.as_millis().to_string()).unwrap_or_default();
+        let reap = REAP_ON_ASSIGN.to_string();
+        let args: [&[u8]; 3] = [id.as_str().as_bytes(), ttl_arg.as_bytes(), reap.as_bytes()];
+        let value = self
+            .eval(&self.scripts.assign, &self.pool_keys(pool), &args)
+            .await?;
+        let mut items = reply::array(value)?.into_iter();
+        let status = reply::int(&reply::next(&mut items)?)?;
+        if status == -1 {
+            return Err(StoreError::PoolNotFound);
+        }
+        if status == 0 {
             return Ok(Assignment::Empty);
-        };
-        Ok(Assignment::Assigned {
-            member: MemberId::from_stored(reply::string(member)?),
-            assignments: reply::count(&reply::next(&mut items)?)?,
+        }
+        let member = MemberId::from_stored(reply::string(reply::next(&mut items)?)?);
+        let assignments = reply::count(&reply::next(&mut items)?)?;
+        if status == 1 {
+            return Ok(Assignment::Assigned {
+                member,
+                assignments,
+            });
+        }
+        let in_flight = reply::count(&reply::next(&mut items)?)?;
+        let (expires_at, ttl_ms) = lease_times(&mut items)?;
+        Ok(Assignment::Leased {
+            member,
+            assignments,
+            in_flight,
+            lease: Lease {
+                id,
+                expires_at,
+                ttl_ms,
+            },
         })
+    }
+
+    async fn release(&self, pool: &PoolId, lease: &LeaseId) -> Result<(), StoreError> {
+        let value = self
+            .eval(
+                &self.scripts.release,
+                &self.pool_keys(pool),
+                &[lease.as_str().as_bytes()],
+            )
+            .await?;
+        let mut items = reply::pool_status(value)?;
+        lease_found(&mut items)
+    }
+
+    async fn renew(
+        &self,
+        pool: &PoolId,
+        lease: &LeaseId,
+        ttl: Option<LeaseTtl>,
+    ) -> Result<Renewed, StoreError> {
+        let ttl_arg = ttl.map(|t| t.as_millis().to_string()).unwrap_or_default();
+        let args: [&[u8]; 2] = [lease.as_str().as_bytes(), ttl_arg.as_bytes()];
+        let value = self
+            .eval(&self.scripts.renew, &self.pool_keys(pool), &args)
+            .await?;
+        let mut items = reply::pool_status(value)?;
+        lease_found(&mut items)?;
+        let member = MemberId::from_stored(reply::string(reply::next(&mut items)?)?);
+        let (expires_at, ttl_ms) = lease_times(&mut items)?;
+        Ok(Renewed {
+            member,
+            lease: Lease {
+                id: lease.clone(),
+                expires_at,
+                ttl_ms,
+            },
+        })
+    }
+
+    async fn reap(&self) -> Result<u64, StoreError> {
+        let pools = self.pool_ids().await?;
+        // Issued together so that they travel pipelined on the shared connection.
+        let reclaimed =
+            futures_util::future::join_all(pools.iter().map(|pool| self.reap_pool(pool))).await;
+        reclaimed.into_iter().try_fold(0, |sum, n| Ok(sum + n?))
     }
 
     async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError> {
@@ -475,11 +649,26 @@ impl Store for RedisStore {
             .start_assignments
             .map(|n| n.to_string())
             .unwrap_or_default();
-        let args: [&[u8]; 3] = [&json, config.restore.as_str().as_bytes(), start.as_bytes()];
+        let ttl = config.lease_ttl_ms.as_millis().to_string();
+        let cap = config
+            .max_in_flight
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        let args: [&[u8]; 6] = [
+            &json,
+            config.restore.as_str().as_bytes(),
+            start.as_bytes(),
+            config.policy.as_str().as_bytes(),
+            ttl.as_bytes(),
+            cap.as_bytes(),
+        ];
         let value = self
-            .eval(&self.scripts.put_pool, &[self.key(pool, "meta")], &args)
+            .eval(&self.scripts.put_pool, &self.pool_keys(pool), &args)
             .await?;
-        let created = reply::int(&value)? == 1;
+        let created = match reply::int(&value)? {
+            -2 => return Err(StoreError::PolicyChangeRequiresEmptyPool),
+            status => status == 1,
+        };
         // The registry lives in another hash slot, so it is updated after the pool script.
         // A crash in between leaves a pool that `pools()` does not list until its next PUT.
         let mut sadd = redis::cmd("SADD");
@@ -493,12 +682,9 @@ impl Store for RedisStore {
     }
 
     async fn pool(&self, pool: &PoolId) -> Result<PoolInfo, StoreError> {
-        let keys = [
-            self.key(pool, "meta"),
-            self.key(pool, "eligible"),
-            self.key(pool, "ineligible"),
-        ];
-        let value = self.eval(&self.scripts.pool_info, &keys, &[]).await?;
+        let value = self
+            .eval(&self.scripts.pool_info, &self.pool_keys(pool), &[])
+            .await?;
         let mut items = reply::pool_status(value)?;
         let config_json = reply::string(reply::next(&mut items)?)?;
         let config: PoolConfig = serde_json::from_str(&config_json)
@@ -509,6 +695,8 @@ impl Store for RedisStore {
         let ineligible = reply::count(&reply::next(&mut items)?)?;
         let min_assignments = reply::optional_count(&reply::next(&mut items)?)?;
         let max_assignments = reply::optional_count(&reply::next(&mut items)?)?;
+        let in_flight = reply::count(&reply::next(&mut items)?)?;
+        let abandoned = reply::optional_count(&reply::next(&mut items)?)?.unwrap_or(0);
         Ok(PoolInfo {
             pool: pool.clone(),
             config,
@@ -519,20 +707,14 @@ impl Store for RedisStore {
                 min_assignments,
                 max_assignments,
                 total_assignments,
+                in_flight,
+                abandoned,
             },
         })
     }
 
     async fn pools(&self) -> Result<Vec<PoolInfo>, StoreError> {
-        let mut smembers = redis::cmd("SMEMBERS");
-        smembers.arg(self.registry_key());
-        let ids = reply::array(self.command(smembers).await?)?;
-        let mut ids: Vec<PoolId> = ids
-            .into_iter()
-            .filter_map(|v| reply::string(v).ok())
-            .filter_map(|s| PoolId::parse(&s).ok())
-            .collect();
-        ids.sort();
+        let ids = self.pool_ids().await?;
         // Issued together so that they travel pipelined on the shared connection.
         let infos = futures_util::future::join_all(ids.iter().map(|id| self.pool(id))).await;
         let mut pools = Vec::with_capacity(infos.len());
@@ -568,12 +750,9 @@ impl Store for RedisStore {
         args.push(start.as_bytes());
         args.push(reset);
         args.extend(seed.members.iter().map(|m| m.as_str().as_bytes()));
-        let keys = [
-            self.key(pool, "meta"),
-            self.key(pool, "eligible"),
-            self.key(pool, "ineligible"),
-        ];
-        let value = self.eval(&self.scripts.seed, &keys, &args).await?;
+        let value = self
+            .eval(&self.scripts.seed, &self.pool_keys(pool), &args)
+            .await?;
         let mut items = reply::pool_status(value)?;
         let start_assignments = reply::count(&reply::next(&mut items)?)?;
         let flags = reply::array(reply::next(&mut items)?)?;
@@ -617,10 +796,13 @@ impl Store for RedisStore {
             .eval(&self.scripts.members, &self.pool_keys(pool), &args)
             .await?;
         let mut items = reply::pool_status(value)?;
-        let eligible = member_views(reply::next(&mut items)?, None)?;
+        let eligible_pairs = reply::next(&mut items)?;
         let ineligible_pairs = reply::next(&mut items)?;
         let infos = reply::array(reply::next(&mut items)?)?;
-        let ineligible = member_views(ineligible_pairs, Some(infos))?;
+        let eligible_live = reply::next(&mut items)?;
+        let ineligible_live = reply::next(&mut items)?;
+        let eligible = member_views(eligible_pairs, eligible_live, None)?;
+        let ineligible = member_views(ineligible_pairs, ineligible_live, Some(infos))?;
         Ok(super::merge_page(eligible, ineligible, limit, cursor))
     }
 

@@ -18,6 +18,10 @@ use tokio::task::JoinHandle;
 /// The admin token every test app is started with.
 pub const ADMIN: &str = "test-admin-token";
 
+/// How often test apps run the lease reaper, in milliseconds: short, so that tests of
+/// reclaiming wait little.
+pub const REAP_INTERVAL_MS: u64 = 100;
+
 /// A `redis-server` process owned by a test (or by the whole test binary).
 pub struct RedisServer {
     port: u16,
@@ -225,17 +229,23 @@ pub fn test_config(redis_url: Option<String>) -> Config {
     config.store_timeout_ms = 1000;
     config.shutdown_timeout_ms = 5000;
     config.body_limit_bytes = 1024 * 1024;
+    config.reap_interval_ms = REAP_INTERVAL_MS;
     config
+}
+
+/// The test configuration for `backend` (the shared Redis, or the embedded store).
+pub fn backend_config(backend: Backend) -> Config {
+    let url = match backend {
+        Backend::Redis => Some(shared_redis_url()),
+        Backend::Embedded => None,
+    };
+    test_config(url)
 }
 
 impl TestApp {
     /// Starts the application on `backend` with the test configuration.
     pub async fn spawn(backend: Backend) -> Self {
-        let url = match backend {
-            Backend::Redis => Some(shared_redis_url()),
-            Backend::Embedded => None,
-        };
-        Self::spawn_with(test_config(url)).await
+        Self::spawn_with(backend_config(backend)).await
     }
 
     /// Starts the application with a given configuration.
@@ -350,13 +360,17 @@ impl TestApp {
         )
     }
 
-    /// Every member of a pool with its count, in listing order.
-    pub async fn counts(&self, pool: &str) -> Vec<(String, u64, String)> {
+    /// Every member of a pool as listed (up to 1,000), in listing order.
+    pub async fn members(&self, pool: &str) -> Vec<Value> {
         let (status, body) = self.get(&format!("/pools/{pool}/members?limit=1000")).await;
         assert_eq!(status, StatusCode::OK, "{body}");
-        body["members"]
-            .as_array()
-            .expect("members")
+        body["members"].as_array().expect("members").clone()
+    }
+
+    /// Every member of a pool with its count, in listing order.
+    pub async fn counts(&self, pool: &str) -> Vec<(String, u64, String)> {
+        self.members(pool)
+            .await
             .iter()
             .map(|m| {
                 (

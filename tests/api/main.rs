@@ -12,6 +12,7 @@ mod assign;
 mod auth;
 mod concurrency;
 mod contract;
+mod leases;
 mod members;
 mod pools;
 mod redis_faults;

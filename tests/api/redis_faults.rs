@@ -15,9 +15,13 @@ async fn assign_recovers_after_the_script_cache_is_flushed() {
     app.create_pool("p", json!({})).await;
     app.seed("p", &["a", "b"], Some(0)).await;
     assert_eq!(app.assigned("p").await, ("a".to_owned(), 1));
-    let sha = redis::Script::new(include_str!("../../src/store/scripts/assign.lua"))
-        .get_hash()
-        .to_owned();
+    // The service puts the shared helpers in front of the script (`with_helpers!`).
+    let sha = redis::Script::new(concat!(
+        include_str!("../../src/store/scripts/leases.lua"),
+        include_str!("../../src/store/scripts/assign.lua")
+    ))
+    .get_hash()
+    .to_owned();
     assert_eq!(
         redis_cli(&url, &["SCRIPT", "EXISTS", &sha]),
         redis::Value::Array(vec![redis::Value::Int(1)])
@@ -54,6 +58,35 @@ async fn every_key_of_a_pool_carries_the_pool_as_its_hash_tag() {
     // Only the registry lives outside the pool's slot.
     assert_eq!(keys.matches("{tagged}").count(), 4, "{keys}");
     assert!(keys.contains(&format!("{prefix}:pools")), "{keys}");
+}
+
+#[tokio::test]
+async fn every_lease_key_of_a_least_in_flight_pool_carries_the_pool_as_its_hash_tag() {
+    let app = TestApp::spawn(crate::helpers::Backend::Redis).await;
+    let url = app.redis_url.clone().expect("on Redis");
+    app.create_pool("leasing", json!({"policy": "least-in-flight"}))
+        .await;
+    app.seed("leasing", &["a", "b"], None).await;
+    app.assigned("leasing").await;
+    let keys = format!(
+        "{:?}",
+        redis_cli(&url, &["KEYS", &format!("{}:*", app.key_prefix)])
+    );
+    let prefix = &app.key_prefix;
+    for expected in [
+        "meta",
+        "eligible",
+        "by_in_flight",
+        "in_flight",
+        "leases",
+        "lease_expiry",
+    ] {
+        assert!(
+            keys.contains(&format!("{prefix}:{{leasing}}:{expected}")),
+            "{expected} missing from {keys}"
+        );
+    }
+    assert_eq!(keys.matches("{leasing}").count(), 6, "{keys}");
 }
 
 #[tokio::test]

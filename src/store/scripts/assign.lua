@@ -1,17 +1,48 @@
--- Picks the eligible member with the fewest assignments and counts one more for it.
--- Selection and increment happen in this one script so that no other client can run
--- between them: two concurrent assigns never both see the same minimum.
--- Equal counts are ordered by member bytes (Redis's order for equal scores).
--- KEYS[1] pool meta hash, KEYS[2] eligible sorted set (member -> assignments).
--- Returns {-1} when the pool does not exist, {0} when it has no eligible member,
--- {1, member, assignments after this one} otherwise.
-if redis.call('EXISTS', KEYS[1]) == 0 then
+-- Chooses a member under the pool's policy and counts one more assignment for it, in one
+-- script so that no other client runs between the choice and the update: two concurrent
+-- assigns never both take the same member's last free place. One script for both
+-- policies, so an assign is one round trip whatever the pool.
+-- least-used: the fewest assignments, equal counts by member bytes (Redis's order for
+-- equal scores).
+-- least-in-flight: first reclaims a few expired leases of this pool, then takes the first
+-- member of the choosing order (see `entry` in leases.lua) unless it is at max_in_flight,
+-- and leases it until now + ttl.
+-- ARGV[1] id for the new lease (random, from the service), ARGV[2] ttl in ms or '' for
+-- the pool's, ARGV[3] how many expired leases to reclaim first.
+-- Returns {-1} when the pool does not exist, {0} when there is nothing to assign,
+-- {1, member, assignments} on a least-used pool,
+-- {2, member, assignments, in_flight, expires_ms, ttl_ms} on a least-in-flight pool.
+local meta = redis.call('HMGET', KEYS[1], 'created_ms', 'policy', 'lease_ttl_ms', 'max_in_flight')
+if not meta[1] then
     return {-1}
 end
-local chosen = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
-if not chosen then
+if meta[2] ~= 'least-in-flight' then
+    local chosen = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+    if not chosen then
+        return {0}
+    end
+    local assignments = redis.call('ZINCRBY', KEYS[2], 1, chosen)
+    redis.call('HINCRBY', KEYS[1], 'total_assignments', 1)
+    return {1, chosen, tonumber(assignments)}
+end
+local now = now_ms()
+reap(now, tonumber(ARGV[3]))
+local first = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+if not first[1] then
     return {0}
 end
-local assignments = redis.call('ZINCRBY', KEYS[2], 1, chosen)
+-- The first entry has the fewest live leases of all: if it is at the cap, every member is.
+if meta[4] and tonumber(first[2]) >= tonumber(meta[4]) then
+    return {0}
+end
+local member = string.sub(first[1], 21)
+redis.call('ZREM', KEYS[5], first[1])
+local assignments = redis.call('ZINCRBY', KEYS[2], 1, member)
+redis.call('HINCRBY', KEYS[6], member, 1)
+place(member)
 redis.call('HINCRBY', KEYS[1], 'total_assignments', 1)
-return {1, chosen, tonumber(assignments)}
+local ttl = tonumber(ARGV[2]) or tonumber(meta[3])
+local expires = now + ttl
+redis.call('HSET', KEYS[7], ARGV[1], member)
+redis.call('ZADD', KEYS[8], expires, ARGV[1])
+return {2, member, tonumber(assignments), redis.call('HGET', KEYS[6], member), expires, ttl}

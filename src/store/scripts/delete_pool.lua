@@ -1,5 +1,5 @@
 -- Removes a pool and every key it has.
--- KEYS: meta, eligible, ineligible, taken_out (all of one pool, one hash slot).
+-- KEYS: every key of the pool, leases included (one hash slot; see leases.lua).
 -- Returns 1 when the pool existed, 0 otherwise.
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return 0

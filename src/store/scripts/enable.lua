@@ -5,7 +5,9 @@
 --   minimum: the current minimum (its kept count when nothing is eligible)
 --   history: max(kept count, current minimum) (its kept count when nothing is eligible)
 --   zero:    0
--- KEYS[1] meta, KEYS[2] eligible, KEYS[3] ineligible, KEYS[4] taken_out hash.
+-- Policies apply to the cumulative count only: on a least-in-flight pool the member comes
+-- back into the choosing order with the live leases it still holds.
+-- KEYS as in leases.lua.
 -- ARGV[1] policy or '' for the pool's own, ARGV[2..] member ids.
 -- Returns {-1} when the pool does not exist, else
 -- {1, policy, {outcome, kept, restored, ...}} with outcome 1 = enabled,
@@ -19,6 +21,7 @@ if policy == '' then
 end
 local lowest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2]
 local minimum = lowest and tonumber(lowest)
+local lif = least_in_flight()
 local outcome = {}
 for i = 2, #ARGV do
     local member = ARGV[i]
@@ -38,6 +41,9 @@ for i = 2, #ARGV do
         redis.call('ZREM', KEYS[3], member)
         redis.call('HDEL', KEYS[4], member)
         redis.call('ZADD', KEYS[2], restored, member)
+        if lif then
+            place(member)
+        end
         outcome[#outcome + 1] = 1
         outcome[#outcome + 1] = kept
         outcome[#outcome + 1] = restored

@@ -1,19 +1,31 @@
--- Creates a pool or replaces its configuration.
--- KEYS[1] pool meta hash.
+-- Creates a pool or replaces its configuration. The policy of a pool that has members
+-- cannot change: its members' state means nothing under the other policy.
+-- KEYS as in leases.lua.
 -- ARGV[1] configuration as JSON (read back by the service), ARGV[2] restore policy,
--- ARGV[3] start_assignments or '' for "the current minimum".
--- Returns 1 when the pool was created, 0 when it existed.
+-- ARGV[3] start_assignments or '' for "the current minimum", ARGV[4] policy,
+-- ARGV[5] lease_ttl_ms, ARGV[6] max_in_flight or '' for no cap.
+-- Returns 1 when the pool was created, 0 when it existed, -2 when the policy change was
+-- refused (nothing changed).
 local created = redis.call('EXISTS', KEYS[1]) == 0
 if created then
     local t = redis.call('TIME')
     local now_ms = t[1] .. string.format('%03d', math.floor(t[2] / 1000))
     redis.call('HSET', KEYS[1], 'created_ms', now_ms, 'total_assignments', 0)
-end
-redis.call('HSET', KEYS[1], 'config', ARGV[1], 'restore', ARGV[2])
-if ARGV[3] == '' then
-    redis.call('HDEL', KEYS[1], 'start_assignments')
 else
-    redis.call('HSET', KEYS[1], 'start_assignments', ARGV[3])
+    local policy = redis.call('HGET', KEYS[1], 'policy') or 'least-used'
+    local members = redis.call('ZCARD', KEYS[2]) + redis.call('ZCARD', KEYS[3])
+    if policy ~= ARGV[4] and members > 0 then
+        return -2
+    end
+end
+redis.call('HSET', KEYS[1], 'config', ARGV[1], 'restore', ARGV[2], 'policy', ARGV[4],
+    'lease_ttl_ms', ARGV[5])
+for field, value in pairs({start_assignments = ARGV[3], max_in_flight = ARGV[6]}) do
+    if value == '' then
+        redis.call('HDEL', KEYS[1], field)
+    else
+        redis.call('HSET', KEYS[1], field, value)
+    end
 end
 if created then
     return 1

@@ -1,0 +1,16 @@
+-- Extends a live lease to now + ttl. An expired lease cannot be renewed: its member may
+-- already have been handed to someone else.
+-- KEYS as in leases.lua. ARGV[1] lease id, ARGV[2] ttl in ms or '' for the pool's.
+-- Returns {-1} when the pool does not exist, {1, 0} when the lease is not live, else
+-- {1, 1, member, expires_ms, ttl_ms}.
+if redis.call('EXISTS', KEYS[1]) == 0 then
+    return {-1}
+end
+local now = now_ms()
+if not live(ARGV[1], now) then
+    return {1, 0}
+end
+local ttl = tonumber(ARGV[2]) or tonumber(redis.call('HGET', KEYS[1], 'lease_ttl_ms'))
+local expires = now + ttl
+redis.call('ZADD', KEYS[8], 'XX', expires, ARGV[1])
+return {1, 1, redis.call('HGET', KEYS[7], ARGV[1]), expires, ttl}
