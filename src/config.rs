@@ -76,6 +76,10 @@ pub struct Config {
     #[arg(long, env = "REAP_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     pub reap_interval_ms: u64,
 
+    /// How often, in milliseconds, the per-pool gauges of `/metrics` are refreshed.
+    #[arg(long, env = "METRICS_REFRESH_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub metrics_refresh_ms: u64,
+
     /// Log format. The level is set with `RUST_LOG` (default `info`).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,
@@ -100,6 +104,11 @@ impl Config {
     /// The reaper interval as a duration.
     pub fn reap_interval(&self) -> Duration {
         Duration::from_millis(self.reap_interval_ms)
+    }
+
+    /// The metrics refresh interval as a duration.
+    pub fn metrics_refresh(&self) -> Duration {
+        Duration::from_millis(self.metrics_refresh_ms)
     }
 
     /// A configuration with every default, for tests and embedding.

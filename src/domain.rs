@@ -7,7 +7,7 @@ mod pool_config;
 mod pool_id;
 mod timestamp;
 
-pub(crate) use lease::hex;
+pub use lease::hex;
 pub use lease::{InvalidLeaseId, InvalidLeaseTtl, LeaseId, LeaseTtl};
 pub use member_id::{InvalidMemberId, MAX_MEMBER_ID_LEN, MemberId};
 pub use pool_config::{Policy, PoolConfig, RestorePolicy};

@@ -23,6 +23,7 @@ pub use self::auth::Tokens;
 use self::error::ApiError;
 use self::extract::BodyLimit;
 pub use self::members::MAX_MEMBERS_PER_CALL;
+use crate::monitoring::PoolSnapshot;
 use crate::store::Store;
 
 /// What every handler can reach. Cloning is shallow.
@@ -32,6 +33,8 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     /// The accepted tokens.
     pub tokens: Arc<Tokens>,
+    /// The pools as last read for the metrics.
+    pub snapshot: PoolSnapshot,
 }
 
 /// Limits applied to requests.
@@ -64,6 +67,8 @@ pub fn routes() -> Vec<Route> {
     vec![
         route("/livez", Method::GET, get(probes::livez)),
         route("/readyz", Method::GET, get(probes::readyz)),
+        route("/metrics", Method::GET, get(probes::metrics)),
+        route("/openapi.yaml", Method::GET, get(probes::openapi)),
         route("/pools", Method::GET, get(pools::list_pools)),
         route("/pools/{pool}", Method::PUT, put(pools::put_pool)),
         route("/pools/{pool}", Method::GET, get(pools::get_pool)),
@@ -118,6 +123,9 @@ pub fn app(state: AppState, limits: Limits) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limits.body_bytes))
         .layer(Extension(BodyLimit(limits.body_bytes)))
-        .layer(axum::middleware::from_fn(log::log_request))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            log::log_request,
+        ))
         .with_state(state)
 }

@@ -20,11 +20,13 @@
 //! - [`reaper`]: the background task that reclaims expired leases in every pool.
 //! - [`startup`]: [`startup::Application`], which binds, builds and serves (port 0 works,
 //!   which is how the tests start it).
+//! - [`monitoring`]: Prometheus metrics and the per-pool gauges.
 //! - [`telemetry`]: logging setup.
 
 pub mod config;
 pub mod domain;
 pub mod http;
+pub mod monitoring;
 pub mod reaper;
 pub mod startup;
 pub mod store;

@@ -33,6 +33,7 @@ pub async fn run(store: Arc<dyn Store>, interval: Duration, stop: impl Future<Ou
                     failing = false;
                 }
                 if reclaimed > 0 {
+                    metrics::counter!("pa_leases_reclaimed_total").increment(reclaimed);
                     tracing::info!(reclaimed, "reclaimed abandoned leases");
                 }
             }

@@ -17,6 +17,7 @@ use tower::ServiceExt;
 
 use crate::config::Config;
 use crate::http::{self, AppState, Limits, Tokens};
+use crate::monitoring::PoolSnapshot;
 use crate::reaper;
 use crate::store::{EmbeddedStore, RedisStore, RedisStoreOptions, Store, StoreError};
 
@@ -49,6 +50,7 @@ pub struct Application {
     listener: TcpListener,
     router: Router,
     store: Arc<dyn Store>,
+    snapshot: PoolSnapshot,
     config: Config,
 }
 
@@ -79,9 +81,12 @@ impl Application {
             }
         };
         let tokens = Tokens::new(admin_token(&config)?, config.worker_token.clone());
+        crate::monitoring::prometheus();
+        let snapshot = PoolSnapshot::default();
         let state = AppState {
             store: Arc::clone(&store),
             tokens: Arc::new(tokens),
+            snapshot: snapshot.clone(),
         };
         let router = http::app(
             state,
@@ -100,6 +105,7 @@ impl Application {
             listener,
             router,
             store,
+            snapshot,
             config,
         })
     }
@@ -111,7 +117,7 @@ impl Application {
 
     /// Serves until `shutdown` completes, then stops accepting connections and lets the
     /// requests in flight finish, for at most the configured shutdown timeout. The lease
-    /// reaper runs alongside and stops with the server.
+    /// reaper and the metrics refresher run alongside and stop with the server.
     ///
     /// The accept loop is this crate's own rather than `axum::serve` so that HTTP/1 header
     /// reads have a deadline: a client that trickles its headers byte by byte is cut off
@@ -132,14 +138,26 @@ impl Application {
             .max_buf_size(MAX_HEADER_BYTES);
         let graceful = GracefulShutdown::new();
         tracing::info!(addr = %self.local_addr(), "listening");
-        let (reaper_stop, reaper_stopped) = tokio::sync::oneshot::channel::<()>();
-        let reaper = tokio::spawn(reaper::run(
-            Arc::clone(&self.store),
-            self.config.reap_interval(),
+        // Background tasks stop when this flips to true, after the requests have drained.
+        let (stop_tasks, stopping) = tokio::sync::watch::channel(false);
+        let stopped = move || {
+            let mut stopping = stopping.clone();
             async move {
-                let _ = reaper_stopped.await;
-            },
-        ));
+                let _ = stopping.wait_for(|stop| *stop).await;
+            }
+        };
+        let tasks = [
+            tokio::spawn(reaper::run(
+                Arc::clone(&self.store),
+                self.config.reap_interval(),
+                stopped(),
+            )),
+            tokio::spawn(self.snapshot.clone().run(
+                Arc::clone(&self.store),
+                self.config.metrics_refresh(),
+                stopped(),
+            )),
+        ];
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
             let (stream, _peer) = tokio::select! {
@@ -184,10 +202,12 @@ impl Application {
                 "drain timeout reached; closing the remaining connections"
             );
         }
-        let _ = reaper_stop.send(());
-        // The reaper only ever ends by being told to; a panic inside it is not the
-        // server's failure, so its join result is not the run's result.
-        let _ = reaper.await;
+        let _ = stop_tasks.send(true);
+        // The tasks only ever end by being told to; a panic inside one is not the server's
+        // failure, so their join results are not the run's result.
+        for task in tasks {
+            let _ = task.await;
+        }
         Ok(())
     }
 }

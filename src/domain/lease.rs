@@ -62,7 +62,7 @@ impl Serialize for LeaseId {
 }
 
 /// Bytes as lowercase hex, two digits each.
-pub(crate) fn hex(bytes: &[u8]) -> String {
+pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
     bytes
         .iter()

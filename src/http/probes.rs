@@ -1,4 +1,5 @@
-//! `GET /livez` and `GET /readyz`, open to orchestrators without a token.
+//! Routes for machines, open without a token: `GET /livez`, `GET /readyz`, `GET /metrics`
+//! and `GET /openapi.yaml`.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -33,4 +34,28 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
             response
         }
     }
+}
+
+/// Prometheus text format: the recorder's counters and histograms, then the per-pool
+/// gauges from the latest snapshot.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let mut body = crate::monitoring::prometheus().render();
+    body.push_str(&state.snapshot.render());
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// The API contract this build serves, the same file the tests check the router against.
+pub async fn openapi() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/yaml")],
+        include_str!("../../openapi.yaml"),
+    )
+        .into_response()
 }

@@ -373,6 +373,23 @@ impl RedisStore {
         request: impl AsyncFnOnce(&mut MultiplexedConnection) -> Result<Value, RedisError>,
     ) -> Result<Value, StoreError> {
         let started = Instant::now();
+        let result = self.run_timed(started, request).await;
+        metrics::histogram!("pa_store_round_trip_seconds").record(started.elapsed().as_secs_f64());
+        if let Err(error) = &result {
+            let kind = match error {
+                StoreError::Timeout(_) => "timeout",
+                _ => "unavailable",
+            };
+            metrics::counter!("pa_store_errors_total", "kind" => kind).increment(1);
+        }
+        result
+    }
+
+    async fn run_timed(
+        &self,
+        started: Instant,
+        request: impl AsyncFnOnce(&mut MultiplexedConnection) -> Result<Value, RedisError>,
+    ) -> Result<Value, StoreError> {
         let conn = tokio::time::timeout(self.timeout, self.checkout())
             .await
             .map_err(|_| StoreError::Timeout(self.timeout))??;

@@ -11,6 +11,7 @@ mod helpers;
 
 mod chaos;
 mod load;
+#[path = "../api/process.rs"]
 mod process;
 
 mod hostile;

@@ -1,0 +1,205 @@
+//! Prometheus metrics: the process-wide recorder, the per-pool gauges, and `GET /metrics`.
+//!
+//! Counters and histograms go through the `metrics` facade into one recorder installed
+//! once per process (installing it per application would fail for the second one, which
+//! is exactly what tests do). Per-pool gauges are not kept in the recorder: they are
+//! rendered at scrape time from a snapshot of `Store::pools` refreshed every
+//! `METRICS_REFRESH_MS`, so a deleted pool's series disappear with it and only pools that
+//! exist ever become label values. Requests naming a pool that does not exist are counted
+//! under `pool="_other"`, so a flood of random pool ids cannot grow the series.
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::time::MissedTickBehavior;
+
+use crate::domain::PoolId;
+use crate::store::{PoolInfo, Store};
+
+/// The label value for a pool that is not known to exist.
+pub const OTHER_POOL: &str = "_other";
+
+/// Buckets for latencies in seconds: 100 µs to 5 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
+/// The process-wide Prometheus handle, installed on first use.
+pub fn prometheus() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), LATENCY_BUCKETS)
+            .unwrap_or_else(|_| PrometheusBuilder::new());
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        // Fails only when another recorder is already installed (an embedding program
+        // brought its own); this handle then renders nothing, which is harmless.
+        let _ = metrics::set_global_recorder(recorder);
+        describe();
+        handle
+    })
+}
+
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_histogram};
+    describe_counter!(
+        "pa_assigns_total",
+        "Assign requests by pool and outcome (assigned, empty, not_found, error)."
+    );
+    describe_histogram!(
+        "pa_assign_duration_seconds",
+        Unit::Seconds,
+        "Time to answer an assign, by outcome."
+    );
+    describe_counter!(
+        "pa_http_requests_total",
+        "HTTP requests by method, route template and status."
+    );
+    describe_histogram!(
+        "pa_http_request_duration_seconds",
+        Unit::Seconds,
+        "Time to answer a request, by route template."
+    );
+    describe_counter!(
+        "pa_store_errors_total",
+        "Store operations that failed, by kind (timeout, unavailable)."
+    );
+    describe_histogram!(
+        "pa_store_round_trip_seconds",
+        Unit::Seconds,
+        "Redis round-trip time of one store operation."
+    );
+    describe_counter!(
+        "pa_leases_reclaimed_total",
+        "Expired leases reclaimed by this replica's reaper."
+    );
+}
+
+/// A per-pool gauge: name, help text, and how to read it from a pool's numbers.
+type Gauge = (&'static str, &'static str, fn(&PoolInfo) -> Option<u64>);
+
+/// What the scrape renders for every pool, refreshed in the background.
+#[derive(Clone, Default)]
+pub struct PoolSnapshot {
+    inner: Arc<RwLock<Snapshot>>,
+}
+
+#[derive(Default)]
+struct Snapshot {
+    pools: Vec<PoolInfo>,
+    known: HashSet<PoolId>,
+}
+
+impl PoolSnapshot {
+    /// The label to use for `pool`: itself when it is known to exist, else [`OTHER_POOL`].
+    pub fn label(&self, pool: &PoolId) -> String {
+        let known = self
+            .inner
+            .read()
+            .is_ok_and(|snapshot| snapshot.known.contains(pool));
+        if known {
+            pool.as_str().to_owned()
+        } else {
+            OTHER_POOL.to_owned()
+        }
+    }
+
+    fn replace(&self, pools: Vec<PoolInfo>) {
+        let known = pools.iter().map(|p| p.pool.clone()).collect();
+        if let Ok(mut snapshot) = self.inner.write() {
+            *snapshot = Snapshot { pools, known };
+        }
+    }
+
+    /// Reads every pool once.
+    ///
+    /// # Errors
+    /// The store's error; the previous snapshot stays.
+    pub async fn refresh(&self, store: &dyn Store) -> Result<(), crate::store::StoreError> {
+        let pools = store.pools().await?;
+        self.replace(pools);
+        Ok(())
+    }
+
+    /// Refreshes every `interval` until `stop` completes.
+    pub async fn run(
+        self,
+        store: Arc<dyn Store>,
+        interval: Duration,
+        stop: impl Future<Output = ()>,
+    ) {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                () = &mut stop => return,
+                _ = ticks.tick() => {}
+            }
+            // A failed refresh keeps the last snapshot; the store errors are counted where
+            // they happen, so nothing is logged here.
+            let _ = self.refresh(store.as_ref()).await;
+            prometheus().run_upkeep();
+        }
+    }
+
+    /// The per-pool gauges in Prometheus text format.
+    pub fn render(&self) -> String {
+        let Ok(snapshot) = self.inner.read() else {
+            return String::new();
+        };
+        let mut out = String::new();
+        let gauges: [Gauge; 7] = [
+            (
+                "pa_pool_eligible_members",
+                "Members assign may choose.",
+                |p| Some(p.stats.eligible),
+            ),
+            (
+                "pa_pool_ineligible_members",
+                "Members taken out, keeping their counts.",
+                |p| Some(p.stats.ineligible),
+            ),
+            (
+                "pa_pool_in_flight",
+                "Live leases (least-in-flight pools).",
+                |p| Some(p.stats.in_flight),
+            ),
+            (
+                "pa_pool_min_assignments",
+                "Lowest count among eligible members.",
+                |p| p.stats.min_assignments,
+            ),
+            (
+                "pa_pool_max_assignments",
+                "Highest count among eligible members.",
+                |p| p.stats.max_assignments,
+            ),
+            (
+                "pa_pool_assignments",
+                "Assignments handed out since the pool was created.",
+                |p| Some(p.stats.total_assignments),
+            ),
+            (
+                "pa_pool_abandoned_leases",
+                "Leases reclaimed after they expired unreleased.",
+                |p| Some(p.stats.abandoned),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for pool in &snapshot.pools {
+                if let Some(v) = value(pool) {
+                    // Pool ids are [A-Za-z0-9._-]: nothing to escape in a label value.
+                    let _ = writeln!(out, "{name}{{pool=\"{}\"}} {v}", pool.pool);
+                }
+            }
+        }
+        out
+    }
+}
