@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::rules::Rules;
+
 /// How a member that comes back to the eligible set is given its assignment count.
 ///
 /// The choice matters because assignment always goes to the lowest count: a member that
@@ -65,6 +67,9 @@ pub struct PoolConfig {
     /// eligible members", so that a newly added proxy is not flooded.
     #[serde(default)]
     pub start_assignments: Option<u64>,
+    /// Which candidates the pool accepts as members, on import and on seeding.
+    #[serde(default)]
+    pub rules: Rules,
 }
 
 #[cfg(test)]

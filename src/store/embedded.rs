@@ -207,8 +207,11 @@ impl Store for EmbeddedStore {
             let mut report = SeedReport {
                 added: Vec::new(),
                 existing: Vec::new(),
+                full: Vec::new(),
                 start_assignments: start,
             };
+            let max = p.config.rules.max_members;
+            let mut size = p.eligible.len() + p.ineligible.len() + seed.pending_adds;
             for member in &seed.members {
                 let holder = if p.eligible.get(member).is_some() {
                     Some(&mut p.eligible)
@@ -219,13 +222,19 @@ impl Store for EmbeddedStore {
                 };
                 match holder {
                     Some(ranked) => {
-                        if seed.reset {
+                        if seed.reset && !seed.dry_run {
                             ranked.set(member.clone(), start);
                         }
                         report.existing.push(member.clone());
                     }
+                    None if max.is_some_and(|max| size >= max) => {
+                        report.full.push(member.clone());
+                    }
                     None => {
-                        p.eligible.set(member.clone(), start);
+                        if !seed.dry_run {
+                            p.eligible.set(member.clone(), start);
+                        }
+                        size += 1;
                         report.added.push(member.clone());
                     }
                 }
