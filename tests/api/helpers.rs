@@ -209,6 +209,7 @@ pub fn test_config(redis_url: Option<String>) -> Config {
     config.store_timeout_ms = 1000;
     config.shutdown_timeout_ms = 5000;
     config.body_limit_bytes = 1024 * 1024;
+    config.import_body_limit_bytes = 32 * 1024 * 1024;
     config
 }
 

@@ -8,6 +8,7 @@ mod assign;
 mod auth;
 mod concurrency;
 mod contract;
+mod import;
 mod members;
 mod pools;
 mod redis_faults;
