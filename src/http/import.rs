@@ -156,8 +156,11 @@ pub async fn import(
         tokio::task::spawn_blocking(move || Plan::read(&body, &rules, default_scheme)).await;
     // A panic while planning is a bug; it unwinds here as it would have inline.
     let mut plan = planning.unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic()));
-    // The members leave the plan so that pool_full lines can still be recorded in it.
+    // The members leave the plan so that pool_full lines can still be recorded in it, and
+    // its examples are set aside so that those lines get their own first 20: merged below,
+    // the two sets give the first 20 rejected lines overall.
     let members = std::mem::take(&mut plan.members);
+    let parse_examples = std::mem::take(&mut plan.examples);
 
     let mut report = ImportReport {
         duplicates: plan.duplicates,
@@ -187,6 +190,7 @@ pub async fn import(
             }
         }
     }
+    plan.examples.extend(parse_examples);
     plan.examples.sort_by_key(|example| example.line);
     plan.examples.truncate(MAX_EXAMPLES);
     report.accepted = report.added + report.existing;

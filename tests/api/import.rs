@@ -219,6 +219,21 @@ async fn candidates_beyond_max_members_are_rejected_as_pool_full_in_dry_runs_too
     assert_eq!(again["rejected"], json!({"pool_full": 10_000}));
 }
 
+async fn examples_are_the_first_rejected_lines_whatever_their_reason(app: TestApp) {
+    app.create_pool("p", json!({"rules": {"max_members": 1}}))
+        .await;
+    let garbage: String = (3..=30).map(|i| format!("garbage {i}\n")).collect();
+    let list = format!("1.2.3.4:80\n5.6.7.8:80\n{garbage}");
+    let (_, body) = import_text(&app, "/pools/p/import", &list).await;
+    assert_eq!(body["rejected"], json!({"pool_full": 1, "unparsable": 28}));
+    let mut expected = vec![json!({"line": 2, "input": "5.6.7.8:80", "reason": "pool_full"})];
+    expected.extend(
+        (3..=21)
+            .map(|i| json!({"line": i, "input": format!("garbage {i}"), "reason": "unparsable"})),
+    );
+    assert_eq!(body["examples"], json!(expected));
+}
+
 async fn malformed_import_requests_answer_in_the_error_shape(app: TestApp) {
     let (status, body) = import_text(&app, "/pools/nope/import", "1.2.3.4:80\n").await;
     assert_error(status, &body, StatusCode::NOT_FOUND, "pool_not_found");
@@ -256,6 +271,7 @@ for_each_store!(
     lines_that_are_not_utf8_are_rejected_one_by_one,
     a_large_list_is_written_in_chunks_with_one_starting_count,
     candidates_beyond_max_members_are_rejected_as_pool_full_in_dry_runs_too,
+    examples_are_the_first_rejected_lines_whatever_their_reason,
     malformed_import_requests_answer_in_the_error_shape,
 );
 
