@@ -43,9 +43,13 @@ pub struct Config {
     #[arg(long, env = "REDIS_CONNECTIONS", default_value_t = 4)]
     pub redis_connections: usize,
 
-    /// Largest request body accepted, in bytes.
+    /// Largest request body accepted, in bytes (every route but the import).
     #[arg(long, env = "BODY_LIMIT_BYTES", default_value_t = 1024 * 1024)]
     pub body_limit_bytes: usize,
+
+    /// Largest list `POST /pools/{pool}/import` accepts, in bytes.
+    #[arg(long, env = "IMPORT_BODY_LIMIT_BYTES", default_value_t = 32 * 1024 * 1024)]
+    pub import_body_limit_bytes: usize,
 
     /// Token required on admin routes. When neither this nor `ADMIN_TOKEN_FILE` is set, a
     /// random token is generated at startup and logged once.
@@ -131,5 +135,19 @@ fn parse_key_prefix(text: &str) -> Result<String, String> {
         Ok(text.to_owned())
     } else {
         Err("1 to 64 characters of A-Z, a-z, 0-9, '.', '_', '-' and ':'".to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_import_has_its_own_larger_body_limit_settable_by_flag() {
+        if std::env::var_os("IMPORT_BODY_LIMIT_BYTES").is_none() {
+            assert_eq!(Config::defaults().import_body_limit_bytes, 32 * 1024 * 1024);
+        }
+        let config = Config::parse_from(["proxy-allocator", "--import-body-limit-bytes", "4096"]);
+        assert_eq!(config.import_body_limit_bytes, 4096);
     }
 }

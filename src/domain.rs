@@ -1,15 +1,22 @@
 //! Types that are parsed at the edge: once a request has been turned into these, the rest
 //! of the service never sees an unchecked id or configuration value again.
 
+mod candidate;
 mod lease;
 mod member_id;
 mod pool_config;
 mod pool_id;
+mod rules;
 mod timestamp;
 
+pub use candidate::{
+    Candidate, Host, MASKED_MAX_CHARS, Rejection, Scheme, canonical_member_id, looks_like_address,
+    mask_credentials,
+};
 pub use lease::hex;
 pub use lease::{InvalidLeaseId, InvalidLeaseTtl, LeaseId, LeaseTtl};
 pub use member_id::{InvalidMemberId, MAX_MEMBER_ID_LEN, MemberId};
 pub use pool_config::{Policy, PoolConfig, RestorePolicy};
 pub use pool_id::{InvalidPoolId, PoolId};
+pub use rules::{PortRange, PortRules, Rules};
 pub use timestamp::Timestamp;

@@ -6,6 +6,7 @@ mod assign;
 mod auth;
 pub mod error;
 mod extract;
+mod import;
 mod leases;
 mod log;
 mod members;
@@ -40,8 +41,10 @@ pub struct AppState {
 /// Limits applied to requests.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Largest request body accepted, in bytes.
+    /// Largest request body accepted, in bytes, on every route but the import.
     pub body_bytes: usize,
+    /// Largest list the import route accepts, in bytes.
+    pub import_body_bytes: usize,
 }
 
 /// One route of the API: the table that builds the router is also what the OpenAPI
@@ -51,6 +54,8 @@ pub struct Route {
     pub path: &'static str,
     /// HTTP method.
     pub method: Method,
+    /// Whether the route takes whole proxy lists, under the import body limit.
+    pub takes_lists: bool,
     handler: MethodRouter<AppState>,
 }
 
@@ -58,6 +63,7 @@ fn route(path: &'static str, method: Method, handler: MethodRouter<AppState>) ->
     Route {
         path,
         method,
+        takes_lists: false,
         handler,
     }
 }
@@ -109,13 +115,36 @@ pub fn routes() -> Vec<Route> {
             Method::POST,
             post(members::remove_members),
         ),
+        Route {
+            takes_lists: true,
+            ..route("/pools/{pool}/import", Method::POST, post(import::import))
+        },
     ]
 }
 
 /// The whole application as a `Router`, ready to serve or to drive with `oneshot` in tests.
 pub fn app(state: AppState, limits: Limits) -> Router {
     let mut router = Router::new();
-    for Route { path, handler, .. } in routes() {
+    for Route {
+        path,
+        handler,
+        takes_lists,
+        ..
+    } in routes()
+    {
+        // Layers on the route run after the router-wide ones below, so this limit (and the
+        // limit the 413 message names) replaces the small one for this route only.
+        let handler = if takes_lists {
+            handler
+                .layer::<_, std::convert::Infallible>(DefaultBodyLimit::max(
+                    limits.import_body_bytes,
+                ))
+                .layer::<_, std::convert::Infallible>(Extension(BodyLimit(
+                    limits.import_body_bytes,
+                )))
+        } else {
+            handler
+        };
         router = router.route(path, handler);
     }
     router

@@ -6,17 +6,20 @@
 //! least-in-flight pool, the one with the fewest live leases, together with a lease they
 //! release when done (or that is reclaimed once it expires). The pick and the update
 //! happen in one atomic step (one Lua script in Redis, one lock in the embedded store), so
-//! two workers never both take the same minimum. Operators create pools, seed members, and
-//! take members out and bring them back under an explicit restore policy.
+//! two workers never both take the same minimum. Operators create pools, seed or import
+//! members (proxy lists filtered by each pool's eligibility rules), and take members out
+//! and bring them back under an explicit restore policy.
 //!
 //! # Layout
 //! - [`config`]: every option, as flag, environment variable and default.
 //! - [`domain`]: ids and configuration values parsed at the edge (`PoolId`, `MemberId`,
-//!   `LeaseId`, `LeaseTtl`, `PoolConfig`, `Policy`, `RestorePolicy`).
+//!   `LeaseId`, `LeaseTtl`, `PoolConfig`, `Policy`, `RestorePolicy`), the proxy candidate
+//!   parser that gives every address one canonical id (`Candidate`), and a pool's
+//!   eligibility `Rules`.
 //! - [`store`]: the [`store::Store`] trait, the only code that touches pool state, with its
 //!   Redis implementation (scripts in `src/store/scripts/*.lua`) and the embedded one.
-//! - [`http`]: the route table, handlers per resource (assign, leases, pools, members,
-//!   probes), auth, extractors, the error type.
+//! - [`http`]: the route table, handlers per resource (assign, leases, pools, members, the
+//!   import with its own body limit, probes), auth, extractors, the error type.
 //! - [`reaper`]: the background task that reclaims expired leases in every pool.
 //! - [`startup`]: [`startup::Application`], which binds, builds and serves (port 0 works,
 //!   which is how the tests start it).

@@ -92,6 +92,7 @@ impl Application {
             state,
             Limits {
                 body_bytes: config.body_limit_bytes,
+                import_body_bytes: config.import_body_limit_bytes,
             },
         );
         let listener =

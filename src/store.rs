@@ -155,7 +155,13 @@ pub enum PutPool {
     Updated,
 }
 
-/// A seeding request, members already parsed and de-duplicated.
+/// A seeding request, members already parsed, checked against the pool's rules and
+/// de-duplicated.
+///
+/// The pool's `rules.max_members` is applied by the store, in the same atomic step as the
+/// writes: members already in the pool are never refused, and new members are refused as
+/// [`SeedReport::full`], in request order, once the pool (eligible and ineligible members
+/// together) holds `max_members`. A pool already above its bound keeps every member.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Seed {
     /// The members to add, in request order.
@@ -164,6 +170,24 @@ pub struct Seed {
     pub assignments: Option<u64>,
     /// Whether members already in the pool are set to the starting count too.
     pub reset: bool,
+    /// Report what would happen, and write nothing.
+    pub dry_run: bool,
+    /// In a dry run split into several calls: new members the earlier calls reported as
+    /// added. They count against `max_members` as if they had been written.
+    pub pending_adds: u64,
+}
+
+impl Seed {
+    /// Adds `members`, with the pool's starting count and nothing else asked for.
+    pub fn new(members: Vec<MemberId>) -> Self {
+        Self {
+            members,
+            assignments: None,
+            reset: false,
+            dry_run: false,
+            pending_adds: 0,
+        }
+    }
 }
 
 /// What a seeding did.
@@ -173,6 +197,8 @@ pub struct SeedReport {
     pub added: Vec<MemberId>,
     /// Members that were already in the pool (eligible or not).
     pub existing: Vec<MemberId>,
+    /// New members refused because the pool holds `max_members`.
+    pub full: Vec<MemberId>,
     /// The count new members started at (and existing ones were reset to, with `reset`).
     pub start_assignments: u64,
 }

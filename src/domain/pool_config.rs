@@ -31,6 +31,7 @@ impl Policy {
         }
     }
 }
+use super::rules::Rules;
 
 /// How a member that comes back to the eligible set is given its assignment count.
 ///
@@ -106,6 +107,9 @@ pub struct PoolConfig {
     /// cap. A member at its cap is skipped; `1` gives exclusive use of a proxy.
     #[serde(default)]
     pub max_in_flight: Option<NonZeroU64>,
+    /// Which candidates the pool accepts as members, on import and on seeding.
+    #[serde(default)]
+    pub rules: Rules,
 }
 
 #[cfg(test)]

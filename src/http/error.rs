@@ -55,9 +55,9 @@ pub enum ApiError {
     /// 413 `payload_too_large`.
     #[error("request body is larger than {0} bytes")]
     PayloadTooLarge(usize),
-    /// 415 `unsupported_media_type`.
-    #[error("expected a body with content type application/json")]
-    UnsupportedMediaType,
+    /// 415 `unsupported_media_type`; names the content types the route takes.
+    #[error("expected a body with content type {0}")]
+    UnsupportedMediaType(&'static str),
     /// 503 `store_unavailable`, with `Retry-After`.
     #[error("the pool store is unavailable; retry shortly")]
     StoreUnavailable(#[source] StoreError),
@@ -86,7 +86,7 @@ impl ApiError {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::PolicyChangeRequiresEmptyPool => StatusCode::CONFLICT,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -107,7 +107,7 @@ impl ApiError {
             Self::MethodNotAllowed => "method_not_allowed",
             Self::PolicyChangeRequiresEmptyPool => "policy_change_requires_empty_pool",
             Self::PayloadTooLarge(_) => "payload_too_large",
-            Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::StoreUnavailable(_) => "store_unavailable",
         }
     }

@@ -68,55 +68,96 @@ fn body_rejection(rejection: BytesRejection, limit: usize) -> ApiError {
     }
 }
 
+const JSON_ONLY: &str = "application/json";
+
 fn json_rejection(rejection: JsonRejection, limit: usize) -> ApiError {
     match rejection.status() {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge(limit),
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::UnsupportedMediaType,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::UnsupportedMediaType(JSON_ONLY),
         _ => ApiError::InvalidJson(rejection.body_text()),
     }
+}
+
+/// Reads the whole body within the limit set for the route, answering 413 with the limit
+/// that applied.
+async fn read_body(req: Request) -> Result<(Bytes, usize), ApiError> {
+    let limit = req
+        .extensions()
+        .get::<BodyLimit>()
+        .map_or(0, |limit| limit.0);
+    let bytes = Bytes::from_request(req, &())
+        .await
+        .map_err(|rejection| body_rejection(rejection, limit))?;
+    Ok((bytes, limit))
+}
+
+fn parse_json<T: DeserializeOwned>(bytes: &[u8], limit: usize) -> Result<T, ApiError> {
+    axum::Json::<T>::from_bytes(bytes)
+        .map(|axum::Json(value)| value)
+        .map_err(|rejection| json_rejection(rejection, limit))
 }
 
 async fn read_json<T: DeserializeOwned + Send>(
     req: Request,
     empty: Option<T>,
 ) -> Result<T, ApiError> {
-    let limit = req
-        .extensions()
-        .get::<BodyLimit>()
-        .map_or(0, |limit| limit.0);
     let is_json = is_json_content_type(req.headers());
-    let bytes = Bytes::from_request(req, &())
-        .await
-        .map_err(|rejection| body_rejection(rejection, limit))?;
+    let (bytes, limit) = read_body(req).await?;
     if bytes.is_empty()
         && let Some(default) = empty
     {
         return Ok(default);
     }
     if !is_json {
-        return Err(ApiError::UnsupportedMediaType);
+        return Err(ApiError::UnsupportedMediaType(JSON_ONLY));
     }
-    axum::Json::<T>::from_bytes(&bytes)
-        .map(|axum::Json(value)| value)
-        .map_err(|rejection| json_rejection(rejection, limit))
+    parse_json(&bytes, limit)
+}
+
+/// The media type of the body, lower-cased, parameters left out.
+fn content_type(headers: &axum::http::HeaderMap) -> Option<String> {
+    let value = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())?;
+    let essence = value.split(';').next().unwrap_or("");
+    Some(essence.trim().to_ascii_lowercase())
 }
 
 /// `application/json` or `application/<anything>+json`, parameters ignored.
 fn is_json_content_type(headers: &axum::http::HeaderMap) -> bool {
-    let Some(value) = headers
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-    else {
-        return false;
-    };
-    let essence = value
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
+    content_type(headers).is_some_and(|essence| {
+        essence == "application/json"
+            || (essence.starts_with("application/") && essence.ends_with("+json"))
+    })
+}
+
+/// A list of candidates: `text/plain` (kept as bytes, so that a line that is not UTF-8 is
+/// rejected on its own rather than failing the whole body) or a JSON array of strings.
+#[derive(Debug, Clone)]
+pub enum ListBody {
+    /// One candidate per line.
+    Text(Bytes),
+    /// One candidate per element.
+    Json(Vec<String>),
+}
+
+impl<S: Send + Sync> FromRequest<S> for ListBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
+        let is_text = content_type(req.headers()).is_some_and(|essence| essence == "text/plain");
+        if !is_text && !is_json_content_type(req.headers()) {
+            return Err(ApiError::UnsupportedMediaType(
+                "text/plain or application/json",
+            ));
+        }
+        let (bytes, limit) = read_body(req).await?;
+        if is_text {
+            Ok(Self::Text(bytes))
+        } else {
+            parse_json(&bytes, limit).map(Self::Json)
+        }
+    }
 }
 
 impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequest<S> for Json<T> {

@@ -2,7 +2,9 @@
 //!
 //! Member ids travel in JSON bodies, never in paths: real ids hold `:` and `/`. Each id is
 //! parsed on its own; an invalid one is reported back with its reason and the rest of the
-//! call goes ahead. Ids repeated within one call count once.
+//! call goes ahead. Ids that are proxy addresses are canonicalised first (`1.2.3.4:8080`
+//! names `http://1.2.3.4:8080`), then ids repeated within one call count once. Seeding also
+//! applies the pool's rules, exactly as an import does.
 
 use std::collections::HashSet;
 
@@ -15,7 +17,7 @@ use super::AppState;
 use super::auth::Admin;
 use super::error::ApiError;
 use super::extract::{Json, PoolPath, Query};
-use crate::domain::{MemberId, RestorePolicy};
+use crate::domain::{MemberId, Rejection, RestorePolicy, canonical_member_id};
 use crate::store::{Cursor, Seed, StateFilter};
 
 /// Most members one call may name.
@@ -34,28 +36,51 @@ pub struct Rejected {
     reason: &'static str,
 }
 
-/// Parses the ids of one call, keeping the first of any repeated id.
-fn parse_members(raw: Vec<String>) -> Result<(Vec<MemberId>, Vec<Rejected>), ApiError> {
+/// Refuses calls that name more members than one call may.
+fn check_count(raw: &[String]) -> Result<(), ApiError> {
     if raw.len() > MAX_MEMBERS_PER_CALL {
-        return Err(ApiError::TooManyMembers(MAX_MEMBERS_PER_CALL));
+        Err(ApiError::TooManyMembers(MAX_MEMBERS_PER_CALL))
+    } else {
+        Ok(())
     }
+}
+
+/// Parses the ids of one call and passes each through `admit` (canonicalisation, and the
+/// pool's rules when seeding), keeping the first of any repeated id.
+fn parse_members(
+    raw: Vec<String>,
+    admit: impl Fn(MemberId) -> Result<MemberId, Rejection>,
+) -> Result<(Vec<MemberId>, Vec<Rejected>), ApiError> {
+    check_count(&raw)?;
     let mut seen = HashSet::with_capacity(raw.len());
     let mut members = Vec::with_capacity(raw.len());
     let mut rejected = Vec::new();
     for text in raw {
-        match MemberId::parse(&text) {
-            Ok(member) => {
-                if seen.insert(member.clone()) {
-                    members.push(member);
+        let reason = match MemberId::parse(&text) {
+            Ok(member) => match admit(member) {
+                Ok(member) => {
+                    if seen.insert(member.clone()) {
+                        members.push(member);
+                    }
+                    continue;
                 }
-            }
-            Err(reason) => rejected.push(Rejected {
-                member: text,
-                reason: reason.code(),
-            }),
-        }
+                Err(rejection) => rejection.code(),
+            },
+            Err(invalid) => invalid.code(),
+        };
+        rejected.push(Rejected {
+            member: text,
+            reason,
+        });
     }
     Ok((members, rejected))
+}
+
+/// Parses the ids of a call that names existing members: addresses are canonicalised, the
+/// pool's rules are not applied (a member a stricter rule would now refuse must still be
+/// reachable, to be taken out).
+fn parse_named_members(raw: Vec<String>) -> Result<(Vec<MemberId>, Vec<Rejected>), ApiError> {
+    parse_members(raw, |member| Ok(canonical_member_id(member)))
 }
 
 /// Body of `POST /pools/{pool}/members`.
@@ -70,20 +95,29 @@ pub struct SeedBody {
 }
 
 /// Adds members. New ones start at `assignments` if given, else at the pool's
-/// `start_assignments`, else at the current minimum among eligible members.
+/// `start_assignments`, else at the current minimum among eligible members. Members are
+/// checked against the pool's rules first; those refused, and new members beyond the
+/// pool's `max_members` (`pool_full`, reported under their canonical id), are listed in
+/// `rejected`.
 pub async fn add_members(
     _: Admin,
     State(state): State<AppState>,
     PoolPath(pool): PoolPath,
     Json(body): Json<SeedBody>,
 ) -> Result<Response, ApiError> {
-    let (members, rejected) = parse_members(body.members)?;
+    check_count(&body.members)?;
+    let rules = state.store.pool(&pool).await?.config.rules;
+    let (members, mut rejected) = parse_members(body.members, |member| rules.admit_member(member))?;
     let seed = Seed {
-        members,
         assignments: body.assignments,
         reset: body.reset,
+        ..Seed::new(members)
     };
     let report = state.store.add_members(&pool, &seed).await?;
+    rejected.extend(report.full.into_iter().map(|member| Rejected {
+        member: member.as_str().to_owned(),
+        reason: Rejection::PoolFull.code(),
+    }));
     Ok(axum::Json(json!({
         "pool": pool,
         "added": report.added,
@@ -183,7 +217,7 @@ pub async fn disable_members(
             "reason is 1 to {MAX_REASON_LEN} bytes"
         )));
     }
-    let (members, rejected) = parse_members(body.members)?;
+    let (members, rejected) = parse_named_members(body.members)?;
     let report = state
         .store
         .disable_members(&pool, &members, &reason)
@@ -214,7 +248,7 @@ pub async fn enable_members(
     PoolPath(pool): PoolPath,
     Json(body): Json<EnableBody>,
 ) -> Result<Response, ApiError> {
-    let (members, rejected) = parse_members(body.members)?;
+    let (members, rejected) = parse_named_members(body.members)?;
     let report = state
         .store
         .enable_members(&pool, &members, body.restore)
@@ -244,7 +278,7 @@ pub async fn remove_members(
     PoolPath(pool): PoolPath,
     Json(body): Json<RemoveBody>,
 ) -> Result<Response, ApiError> {
-    let (members, rejected) = parse_members(body.members)?;
+    let (members, rejected) = parse_named_members(body.members)?;
     let report = state.store.remove_members(&pool, &members).await?;
     Ok(axum::Json(json!({
         "pool": pool,

@@ -388,28 +388,36 @@ impl Store for EmbeddedStore {
             let mut report = SeedReport {
                 added: Vec::new(),
                 existing: Vec::new(),
+                full: Vec::new(),
                 start_assignments: start,
             };
+            let max = p.config.rules.max_members;
+            let mut size = p.eligible.len() + p.ineligible.len() + seed.pending_adds;
             for member in &seed.members {
                 let eligible = p.eligible.get(member).is_some();
                 let ineligible = p.ineligible.get(member).is_some();
-                if !eligible && !ineligible {
-                    p.eligible.set(member.clone(), start);
-                    p.place(member);
+                if eligible || ineligible {
+                    if seed.reset && !seed.dry_run {
+                        p.unplace(member);
+                        let ranked = if eligible {
+                            &mut p.eligible
+                        } else {
+                            &mut p.ineligible
+                        };
+                        ranked.set(member.clone(), start);
+                        p.place(member);
+                    }
+                    report.existing.push(member.clone());
+                } else if max.is_some_and(|max| size >= max) {
+                    report.full.push(member.clone());
+                } else {
+                    if !seed.dry_run {
+                        p.eligible.set(member.clone(), start);
+                        p.place(member);
+                    }
+                    size += 1;
                     report.added.push(member.clone());
-                    continue;
                 }
-                if seed.reset {
-                    p.unplace(member);
-                    let ranked = if eligible {
-                        &mut p.eligible
-                    } else {
-                        &mut p.ineligible
-                    };
-                    ranked.set(member.clone(), start);
-                    p.place(member);
-                }
-                report.existing.push(member.clone());
             }
             report
         })

@@ -671,13 +671,19 @@ impl Store for RedisStore {
             .max_in_flight
             .map(|n| n.to_string())
             .unwrap_or_default();
-        let args: [&[u8]; 6] = [
+        let max = config
+            .rules
+            .max_members
+            .map(|n| n.to_string())
+            .unwrap_or_default();
+        let args: [&[u8]; 7] = [
             &json,
             config.restore.as_str().as_bytes(),
             start.as_bytes(),
             config.policy.as_str().as_bytes(),
             ttl.as_bytes(),
             cap.as_bytes(),
+            max.as_bytes(),
         ];
         let value = self
             .eval(&self.scripts.put_pool, &self.pool_keys(pool), &args)
@@ -762,10 +768,13 @@ impl Store for RedisStore {
 
     async fn add_members(&self, pool: &PoolId, seed: &Seed) -> Result<SeedReport, StoreError> {
         let start = seed.assignments.map(|n| n.to_string()).unwrap_or_default();
-        let reset: &[u8] = if seed.reset { b"1" } else { b"0" };
-        let mut args: Vec<&[u8]> = Vec::with_capacity(seed.members.len() + 2);
+        let flag = |on: bool| -> &'static [u8] { if on { b"1" } else { b"0" } };
+        let pending = seed.pending_adds.to_string();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(seed.members.len() + 4);
         args.push(start.as_bytes());
-        args.push(reset);
+        args.push(flag(seed.reset));
+        args.push(flag(seed.dry_run));
+        args.push(pending.as_bytes());
         args.extend(seed.members.iter().map(|m| m.as_str().as_bytes()));
         let value = self
             .eval(&self.scripts.seed, &self.pool_keys(pool), &args)
@@ -776,13 +785,14 @@ impl Store for RedisStore {
         let mut report = SeedReport {
             added: Vec::new(),
             existing: Vec::new(),
+            full: Vec::new(),
             start_assignments,
         };
         for (member, flag) in seed.members.iter().zip(flags) {
-            if reply::int(&flag)? == 1 {
-                report.added.push(member.clone());
-            } else {
-                report.existing.push(member.clone());
+            match reply::int(&flag)? {
+                1 => report.added.push(member.clone()),
+                2 => report.full.push(member.clone()),
+                _ => report.existing.push(member.clone()),
             }
         }
         Ok(report)

@@ -230,6 +230,7 @@ pub fn test_config(redis_url: Option<String>) -> Config {
     config.shutdown_timeout_ms = 5000;
     config.body_limit_bytes = 1024 * 1024;
     config.reap_interval_ms = REAP_INTERVAL_MS;
+    config.import_body_limit_bytes = 32 * 1024 * 1024;
     config
 }
 

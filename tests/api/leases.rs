@@ -371,7 +371,8 @@ async fn changing_the_policy_of_a_pool_with_members_answers_409(app: TestApp) {
     assert_eq!(
         body["config"],
         json!({"policy": "least-in-flight", "restore": "minimum", "start_assignments": null,
-               "lease_ttl_ms": 30000, "max_in_flight": 1})
+               "lease_ttl_ms": 30000, "max_in_flight": 1,
+               "rules": serde_json::to_value(proxy_allocator::domain::Rules::default()).expect("JSON")})
     );
 }
 

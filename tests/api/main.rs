@@ -12,10 +12,12 @@ mod assign;
 mod auth;
 mod concurrency;
 mod contract;
+mod import;
 mod leases;
 mod members;
 mod metrics;
 mod pools;
+#[expect(dead_code, reason = "shared with tests/faults, which sends it signals")]
 mod process;
 mod redis_faults;
 mod requests;

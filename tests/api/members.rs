@@ -104,6 +104,140 @@ async fn invalid_member_ids_are_rejected_one_by_one_with_a_reason(app: TestApp) 
     assert_eq!(app.assigned("p").await.0, "redis.call('DEL','k')");
 }
 
+async fn seeding_applies_the_pools_rules_and_canonicalises_addresses(app: TestApp) {
+    app.create_pool("p", json!({"rules": {"ports": {"deny": [6379]}}}))
+        .await;
+    let (status, body) = app
+        .post_json(
+            "/pools/p/members",
+            json!({"members": ["dc-fra-07", "1.2.3.4:8080", "HTTP://1.2.3.4:8080/", "10.0.0.5:80",
+                               "8.8.8.8:6379", "socks5://8.8.8.8:1080", "10.0.0.5", "1.2.3.4:0",
+                               "u:p@proxy.example:3128"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body,
+        json!({"pool": "p",
+               "added": ["dc-fra-07", "http://1.2.3.4:8080", "http://u:p@proxy.example:3128"],
+               "existing": [],
+               "rejected": [
+                   {"member": "10.0.0.5:80", "reason": "private_address"},
+                   {"member": "8.8.8.8:6379", "reason": "port_not_allowed"},
+                   {"member": "socks5://8.8.8.8:1080", "reason": "scheme_not_allowed"},
+                   {"member": "10.0.0.5", "reason": "unparsable"},
+                   {"member": "1.2.3.4:0", "reason": "port_not_allowed"},
+               ],
+               "start_assignments": 0})
+    );
+}
+
+async fn a_pool_that_takes_only_addresses_refuses_opaque_ids(app: TestApp) {
+    app.create_pool(
+        "p",
+        json!({"rules": {"opaque_ids": false, "allow_private": true, "allow_credentials": false}}),
+    )
+    .await;
+    let (_, body) = app
+        .post_json(
+            "/pools/p/members",
+            json!({"members": ["dc-fra-07", "127.0.0.1:3128", "u:p@8.8.8.8:80"]}),
+        )
+        .await;
+    assert_eq!(body["added"], json!(["http://127.0.0.1:3128"]));
+    assert_eq!(
+        body["rejected"],
+        json!([
+            {"member": "dc-fra-07", "reason": "unparsable"},
+            {"member": "u:p@8.8.8.8:80", "reason": "credentials_not_allowed"},
+        ])
+    );
+}
+
+async fn seeding_beyond_max_members_refuses_new_members_as_pool_full(app: TestApp) {
+    app.create_pool("p", json!({"rules": {"max_members": 3}}))
+        .await;
+    app.seed("p", &["a", "b"], None).await;
+    app.post_json("/pools/p/members/disable", json!({"members": ["a"]}))
+        .await;
+    // Existing members are never refused; new ones fill the room left, in request order.
+    let body = app.seed("p", &["b", "c", "d", "e"], None).await;
+    assert_eq!(
+        body,
+        json!({"pool": "p", "added": ["c"], "existing": ["b"],
+               "rejected": [{"member": "d", "reason": "pool_full"}, {"member": "e", "reason": "pool_full"}],
+               "start_assignments": 0})
+    );
+    // Ineligible members take room too.
+    let body = app.seed("p", &["a", "f"], None).await;
+    assert_eq!(body["existing"], json!(["a"]));
+    assert_eq!(
+        body["rejected"],
+        json!([{"member": "f", "reason": "pool_full"}])
+    );
+}
+
+async fn member_routes_find_an_address_in_any_written_form(app: TestApp) {
+    app.create_pool("p", json!({})).await;
+    let body = app
+        .seed("p", &["1.2.3.4:8080", "u:p@5.6.7.8:3128"], None)
+        .await;
+    assert_eq!(
+        body["added"],
+        json!(["http://1.2.3.4:8080", "http://u:p@5.6.7.8:3128"])
+    );
+    let (_, body) = app
+        .post_json(
+            "/pools/p/members/disable",
+            json!({"members": ["HTTP://1.2.3.4:8080/"]}),
+        )
+        .await;
+    assert_eq!(body["disabled"], json!(["http://1.2.3.4:8080"]));
+    let body = enable(&app, json!({"members": ["1.2.3.4:8080"]})).await;
+    assert_eq!(
+        body["enabled"],
+        json!([{"member": "http://1.2.3.4:8080", "kept_assignments": 0, "assignments": 0}])
+    );
+    let (_, body) = app
+        .post_json(
+            "/pools/p/members/remove",
+            json!({"members": ["5.6.7.8:3128:u:p", "http://1.2.3.4:8080", "1.2.3.4:8080"]}),
+        )
+        .await;
+    assert_eq!(
+        body,
+        json!({"pool": "p", "removed": ["http://u:p@5.6.7.8:3128", "http://1.2.3.4:8080"],
+               "unknown": [], "rejected": []})
+    );
+}
+
+async fn a_member_that_a_stricter_rule_would_refuse_can_still_be_taken_out(app: TestApp) {
+    app.create_pool("p", json!({"rules": {"allow_private": true}}))
+        .await;
+    app.seed("p", &["10.0.0.5:80"], None).await;
+    let response = app
+        .admin(reqwest::Method::PUT, "/pools/p")
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::OK);
+    let (_, body) = app
+        .post_json(
+            "/pools/p/members/disable",
+            json!({"members": ["10.0.0.5:80"]}),
+        )
+        .await;
+    assert_eq!(body["disabled"], json!(["http://10.0.0.5:80"]));
+    let (_, body) = app
+        .post_json(
+            "/pools/p/members/remove",
+            json!({"members": ["10.0.0.5:80"]}),
+        )
+        .await;
+    assert_eq!(body["removed"], json!(["http://10.0.0.5:80"]));
+}
+
 async fn more_than_ten_thousand_members_in_one_call_is_refused(app: TestApp) {
     app.create_pool("p", json!({})).await;
     let members: Vec<String> = (0..10_001).map(|i| format!("m{i}")).collect();
@@ -381,6 +515,11 @@ for_each_store!(
     existing_members_keep_their_count_unless_reset_is_asked,
     invalid_member_ids_are_rejected_one_by_one_with_a_reason,
     more_than_ten_thousand_members_in_one_call_is_refused,
+    seeding_applies_the_pools_rules_and_canonicalises_addresses,
+    a_pool_that_takes_only_addresses_refuses_opaque_ids,
+    seeding_beyond_max_members_refuses_new_members_as_pool_full,
+    member_routes_find_an_address_in_any_written_form,
+    a_member_that_a_stricter_rule_would_refuse_can_still_be_taken_out,
     seeding_a_missing_pool_answers_404,
     listing_pages_through_members_by_assignments_then_id,
     listing_rejects_bad_query_parameters,

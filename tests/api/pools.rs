@@ -6,6 +6,12 @@ use serde_json::json;
 use crate::for_each_store;
 use crate::helpers::{TestApp, assert_error, read};
 
+/// The eligibility rules a pool has when its configuration names none (their values are
+/// pinned by the unit test `the_defaults_are_the_documented_ones`).
+fn default_rules() -> serde_json::Value {
+    serde_json::to_value(proxy_allocator::domain::Rules::default()).expect("serialises")
+}
+
 async fn put_creates_a_pool_with_201_and_echoes_the_defaults(app: TestApp) {
     let response = app
         .admin(Method::PUT, "/pools/web")
@@ -16,7 +22,7 @@ async fn put_creates_a_pool_with_201_and_echoes_the_defaults(app: TestApp) {
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(
         body,
-        json!({"pool": "web", "config": {"restore": "minimum", "start_assignments": null, "policy": "least-used", "lease_ttl_ms": 30000, "max_in_flight": null}})
+        json!({"pool": "web", "config": {"restore": "minimum", "start_assignments": null, "policy": "least-used", "lease_ttl_ms": 30000, "max_in_flight": null, "rules": default_rules()}})
     );
 }
 
@@ -33,7 +39,7 @@ async fn put_on_an_existing_pool_replaces_its_configuration_with_200(app: TestAp
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         body["config"],
-        json!({"restore": "zero", "start_assignments": null, "policy": "least-used", "lease_ttl_ms": 30000, "max_in_flight": null})
+        json!({"restore": "zero", "start_assignments": null, "policy": "least-used", "lease_ttl_ms": 30000, "max_in_flight": null, "rules": default_rules()})
     );
     let (_, info) = app.get("/pools/web").await;
     assert_eq!(info["config"], body["config"]);
@@ -45,6 +51,11 @@ async fn put_refuses_unknown_fields_and_bad_values_with_400(app: TestApp) {
         json!({"restore": "sometimes"}),
         json!({"start_assignments": -1}),
         json!([1]),
+        json!({"rules": {"schemes": ["ftp"]}}),
+        json!({"rules": {"ports": {"allow": [[0, 10]]}}}),
+        json!({"rules": {"ports": {"deny": [[20, 10]]}}}),
+        json!({"rules": {"allow_privat": true}}),
+        json!({"rules": {"max_members": -1}}),
     ] {
         let response = app
             .admin(Method::PUT, "/pools/web")
@@ -56,6 +67,26 @@ async fn put_refuses_unknown_fields_and_bad_values_with_400(app: TestApp) {
         assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_json");
     }
     assert_error_404(&app, "/pools/web").await;
+}
+
+async fn put_keeps_the_rules_it_is_given_and_fills_in_the_rest(app: TestApp) {
+    let rules = json!({"schemes": ["socks5h", "http"], "ports": {"allow": [[1000, 2000], 8080], "deny": [1080]},
+                       "allow_private": true, "max_members": 50});
+    app.create_pool("web", json!({ "rules": rules })).await;
+    let (status, body) = app.get("/pools/web").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body["config"]["rules"],
+        json!({
+            "schemes": ["http", "socks5h"],
+            "ports": {"allow": [[1000, 2000], 8080], "deny": [1080]},
+            "allow_private": true,
+            "allow_hostnames": true,
+            "allow_credentials": true,
+            "max_members": 50,
+            "opaque_ids": true,
+        })
+    );
 }
 
 async fn assert_error_404(app: &TestApp, path: &str) {
@@ -74,7 +105,7 @@ async fn get_pool_shows_configuration_and_stats(app: TestApp) {
     assert_eq!(body["pool"], json!("p"));
     assert_eq!(
         body["config"],
-        json!({"restore": "minimum", "start_assignments": 4, "policy": "least-used", "lease_ttl_ms": 30000, "max_in_flight": null})
+        json!({"restore": "minimum", "start_assignments": 4, "policy": "least-used", "lease_ttl_ms": 30000, "max_in_flight": null, "rules": default_rules()})
     );
     assert_eq!(
         body["stats"],
@@ -149,6 +180,7 @@ for_each_store!(
     put_creates_a_pool_with_201_and_echoes_the_defaults,
     put_on_an_existing_pool_replaces_its_configuration_with_200,
     put_refuses_unknown_fields_and_bad_values_with_400,
+    put_keeps_the_rules_it_is_given_and_fills_in_the_rest,
     get_pool_shows_configuration_and_stats,
     get_pool_of_an_empty_pool_has_null_min_and_max,
     get_pools_lists_every_pool_in_id_order,

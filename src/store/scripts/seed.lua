@@ -1,26 +1,33 @@
 -- Adds members to a pool. New members join the eligible set at the starting count; members
--- already in the pool (eligible or not) keep their count unless reset is asked for.
+-- already in the pool (eligible or not) keep their count unless reset is asked for. Once
+-- the pool holds max_members members, further new ones are refused as full.
 -- On a least-in-flight pool, added and reset eligible members take their place in the
 -- choosing order (they keep any live leases).
 -- KEYS as in leases.lua.
 -- ARGV[1] explicit starting count or '', ARGV[2] '1' to reset existing members,
--- ARGV[3..] member ids (already validated and de-duplicated).
--- Returns {-1} when the pool does not exist, else {1, start, {1 = added | 0 = existing ...}}.
+-- ARGV[3] '1' for a dry run (nothing is written), ARGV[4] members earlier chunks of the
+-- same dry run would have added, ARGV[5..] member ids (validated and de-duplicated).
+-- Returns {-1} when the pool does not exist, else
+-- {1, start, {1 = added | 0 = existing | 2 = full ...}}.
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
+local meta = redis.call('HMGET', KEYS[1], 'start_assignments', 'max_members')
 local start = ARGV[1]
 if start == '' then
-    start = redis.call('HGET', KEYS[1], 'start_assignments')
+    start = meta[1]
 end
 if not start then
     -- No agreed count: join at the current minimum so a new member is not flooded.
     start = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2] or '0'
 end
+local max = tonumber(meta[2])
+local size = redis.call('ZCARD', KEYS[2]) + redis.call('ZCARD', KEYS[3]) + tonumber(ARGV[4])
 local reset = ARGV[2] == '1'
-local lif = least_in_flight()
-local added = {}
-for i = 3, #ARGV do
+local dry_run = ARGV[3] == '1'
+local lif = least_in_flight() and not dry_run
+local outcomes = {}
+for i = 5, #ARGV do
     local member = ARGV[i]
     local holder = nil
     if redis.call('ZSCORE', KEYS[2], member) then
@@ -29,19 +36,24 @@ for i = 3, #ARGV do
         holder = KEYS[3]
     end
     if holder then
-        if reset then
+        if reset and not dry_run then
             if lif then
                 unplace(member)
             end
             redis.call('ZADD', holder, start, member)
         end
-        added[#added + 1] = 0
+        outcomes[#outcomes + 1] = 0
+    elseif max and size >= max then
+        outcomes[#outcomes + 1] = 2
     else
-        redis.call('ZADD', KEYS[2], start, member)
-        added[#added + 1] = 1
+        if not dry_run then
+            redis.call('ZADD', KEYS[2], start, member)
+        end
+        size = size + 1
+        outcomes[#outcomes + 1] = 1
     end
     if lif then
         place(member)
     end
 end
-return {1, tonumber(start), added}
+return {1, tonumber(start), outcomes}

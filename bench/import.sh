@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Benchmark of POST /pools/{pool}/import on Redis: builds the release binary, starts its own
+# redis-server and service on free loopback ports, generates a list of LINES candidates
+# (default 100,000; mixed valid, duplicate, private, credentialed and garbage lines),
+# imports it with curl into fresh pools RUNS times (default 3) and prints lines per second,
+# end to end as curl measures it (upload, parsing, writes, report).
+#
+#   bash bench/import.sh                 # 100,000 lines, 3 runs
+#   LINES=500000 RUNS=1 bash bench/import.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+LINES=${LINES:-100000}
+RUNS=${RUNS:-3}
+TOKEN=bench-admin-token
+
+free_port() {
+    local port
+    while :; do
+        port=$((20000 + RANDOM % 40000))
+        # Nothing answers on it: free enough for a benchmark.
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; then
+            echo "${port}"
+            return
+        fi
+    done
+}
+
+wait_for() {
+    local tries=0
+    until "$@" >/dev/null 2>&1; do
+        tries=$((tries + 1))
+        if ((tries > 200)); then
+            echo "gave up waiting for: $*" >&2
+            exit 1
+        fi
+        sleep 0.05
+    done
+}
+
+echo "==> cargo build --release"
+cargo build --release --quiet
+
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do
+        kill "${pid}" 2>/dev/null || true
+        wait "${pid}" 2>/dev/null || true
+    done
+    rm -rf "${work}"
+}
+trap cleanup EXIT
+
+redis_port="$(free_port)"
+redis-server --port "${redis_port}" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "${work}" >"${work}/redis.log" 2>&1 &
+pids+=($!)
+wait_for redis-cli -p "${redis_port}" ping
+
+app_port="$(free_port)"
+REDIS_URL="redis://127.0.0.1:${redis_port}" LISTEN_ADDR="127.0.0.1:${app_port}" \
+    ADMIN_TOKEN="${TOKEN}" LOG_FORMAT=json RUST_LOG=warn \
+    target/release/proxy-allocator >"${work}/app.log" 2>&1 &
+pids+=($!)
+base="http://127.0.0.1:${app_port}"
+wait_for curl -sf "${base}/readyz"
+
+# One line in twenty of each kind, so the mix is the same at any size:
+# 12 unique public addresses, 2 with user:pass@, 1 host:port:user:pass, 1 repeat of an
+# earlier line in another spelling, 2 private addresses, 1 database port on loopback,
+# 1 garbage line.
+awk -v n="${LINES}" 'BEGIN {
+    print "# benchmark list"
+    for (i = 0; i < n; i++) {
+        k = i % 20
+        ip = sprintf("%d.%d.%d.%d", 11 + int(i / 65536) % 100, int(i / 256) % 256, i % 256, 1 + k)
+        if (k < 12) print ip ":8080"
+        else if (k < 14) print "http://user" i ":pw" i "@" ip ":3128"
+        else if (k == 14) print ip ":3128:user" i ":pw" i
+        else if (k == 15) print "HTTP://" sprintf("%d.%d.%d.%d", 11 + int((i - 15) / 65536) % 100, int((i - 15) / 256) % 256, (i - 15) % 256, 1) ":8080/"
+        else if (k < 18) print "10." int(i / 256) % 256 "." i % 256 ".1:80"
+        else if (k == 18) print "127.0.0.1:6379"
+        else print "not a proxy " i
+    }
+}' >"${work}/list.txt"
+bytes=$(wc -c <"${work}/list.txt")
+echo "==> ${LINES} lines, ${bytes} bytes; $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+
+for run in $(seq 1 "${RUNS}"); do
+    pool="bench-${run}"
+    curl -sf -X PUT "${base}/pools/${pool}" -H "Authorization: Bearer ${TOKEN}" >/dev/null
+    seconds=$(curl -sf -o "${work}/report.json" -w '%{time_total}' \
+        "${base}/pools/${pool}/import" -H "Authorization: Bearer ${TOKEN}" \
+        -H 'content-type: text/plain' --data-binary @"${work}/list.txt")
+    rate=$(awk -v n="${LINES}" -v s="${seconds}" 'BEGIN { printf "%d", n / s }')
+    echo "run ${run}: ${seconds} s, ${rate} lines/s"
+done
+echo "==> last report (examples left out)"
+sed -e 's/,"examples":.*$/}/' "${work}/report.json"
+echo
