@@ -208,6 +208,21 @@ pub async fn import(
         rejected,
         "import"
     );
+    if !query.dry_run {
+        let lines = [
+            ("added", report.added),
+            ("existing", report.existing),
+            ("duplicate", report.duplicates),
+        ];
+        for (outcome, n) in lines {
+            metrics::counter!("pa_import_lines_total", "outcome" => outcome).increment(n);
+        }
+        for (reason, n) in &report.rejected {
+            // Reasons are the parser's fixed set of codes, so the series stay bounded.
+            metrics::counter!("pa_import_lines_total", "outcome" => reason.to_string())
+                .increment(*n);
+        }
+    }
     let outcome = if query.dry_run { "dry_run" } else { "imported" };
     let mut response = axum::Json(report).into_response();
     response.extensions_mut().insert(Outcome(outcome));

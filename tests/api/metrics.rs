@@ -133,12 +133,25 @@ async fn counters_have_exact_values_after_a_scripted_sequence_and_pool_labels_st
         .await,
         StatusCode::BAD_REQUEST
     );
+    assert_eq!(
+        call(&client, Method::PUT, format!("{base}/pools/imp"), None).await,
+        StatusCode::CREATED
+    );
+    let imported = client
+        .post(format!("{base}/pools/imp/import"))
+        .bearer_auth(ADMIN)
+        .header("content-type", "text/plain")
+        .body("8.8.8.8:80\n10.0.0.1:80\nhttp://8.8.8.8:80/\nnot a proxy\n")
+        .send()
+        .await
+        .expect("imported");
+    assert_eq!(imported.status(), StatusCode::OK);
 
-    // The per-pool gauges appear once the refresher has read the pools.
+    // The per-pool gauges appear once the refresher has read the pools (imp came last).
     let deadline = Instant::now() + Duration::from_secs(5);
     let (text, series) = loop {
         let (text, series) = scrape(&client, &base).await;
-        if series.get("pa_pool_assignments{pool=\"web\"}") == Some(&3.0)
+        if series.get("pa_pool_eligible_members{pool=\"imp\"}") == Some(&1.0)
             || Instant::now() > deadline
         {
             break (text, series);
@@ -174,7 +187,7 @@ async fn counters_have_exact_values_after_a_scripted_sequence_and_pool_labels_st
         ),
         (
             "pa_http_requests_total{method=\"PUT\",route=\"/pools/{pool}\",status=\"201\"}",
-            2.0,
+            3.0,
         ),
         ("pa_pool_eligible_members{pool=\"web\"}", 2.0),
         ("pa_pool_ineligible_members{pool=\"web\"}", 0.0),
@@ -183,6 +196,10 @@ async fn counters_have_exact_values_after_a_scripted_sequence_and_pool_labels_st
         ("pa_pool_assignments{pool=\"web\"}", 3.0),
         ("pa_pool_in_flight{pool=\"web\"}", 0.0),
         ("pa_pool_eligible_members{pool=\"dry\"}", 0.0),
+        ("pa_import_lines_total{outcome=\"added\"}", 1.0),
+        ("pa_import_lines_total{outcome=\"duplicate\"}", 1.0),
+        ("pa_import_lines_total{outcome=\"private_address\"}", 1.0),
+        ("pa_import_lines_total{outcome=\"unparsable\"}", 1.0),
     ];
     for (series_name, value) in expected {
         assert_eq!(
@@ -205,7 +222,7 @@ async fn counters_have_exact_values_after_a_scripted_sequence_and_pool_labels_st
         .collect();
     pools.sort_unstable();
     pools.dedup();
-    assert_eq!(pools, ["_other", "dry", "web"]);
+    assert_eq!(pools, ["_other", "dry", "imp", "web"]);
 
     // With Redis gone, the assign is an error, still labelled with its (known) pool.
     redis.kill();
