@@ -135,9 +135,10 @@ impl TryFrom<RawPortRange> for PortRange {
     fn try_from(raw: RawPortRange) -> Result<Self, Self::Error> {
         let (first, last) = match raw {
             RawPortRange::One(port) => (port, port),
-            RawPortRange::Span([first, last]) => (first, last),
+            // The two ends name the same set of ports in either order.
+            RawPortRange::Span([a, b]) => (a.min(b), a.max(b)),
         };
-        Self::new(first, last).ok_or("a port range is [first, last] with 1 <= first <= last")
+        Self::new(first, last).ok_or("a port range is [first, last] of ports from 1 to 65535")
     }
 }
 
@@ -258,7 +259,6 @@ mod tests {
         );
         for bad in [
             r#"{"allow": [[0, 10]]}"#,
-            r#"{"allow": [[20, 10]]}"#,
             r#"{"allow": [65536]}"#,
             r#"{"allow": [[1, 2, 3]]}"#,
             r#"{"deny": ["80"]}"#,
@@ -266,6 +266,9 @@ mod tests {
         ] {
             assert!(serde_json::from_str::<PortRules>(bad).is_err(), "{bad}");
         }
+        let reversed: PortRules =
+            serde_json::from_str(r#"{"allow": [[90, 80]]}"#).expect("either order");
+        assert!(reversed.admits(80) && reversed.admits(85) && reversed.admits(90));
         assert!(serde_json::from_str::<Rules>(r#"{"schemes": ["ftp"]}"#).is_err());
         assert!(serde_json::from_str::<Rules>(r#"{"allow_privat": true}"#).is_err());
     }

@@ -92,9 +92,32 @@ async fn read_body(req: Request) -> Result<(Bytes, usize), ApiError> {
 }
 
 fn parse_json<T: DeserializeOwned>(bytes: &[u8], limit: usize) -> Result<T, ApiError> {
-    axum::Json::<T>::from_bytes(bytes)
-        .map(|axum::Json(value)| value)
-        .map_err(|rejection| json_rejection(rejection, limit))
+    let axum::Json(mut value) = axum::Json::<serde_json::Value>::from_bytes(bytes)
+        .map_err(|rejection| json_rejection(rejection, limit))?;
+    whole_numbers_as_integers(&mut value);
+    T::deserialize(value).map_err(|error| ApiError::InvalidJson(error.to_string()))
+}
+
+/// JSON has one number type: `3.0` is as much an integer as `3` (JSON Schema says so too),
+/// but serde refuses it for an integer field. Rewriting whole-valued floats first lets
+/// every integer field accept both spellings without a custom deserializer each.
+fn whole_numbers_as_integers(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Number(n) if !n.is_i64() && !n.is_u64() => {
+            if let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0) {
+                // Only within the range where f64 holds whole numbers exactly.
+                if (0.0..9.007_199_254_740_992e15).contains(&f) {
+                    *value = Value::from(f as u64);
+                } else if (-9.007_199_254_740_992e15..0.0).contains(&f) {
+                    *value = Value::from(f as i64);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(whole_numbers_as_integers),
+        Value::Object(fields) => fields.values_mut().for_each(whole_numbers_as_integers),
+        _ => {}
+    }
 }
 
 async fn read_json<T: DeserializeOwned + Send>(

@@ -140,11 +140,16 @@ pub struct ListQuery {
     cursor: Option<String>,
 }
 
+/// Offsets this service can issue: far beyond any pool, and small enough to stay exact in
+/// the Lua scripts' numbers (doubles).
+const MAX_CURSOR_OFFSET: u64 = 999_999_999_999;
+
 fn parse_cursor(text: &str) -> Option<Cursor> {
     let (eligible, ineligible) = text.split_once('.')?;
+    let offset = |part: &str| part.parse::<u64>().ok().filter(|n| *n <= MAX_CURSOR_OFFSET);
     Some(Cursor {
-        eligible: eligible.parse().ok()?,
-        ineligible: ineligible.parse().ok()?,
+        eligible: offset(eligible)?,
+        ineligible: offset(ineligible)?,
     })
 }
 

@@ -12,6 +12,7 @@ mod assign;
 mod auth;
 mod concurrency;
 mod contract;
+mod deploy;
 mod import;
 mod leases;
 mod members;

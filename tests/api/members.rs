@@ -322,6 +322,7 @@ async fn listing_rejects_bad_query_parameters(app: TestApp) {
         "limit=1001",
         "limit=x",
         "cursor=abc",
+        "cursor=1000000000000.0",
         "other=1",
     ] {
         let (status, body) = app.get(&format!("/pools/p/members?{query}")).await;
