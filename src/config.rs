@@ -56,8 +56,8 @@ pub struct Config {
     #[arg(long, env = "ADMIN_TOKEN_FILE", conflicts_with = "admin_token")]
     pub admin_token_file: Option<PathBuf>,
 
-    /// Token required on worker routes (assign, lease release and renewal). When unset, worker routes are open. The
-    /// admin token is accepted there too.
+    /// Token required on worker routes (assign, outcome reports, lease release and
+    /// renewal). When unset, worker routes are open. The admin token is accepted there too.
     #[arg(long, env = "WORKER_TOKEN", hide_env_values = true)]
     pub worker_token: Option<String>,
 
@@ -70,9 +70,11 @@ pub struct Config {
     #[arg(long, env = "HEADER_READ_TIMEOUT_MS", default_value_t = 5_000)]
     pub header_read_timeout_ms: u64,
 
-    /// How often, in milliseconds, the background reaper reclaims expired leases in every
-    /// pool (assigns also reclaim a few in their own pool). A crashed worker's lease is back
-    /// within its ttl plus this interval, even in a pool nobody assigns from.
+    /// How often, in milliseconds, the background sweep reclaims expired leases and returns
+    /// members whose cooldown has ended, in every pool (assigns also do a few in their own
+    /// pool). A crashed worker's lease is back within its ttl plus this interval, and a
+    /// cooled-down member within its cooldown plus this interval, even in a pool nobody
+    /// assigns from.
     #[arg(long, env = "REAP_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     pub reap_interval_ms: u64,
 

@@ -7,17 +7,21 @@
 //! release when done (or that is reclaimed once it expires). The pick and the update
 //! happen in one atomic step (one Lua script in Redis, one lock in the embedded store), so
 //! two workers never both take the same minimum. Operators create pools, seed members, and
-//! take members out and bring them back under an explicit restore policy.
+//! take members out and bring them back under an explicit restore policy; workers' outcome
+//! reports (and optional active checks) take failing members out for a cooldown that grows
+//! with each repeated trip, after which they come back by themselves.
 //!
 //! # Layout
 //! - [`config`]: every option, as flag, environment variable and default.
 //! - [`domain`]: ids and configuration values parsed at the edge (`PoolId`, `MemberId`,
-//!   `LeaseId`, `LeaseTtl`, `PoolConfig`, `Policy`, `RestorePolicy`).
+//!   `LeaseId`, `LeaseTtl`, `PoolConfig`, `Policy`, `RestorePolicy`, `HealthConfig`,
+//!   `CheckConfig`, `OutcomeResult`).
 //! - [`store`]: the [`store::Store`] trait, the only code that touches pool state, with its
 //!   Redis implementation (scripts in `src/store/scripts/*.lua`) and the embedded one.
-//! - [`http`]: the route table, handlers per resource (assign, leases, pools, members,
-//!   probes), auth, extractors, the error type.
-//! - [`reaper`]: the background task that reclaims expired leases in every pool.
+//! - [`http`]: the route table, handlers per resource (assign, outcomes, leases, pools,
+//!   members, probes), auth, extractors, the error type.
+//! - [`reaper`]: the background sweep that reclaims expired leases and returns members
+//!   whose cooldown has ended, in every pool.
 //! - [`startup`]: [`startup::Application`], which binds, builds and serves (port 0 works,
 //!   which is how the tests start it).
 //! - [`telemetry`]: logging setup.

@@ -4,7 +4,7 @@ use std::num::NonZeroU64;
 
 use serde::{Deserialize, Serialize};
 
-use super::LeaseTtl;
+use super::{HealthConfig, LeaseTtl};
 
 /// How assign chooses among a pool's eligible members. A pool's policy can only change
 /// while it has no members: the two policies keep different state, and a member's state
@@ -106,6 +106,9 @@ pub struct PoolConfig {
     /// cap. A member at its cap is skipped; `1` gives exclusive use of a proxy.
     #[serde(default)]
     pub max_in_flight: Option<NonZeroU64>,
+    /// When reported or probed failures take members out, and when they come back.
+    #[serde(default)]
+    pub health: HealthConfig,
 }
 
 #[cfg(test)]

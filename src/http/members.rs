@@ -34,6 +34,16 @@ pub struct Rejected {
     reason: &'static str,
 }
 
+impl Rejected {
+    /// `text` was refused for `reason`.
+    pub fn new(member: String, reason: crate::domain::InvalidMemberId) -> Self {
+        Self {
+            member,
+            reason: reason.code(),
+        }
+    }
+}
+
 /// Parses the ids of one call, keeping the first of any repeated id.
 fn parse_members(raw: Vec<String>) -> Result<(Vec<MemberId>, Vec<Rejected>), ApiError> {
     if raw.len() > MAX_MEMBERS_PER_CALL {
@@ -49,10 +59,7 @@ fn parse_members(raw: Vec<String>) -> Result<(Vec<MemberId>, Vec<Rejected>), Api
                     members.push(member);
                 }
             }
-            Err(reason) => rejected.push(Rejected {
-                member: text,
-                reason: reason.code(),
-            }),
+            Err(reason) => rejected.push(Rejected::new(text, reason)),
         }
     }
     Ok((members, rejected))

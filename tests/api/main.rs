@@ -12,6 +12,7 @@ mod assign;
 mod auth;
 mod concurrency;
 mod contract;
+mod health;
 mod leases;
 mod members;
 mod pools;
