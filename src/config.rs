@@ -78,6 +78,11 @@ pub struct Config {
     #[arg(long, env = "REAP_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     pub reap_interval_ms: u64,
 
+    /// How often, in milliseconds, each replica looks for pools whose active check round
+    /// is due. A pool's round itself runs once per its `check.interval_ms`, on one replica.
+    #[arg(long, env = "CHECK_TICK_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub check_tick_ms: u64,
+
     /// Log format. The level is set with `RUST_LOG` (default `info`).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,
@@ -102,6 +107,11 @@ impl Config {
     /// The reaper interval as a duration.
     pub fn reap_interval(&self) -> Duration {
         Duration::from_millis(self.reap_interval_ms)
+    }
+
+    /// The check tick as a duration.
+    pub fn check_tick(&self) -> Duration {
+        Duration::from_millis(self.check_tick_ms)
     }
 
     /// A configuration with every default, for tests and embedding.

@@ -22,10 +22,13 @@
 //!   members, probes), auth, extractors, the error type.
 //! - [`reaper`]: the background sweep that reclaims expired leases and returns members
 //!   whose cooldown has ended, in every pool.
+//! - [`checker`]: the background task that runs active checks of pools that have them (one
+//!   replica per pool and interval) and feeds their results into the health rules.
 //! - [`startup`]: [`startup::Application`], which binds, builds and serves (port 0 works,
 //!   which is how the tests start it).
 //! - [`telemetry`]: logging setup.
 
+pub mod checker;
 pub mod config;
 pub mod domain;
 pub mod http;

@@ -17,8 +17,8 @@ use tower::ServiceExt;
 
 use crate::config::Config;
 use crate::http::{self, AppState, Limits, Tokens};
-use crate::reaper;
 use crate::store::{EmbeddedStore, RedisStore, RedisStoreOptions, Store, StoreError};
+use crate::{checker, reaper};
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -110,8 +110,8 @@ impl Application {
     }
 
     /// Serves until `shutdown` completes, then stops accepting connections and lets the
-    /// requests in flight finish, for at most the configured shutdown timeout. The lease
-    /// reaper runs alongside and stops with the server.
+    /// requests in flight finish, for at most the configured shutdown timeout. The
+    /// background sweep and the active checks run alongside and stop with the server.
     ///
     /// The accept loop is this crate's own rather than `axum::serve` so that HTTP/1 header
     /// reads have a deadline: a client that trickles its headers byte by byte is cut off
@@ -132,13 +132,22 @@ impl Application {
             .max_buf_size(MAX_HEADER_BYTES);
         let graceful = GracefulShutdown::new();
         tracing::info!(addr = %self.local_addr(), "listening");
-        let (reaper_stop, reaper_stopped) = tokio::sync::oneshot::channel::<()>();
+        let (background_stop, _) = tokio::sync::broadcast::channel::<()>(1);
+        let stopped = |stop: &tokio::sync::broadcast::Sender<()>| {
+            let mut receiver = stop.subscribe();
+            async move {
+                let _ = receiver.recv().await;
+            }
+        };
         let reaper = tokio::spawn(reaper::run(
             Arc::clone(&self.store),
             self.config.reap_interval(),
-            async move {
-                let _ = reaper_stopped.await;
-            },
+            stopped(&background_stop),
+        ));
+        let checker = tokio::spawn(checker::run(
+            Arc::clone(&self.store),
+            self.config.check_tick(),
+            stopped(&background_stop),
         ));
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
@@ -184,10 +193,11 @@ impl Application {
                 "drain timeout reached; closing the remaining connections"
             );
         }
-        let _ = reaper_stop.send(());
-        // The reaper only ever ends by being told to; a panic inside it is not the
-        // server's failure, so its join result is not the run's result.
+        let _ = background_stop.send(());
+        // The background tasks only ever end by being told to; a panic inside one is not
+        // the server's failure, so their join results are not the run's result.
         let _ = reaper.await;
+        let _ = checker.await;
         Ok(())
     }
 }

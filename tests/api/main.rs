@@ -10,6 +10,7 @@ mod helpers;
 
 mod assign;
 mod auth;
+mod checks;
 mod concurrency;
 mod contract;
 mod health;
