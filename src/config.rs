@@ -60,8 +60,8 @@ pub struct Config {
     #[arg(long, env = "ADMIN_TOKEN_FILE", conflicts_with = "admin_token")]
     pub admin_token_file: Option<PathBuf>,
 
-    /// Token required on worker routes (assign, lease release and renewal). When unset, worker routes are open. The
-    /// admin token is accepted there too.
+    /// Token required on worker routes (assign, outcome reports, lease release and
+    /// renewal). When unset, worker routes are open. The admin token is accepted there too.
     #[arg(long, env = "WORKER_TOKEN", hide_env_values = true)]
     pub worker_token: Option<String>,
 
@@ -74,15 +74,21 @@ pub struct Config {
     #[arg(long, env = "HEADER_READ_TIMEOUT_MS", default_value_t = 5_000)]
     pub header_read_timeout_ms: u64,
 
-    /// How often, in milliseconds, the background reaper reclaims expired leases in every
-    /// pool (assigns also reclaim a few in their own pool). A crashed worker's lease is back
-    /// within its ttl plus this interval, even in a pool nobody assigns from.
+    /// How often, in milliseconds, the background sweep reclaims expired leases and returns
+    /// members whose cooldown has ended, in every pool (assigns also do a few in their own
+    /// pool). A crashed worker's lease is back within its ttl plus this interval, and a
+    /// cooled-down member within its cooldown plus this interval, even in a pool nobody
+    /// assigns from.
     #[arg(long, env = "REAP_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     pub reap_interval_ms: u64,
 
     /// How often, in milliseconds, the per-pool gauges of `/metrics` are refreshed.
     #[arg(long, env = "METRICS_REFRESH_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..))]
     pub metrics_refresh_ms: u64,
+    /// How often, in milliseconds, each replica looks for pools whose active check round
+    /// is due. A pool's round itself runs once per its `check.interval_ms`, on one replica.
+    #[arg(long, env = "CHECK_TICK_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub check_tick_ms: u64,
 
     /// Log format. The level is set with `RUST_LOG` (default `info`).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
@@ -113,6 +119,11 @@ impl Config {
     /// The metrics refresh interval as a duration.
     pub fn metrics_refresh(&self) -> Duration {
         Duration::from_millis(self.metrics_refresh_ms)
+    }
+
+    /// The check tick as a duration.
+    pub fn check_tick(&self) -> Duration {
+        Duration::from_millis(self.check_tick_ms)
     }
 
     /// A configuration with every default, for tests and embedding.

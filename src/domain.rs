@@ -2,6 +2,7 @@
 //! of the service never sees an unchecked id or configuration value again.
 
 mod candidate;
+mod health;
 mod lease;
 mod member_id;
 mod pool_config;
@@ -13,6 +14,7 @@ pub use candidate::{
     Candidate, Host, MASKED_MAX_CHARS, Rejection, Scheme, canonical_member_id, looks_like_address,
     mask_credentials,
 };
+pub use health::{CheckConfig, CheckKind, HealthConfig, InvalidHealthConfig, OutcomeResult};
 pub use lease::hex;
 pub use lease::{InvalidLeaseId, InvalidLeaseTtl, LeaseId, LeaseTtl};
 pub use member_id::{InvalidMemberId, MAX_MEMBER_ID_LEN, MemberId};

@@ -10,6 +10,7 @@ mod import;
 mod leases;
 mod log;
 mod members;
+mod outcomes;
 mod pools;
 mod probes;
 
@@ -80,6 +81,11 @@ pub fn routes() -> Vec<Route> {
         route("/pools/{pool}", Method::GET, get(pools::get_pool)),
         route("/pools/{pool}", Method::DELETE, delete(pools::delete_pool)),
         route("/pools/{pool}/assign", Method::POST, post(assign::assign)),
+        route(
+            "/pools/{pool}/outcomes",
+            Method::POST,
+            post(outcomes::report_outcomes),
+        ),
         route(
             "/pools/{pool}/leases/{lease}/release",
             Method::POST,

@@ -8,24 +8,30 @@
 //! happen in one atomic step (one Lua script in Redis, one lock in the embedded store), so
 //! two workers never both take the same minimum. Operators create pools, seed or import
 //! members (proxy lists filtered by each pool's eligibility rules), and take members out
-//! and bring them back under an explicit restore policy.
+//! and bring them back under an explicit restore policy; workers' outcome reports (and
+//! optional active checks) take failing members out for a cooldown that grows with each
+//! repeated trip, after which they come back by themselves.
 //!
 //! # Layout
 //! - [`config`]: every option, as flag, environment variable and default.
 //! - [`domain`]: ids and configuration values parsed at the edge (`PoolId`, `MemberId`,
-//!   `LeaseId`, `LeaseTtl`, `PoolConfig`, `Policy`, `RestorePolicy`), the proxy candidate
-//!   parser that gives every address one canonical id (`Candidate`), and a pool's
-//!   eligibility `Rules`.
+//!   `LeaseId`, `LeaseTtl`, `PoolConfig`, `Policy`, `RestorePolicy`, `HealthConfig`,
+//!   `CheckConfig`, `OutcomeResult`), the proxy candidate parser that gives every address
+//!   one canonical id (`Candidate`), and a pool's eligibility `Rules`.
 //! - [`store`]: the [`store::Store`] trait, the only code that touches pool state, with its
 //!   Redis implementation (scripts in `src/store/scripts/*.lua`) and the embedded one.
-//! - [`http`]: the route table, handlers per resource (assign, leases, pools, members, the
-//!   import with its own body limit, probes), auth, extractors, the error type.
-//! - [`reaper`]: the background task that reclaims expired leases in every pool.
+//! - [`http`]: the route table, handlers per resource (assign, outcomes, leases, pools,
+//!   members, the import with its own body limit, probes), auth, extractors, the error type.
+//! - [`reaper`]: the background sweep that reclaims expired leases and returns members
+//!   whose cooldown has ended, in every pool.
+//! - [`checker`]: the background task that runs active checks of pools that have them (one
+//!   replica per pool and interval) and feeds their results into the health rules.
 //! - [`startup`]: [`startup::Application`], which binds, builds and serves (port 0 works,
 //!   which is how the tests start it).
 //! - [`monitoring`]: Prometheus metrics and the per-pool gauges.
 //! - [`telemetry`]: logging setup.
 
+pub mod checker;
 pub mod config;
 pub mod domain;
 pub mod http;

@@ -1,9 +1,11 @@
-//! The background reaper: reclaims expired leases in every pool at a fixed interval.
+//! The background sweep: reclaims expired leases and returns members whose cooldown has
+//! ended, in every pool, at a fixed interval.
 //!
-//! Assigns reclaim a few expired leases of their own pool, but a pool nobody assigns from
-//! would keep its abandoned leases (and its members' in-flight counts) forever without
-//! this. Every replica runs one; reclaiming is done inside the store's atomic steps, so
-//! two reapers never reclaim the same lease twice.
+//! Assigns reclaim a few expired leases and return a few due members of their own pool,
+//! but a pool nobody assigns from would keep its abandoned leases (and its members'
+//! in-flight counts) and its cooled-down members out forever without this. Every replica
+//! runs one; both happen inside the store's atomic steps, so two sweeps never reclaim the
+//! same lease or return the same member twice.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -11,7 +13,7 @@ use std::time::Duration;
 
 use tokio::time::MissedTickBehavior;
 
-use crate::store::Store;
+use crate::store::{Store, Swept};
 
 /// Sweeps every pool each `interval` until `stop` completes. A sweep that fails (the store
 /// is down) is logged once when failures start and once when they stop, not every tick.
@@ -26,8 +28,11 @@ pub async fn run(store: Arc<dyn Store>, interval: Duration, stop: impl Future<Ou
             () = &mut stop => return,
             _ = ticks.tick() => {}
         }
-        match store.reap().await {
-            Ok(reclaimed) => {
+        match store.sweep().await {
+            Ok(Swept {
+                reclaimed,
+                returned,
+            }) => {
                 if failing {
                     tracing::info!("lease reaper works again");
                     failing = false;
@@ -35,6 +40,9 @@ pub async fn run(store: Arc<dyn Store>, interval: Duration, stop: impl Future<Ou
                 if reclaimed > 0 {
                     metrics::counter!("pa_leases_reclaimed_total").increment(reclaimed);
                     tracing::info!(reclaimed, "reclaimed abandoned leases");
+                }
+                if returned > 0 {
+                    tracing::info!(returned, "members back after their cooldown");
                 }
             }
             Err(error) => {

@@ -18,8 +18,8 @@ use tower::ServiceExt;
 use crate::config::Config;
 use crate::http::{self, AppState, Limits, Tokens};
 use crate::monitoring::PoolSnapshot;
-use crate::reaper;
 use crate::store::{EmbeddedStore, RedisStore, RedisStoreOptions, Store, StoreError};
+use crate::{checker, reaper};
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -117,8 +117,9 @@ impl Application {
     }
 
     /// Serves until `shutdown` completes, then stops accepting connections and lets the
-    /// requests in flight finish, for at most the configured shutdown timeout. The lease
-    /// reaper and the metrics refresher run alongside and stop with the server.
+    /// requests in flight finish, for at most the configured shutdown timeout. The
+    /// background sweep, the active checks and the metrics refresher run alongside and stop
+    /// with the server.
     ///
     /// The accept loop is this crate's own rather than `axum::serve` so that HTTP/1 header
     /// reads have a deadline: a client that trickles its headers byte by byte is cut off
@@ -151,6 +152,11 @@ impl Application {
             tokio::spawn(reaper::run(
                 Arc::clone(&self.store),
                 self.config.reap_interval(),
+                stopped(),
+            )),
+            tokio::spawn(checker::run(
+                Arc::clone(&self.store),
+                self.config.check_tick(),
                 stopped(),
             )),
             tokio::spawn(self.snapshot.clone().run(

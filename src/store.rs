@@ -25,6 +25,19 @@
 //! - Time is the store's own clock: Redis `TIME` inside the scripts, the process clock in
 //!   the embedded store. Callers never pass a time.
 //! - A member keeps its live leases while it is taken out, and comes back with them.
+//!
+//! # Health
+//! - Outcome reports ([`Store::report`]) move members between eligible and cooling down;
+//!   they never change a count. The rules are in [`HealthConfig`](crate::domain::HealthConfig) and in
+//!   `scripts/outcomes.lua`; the cooldown of a trip is [`HealthConfig::cooldown_ms`](crate::domain::HealthConfig::cooldown_ms), with
+//!   the jitter drawn by the store for each call.
+//! - A member is cooling down while its return is scheduled. Returns happen inside the
+//!   stores' atomic steps (an assign returns a few due members of its own pool first; the
+//!   background sweep returns the rest), each removing the schedule entry it acts on, so
+//!   with several replicas every return happens once. A return applies the pool's restore
+//!   policy, exactly as an enable does.
+//! - A member taken out by an operator is never returned automatically; disabling a
+//!   cooling-down member cancels its return, and enabling one brings it back at once.
 
 mod embedded;
 mod redis;
@@ -36,7 +49,9 @@ use serde::Serialize;
 
 pub use self::embedded::EmbeddedStore;
 pub use self::redis::{RedisStore, RedisStoreOptions};
-use crate::domain::{LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy, Timestamp};
+use crate::domain::{
+    LeaseId, LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId, RestorePolicy, Timestamp,
+};
 
 /// How many expired leases an assign reclaims before it chooses, at most. It keeps the
 /// assign step short; the background reaper takes care of larger backlogs.
@@ -45,6 +60,14 @@ pub const REAP_ON_ASSIGN: u64 = 16;
 /// How many expired leases one reaper step reclaims in one pool, at most. The reaper
 /// repeats the step while a pool has more.
 pub const REAP_BATCH: u64 = 256;
+
+/// How many members whose cooldown has ended an assign returns before it chooses, at most.
+/// It keeps the assign step short; the background sweep returns the rest.
+pub const RETURN_ON_ASSIGN: u64 = 16;
+
+/// Most members one check round probes: a pool larger than this has the rest probed in
+/// later rounds as members change places.
+pub const MAX_PROBES_PER_ROUND: u64 = 10_000;
 
 /// What went wrong in a store. Each variant maps to one documented HTTP answer.
 #[derive(Debug, thiserror::Error)]
@@ -90,7 +113,11 @@ pub enum Assignment {
     },
     /// The pool exists but has no eligible member (or, on a least-in-flight pool, every
     /// eligible member is at `max_in_flight`).
-    Empty,
+    Empty {
+        /// When no member is eligible and some are cooling down: how long until the first
+        /// of them comes back.
+        next_return: Option<Duration>,
+    },
 }
 
 /// A live lease as its holder sees it.
@@ -144,6 +171,11 @@ pub struct PoolStats {
     pub in_flight: u64,
     /// Leases that expired without being released and were reclaimed.
     pub abandoned: u64,
+    /// Times a member was taken out (or kept out longer) by its health.
+    pub tripped: u64,
+    /// Times a cooling-down member came back by itself (end of cooldown or a passing
+    /// check); operator enables are not counted.
+    pub recovered: u64,
 }
 
 /// Whether a pool was created or an existing one updated.
@@ -262,6 +294,125 @@ pub struct MemberView {
     /// When it was taken out (ineligible members only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub since: Option<Timestamp>,
+    /// Failures reported in a row since its last success (or its last return).
+    pub consecutive_failures: u64,
+    /// The cooldown of its last trip, while the backoff is in effect (until a success).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cooldown_ms: Option<u64>,
+    /// When it comes back by itself (members cooling down only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub returns_at: Option<Timestamp>,
+    /// The result of the last active check, when the pool has checks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_check: Option<LastCheck>,
+}
+
+/// A member's health numbers as a store keeps them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Health {
+    /// Failures in a row.
+    pub streak: u64,
+    /// Trips in a row without a success; the next cooldown grows with it.
+    pub trips: u64,
+    /// The cooldown of the last trip, in milliseconds.
+    pub cooldown_ms: u64,
+}
+
+/// The last active check of a member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LastCheck {
+    /// When it ended (the store's clock).
+    pub at: Timestamp,
+    /// What it concluded.
+    pub result: OutcomeResult,
+    /// What the probe saw (`status 200`, `timeout`, `connection refused`).
+    pub detail: String,
+}
+
+/// Who reports an outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportSource {
+    /// A worker, about a request it made through the member. Ignored for members that are
+    /// not eligible: the request may have started before the member was taken out.
+    Worker,
+    /// The service's own active check. Also applies to members cooling down: a pass brings
+    /// one back at once, a failure keeps it out for another, longer cooldown.
+    Check,
+}
+
+impl ReportSource {
+    /// The name used in the Redis scripts and in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Worker => "worker",
+            Self::Check => "check",
+        }
+    }
+}
+
+/// One outcome about one member.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// The member.
+    pub member: MemberId,
+    /// What was seen.
+    pub result: OutcomeResult,
+    /// For checks: what the probe saw, shown as the member's last check. Visible ASCII and
+    /// spaces only.
+    pub detail: String,
+}
+
+/// What one report did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    /// The member's streak was updated (or cleared); it stays eligible.
+    Counted,
+    /// The member was taken out to cool down (or, by a check, kept out longer).
+    Tripped,
+    /// The member is not eligible; the report changed nothing.
+    Ignored,
+    /// A passing check brought a cooling-down member back.
+    Returned,
+}
+
+/// What a report call did, in request order; unknown members are listed apart.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReportSummary {
+    /// Each report about a known member: the member, its result, what it did and the
+    /// member's failure streak afterwards.
+    pub applied: Vec<(MemberId, OutcomeResult, Effect, u64)>,
+    /// Members the pool does not have (each listed once per report).
+    pub unknown: Vec<MemberId>,
+}
+
+/// What one background sweep did across all pools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Swept {
+    /// Expired leases reclaimed.
+    pub reclaimed: u64,
+    /// Members returned at the end of their cooldown.
+    pub returned: u64,
+}
+
+impl std::ops::Add for Swept {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            reclaimed: self.reclaimed + other.reclaimed,
+            returned: self.returned + other.returned,
+        }
+    }
+}
+
+/// The members one check round probes, when the round is this replica's.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CheckRound {
+    /// Eligible members.
+    pub eligible: Vec<MemberId>,
+    /// Members cooling down, soonest return first.
+    pub cooling: Vec<MemberId>,
 }
 
 /// What a disable did, member by member.
@@ -355,9 +506,27 @@ pub trait Store: Send + Sync + 'static {
         ttl: Option<LeaseTtl>,
     ) -> Result<Renewed, StoreError>;
 
-    /// Reclaims every expired lease of every pool; returns how many were reclaimed. Run
-    /// periodically so that pools nobody assigns from are cleaned too.
-    async fn reap(&self) -> Result<u64, StoreError>;
+    /// Reclaims every expired lease and returns every member whose cooldown has ended, in
+    /// every pool. Run periodically so that pools nobody assigns from are kept too.
+    async fn sweep(&self) -> Result<Swept, StoreError>;
+
+    /// Applies outcome reports in order (see [`ReportSource`] for who may move what).
+    /// Never changes an assignment count.
+    async fn report(
+        &self,
+        pool: &PoolId,
+        source: ReportSource,
+        reports: &[Report],
+    ) -> Result<ReportSummary, StoreError>;
+
+    /// Claims the pool's next check round for `interval`: `None` when another replica (or
+    /// this one) already ran a round less than `interval` ago. Lists at most
+    /// [`MAX_PROBES_PER_ROUND`] members.
+    async fn claim_check_round(
+        &self,
+        pool: &PoolId,
+        interval: Duration,
+    ) -> Result<Option<CheckRound>, StoreError>;
 
     /// Creates the pool or replaces its configuration.
     ///
@@ -387,7 +556,8 @@ pub trait Store: Send + Sync + 'static {
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError>;
 
-    /// Takes members out of the eligible set, keeping their counts.
+    /// Takes members out of the eligible set, keeping their counts. Members cooling down
+    /// are taken over: their return is cancelled and they count as disabled.
     async fn disable_members(
         &self,
         pool: &PoolId,
@@ -409,6 +579,12 @@ pub trait Store: Send + Sync + 'static {
         pool: &PoolId,
         members: &[MemberId],
     ) -> Result<RemoveReport, StoreError>;
+}
+
+/// A jitter draw in `[-1, 1]` for one report call. Drawn by the service, never inside a
+/// Redis script, so that scripts stay deterministic.
+fn jitter_draw() -> f64 {
+    rand::random_range(-1.0..=1.0)
 }
 
 /// Merges one page of eligible and one of ineligible members (each already in

@@ -67,6 +67,23 @@ impl MemberId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The id for logs: credentials in a proxy URL (`scheme://user:pass@host`) are
+    /// replaced by `***`, so that logs never hold them.
+    pub fn masked(&self) -> std::borrow::Cow<'_, str> {
+        let after_scheme = self.0.find("://").map_or(0, |i| i + 3);
+        let authority_end = self.0[after_scheme..]
+            .find('/')
+            .map_or(self.0.len(), |i| after_scheme + i);
+        match self.0[after_scheme..authority_end].rfind('@') {
+            Some(at) => std::borrow::Cow::Owned(format!(
+                "{}***{}",
+                &self.0[..after_scheme],
+                &self.0[after_scheme + at..]
+            )),
+            None => std::borrow::Cow::Borrowed(&self.0),
+        }
+    }
 }
 
 impl fmt::Display for MemberId {
@@ -99,6 +116,18 @@ mod tests {
                 Ok(ok.to_owned())
             );
         }
+    }
+
+    #[test]
+    fn masking_hides_credentials_and_keeps_the_rest() {
+        let masked = |text: &str| MemberId::parse(text).expect("valid").masked().into_owned();
+        assert_eq!(
+            masked("http://user:pass@10.0.0.1:3128"),
+            "http://***@10.0.0.1:3128"
+        );
+        assert_eq!(masked("user:p@ss@host:1/x@y"), "***@host:1/x@y");
+        assert_eq!(masked("http://10.0.0.1:3128"), "http://10.0.0.1:3128");
+        assert_eq!(masked("opaque-id"), "opaque-id");
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::num::NonZeroU64;
 
 use serde::{Deserialize, Serialize};
 
-use super::LeaseTtl;
+use super::{HealthConfig, LeaseTtl};
 
 /// How assign chooses among a pool's eligible members. A pool's policy can only change
 /// while it has no members: the two policies keep different state, and a member's state
@@ -110,6 +110,9 @@ pub struct PoolConfig {
     /// Which candidates the pool accepts as members, on import and on seeding.
     #[serde(default)]
     pub rules: Rules,
+    /// When reported or probed failures take members out, and when they come back.
+    #[serde(default)]
+    pub health: HealthConfig,
 }
 
 #[cfg(test)]

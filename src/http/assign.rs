@@ -1,7 +1,9 @@
 //! `POST /pools/{pool}/assign`: the hot path.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use std::time::Duration;
+
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
@@ -32,7 +34,8 @@ struct Leased<'a> {
 
 /// Hands out a member under the pool's policy: 200 with it (and, on a least-in-flight
 /// pool, its lease), 204 when the pool has no member to give (the worker skips its
-/// request), 404 when there is no pool. The body is optional: `{"ttl_ms": n}` asks for a
+/// request; `Retry-After` says when the first member cooling down comes back, if any),
+/// 404 when there is no pool. The body is optional: `{"ttl_ms": n}` asks for a
 /// lease ttl other than the pool's (ignored by least-used pools, which give no leases).
 pub async fn assign(
     _: Worker,
@@ -69,8 +72,21 @@ pub async fn assign(
             })
             .into_response(),
         ),
-        Assignment::Empty => ("empty", StatusCode::NO_CONTENT.into_response()),
+        Assignment::Empty { next_return } => ("empty", no_content(next_return)),
     };
     response.extensions_mut().insert(Outcome(outcome));
     Ok(response)
+}
+
+/// A 204, with `Retry-After` in whole seconds rounded up (at least 1) when members are
+/// cooling down, so that workers wait for the first return instead of polling.
+fn no_content(next_return: Option<Duration>) -> Response {
+    let mut response = StatusCode::NO_CONTENT.into_response();
+    if let Some(wait) = next_return {
+        let seconds = wait.as_millis().div_ceil(1000).max(1);
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(seconds as u64));
+    }
+    response
 }

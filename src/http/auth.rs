@@ -1,7 +1,7 @@
 //! Bearer-token checks for admin and worker routes.
 //!
 //! Admin routes need the admin token. Worker routes (assign, lease release and renewal, and
-//! later outcome reports) need the worker token when one is configured; the admin token is accepted there
+//! outcome reports) need the worker token when one is configured; the admin token is accepted there
 //! too. Tokens are compared in constant time and are only accepted in the `Authorization`
 //! header, never in a query string, where they would end up in access logs.
 

@@ -36,6 +36,13 @@ pub struct Rejected {
     reason: &'static str,
 }
 
+impl Rejected {
+    /// `member` was refused for `reason` (a stable snake_case code).
+    pub fn new(member: String, reason: &'static str) -> Self {
+        Self { member, reason }
+    }
+}
+
 /// Refuses calls that name more members than one call may.
 fn check_count(raw: &[String]) -> Result<(), ApiError> {
     if raw.len() > MAX_MEMBERS_PER_CALL {

@@ -7,16 +7,19 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
 use super::{
-    Assignment, Cursor, DisableReport, EnableReport, Lease, MemberPage, MemberState, MemberView,
-    PoolInfo, PoolStats, PutPool, REAP_ON_ASSIGN, RemoveReport, Renewed, Restored, Seed,
-    SeedReport, StateFilter, Store, StoreError, StoreStatus,
+    Assignment, CheckRound, Cursor, DisableReport, Effect, EnableReport, Health, LastCheck, Lease,
+    MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, PoolInfo, PoolStats, PutPool,
+    REAP_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource, ReportSummary,
+    Restored, Seed, SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 use crate::domain::{
-    LeaseId, LeaseTtl, MemberId, Policy, PoolConfig, PoolId, RestorePolicy, Timestamp,
+    LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId, RestorePolicy,
+    Timestamp,
 };
 
 /// The in-process store. Cloning is not needed: the application holds it behind an `Arc`.
@@ -43,6 +46,18 @@ struct Pool {
     /// order assign chooses in. Kept in step by `unplace` before and `place` after every
     /// change to a member's count, lease count or eligibility.
     order: BTreeSet<(u64, u64, MemberId)>,
+    /// Failure streaks and backoff; members with all zeros are absent.
+    health: HashMap<MemberId, Health>,
+    /// Members cooling down, by the time they come back; a member is cooling down exactly
+    /// when it is here (and in `return_at`).
+    returns: BTreeSet<(Timestamp, MemberId)>,
+    return_at: HashMap<MemberId, Timestamp>,
+    /// The last active check of each member.
+    checks: HashMap<MemberId, LastCheck>,
+    tripped: u64,
+    recovered: u64,
+    /// Until when the last check round holds the pool.
+    check_round_until: Option<Timestamp>,
 }
 
 /// Members ordered by `(count, id)`, the order Redis gives a sorted set, with a map for
@@ -105,7 +120,197 @@ impl Pool {
             leases: HashMap::new(),
             expiry: BTreeSet::new(),
             order: BTreeSet::new(),
+            health: HashMap::new(),
+            returns: BTreeSet::new(),
+            return_at: HashMap::new(),
+            checks: HashMap::new(),
+            tripped: 0,
+            recovered: 0,
+            check_round_until: None,
         }
+    }
+
+    fn health_of(&self, member: &MemberId) -> Health {
+        self.health.get(member).copied().unwrap_or_default()
+    }
+
+    fn set_health(&mut self, member: &MemberId, health: Health) {
+        if health.streak == 0 && health.trips == 0 {
+            self.health.remove(member);
+        } else {
+            self.health.insert(member.clone(), health);
+        }
+    }
+
+    /// Cancels a member's scheduled return; false when it was not cooling down.
+    fn cancel_return(&mut self, member: &MemberId) -> bool {
+        match self.return_at.remove(member) {
+            Some(at) => self.returns.remove(&(at, member.clone())),
+            None => false,
+        }
+    }
+
+    fn schedule_return(&mut self, member: &MemberId, at: Timestamp) {
+        self.cancel_return(member);
+        self.return_at.insert(member.clone(), at);
+        self.returns.insert((at, member.clone()));
+    }
+
+    /// Moves an eligible member to the ineligible set, keeping its count, with why and
+    /// since when. False when the member is not eligible.
+    fn take_out(&mut self, member: &MemberId, reason: &str, now: Timestamp) -> bool {
+        self.unplace(member);
+        let Some(count) = self.eligible.remove(member) else {
+            return false;
+        };
+        self.ineligible.set(member.clone(), count);
+        self.taken_out
+            .insert(member.clone(), (reason.to_owned(), now));
+        true
+    }
+
+    /// Returns an ineligible member at the count `policy` gives it against `minimum`;
+    /// cancels its scheduled return and clears its streak (the backoff stays until a
+    /// success), as `restore` in `scripts/health.lua` does. `(kept, restored)`, or `None`
+    /// when the member is not ineligible.
+    fn restore(
+        &mut self,
+        member: &MemberId,
+        policy: RestorePolicy,
+        minimum: Option<u64>,
+    ) -> Option<(u64, u64)> {
+        let kept = self.ineligible.remove(member)?;
+        let restored = policy.restored_count(kept, minimum);
+        self.taken_out.remove(member);
+        self.eligible.set(member.clone(), restored);
+        // It comes back with the leases it still holds.
+        self.place(member);
+        self.cancel_return(member);
+        let health = self.health_of(member);
+        self.set_health(
+            member,
+            Health {
+                streak: 0,
+                ..health
+            },
+        );
+        Some((kept, restored))
+    }
+
+    /// Returns up to `limit` members whose cooldown ended by `now`, all against the
+    /// minimum from before the first.
+    fn return_due(&mut self, now: Timestamp, limit: u64) -> u64 {
+        let due: Vec<MemberId> = self
+            .returns
+            .iter()
+            .take_while(|(at, _)| *at <= now)
+            .take(usize::try_from(limit).unwrap_or(usize::MAX))
+            .map(|(_, member)| member.clone())
+            .collect();
+        let minimum = self.eligible.min();
+        let policy = self.config.restore;
+        let returned = due
+            .iter()
+            .filter(|member| {
+                self.cancel_return(member);
+                self.restore(member, policy, minimum).is_some()
+            })
+            .count() as u64;
+        self.recovered += returned;
+        returned
+    }
+
+    /// How long until the earliest return, when nothing is eligible.
+    fn next_return(&self, now: Timestamp) -> Option<Duration> {
+        self.returns
+            .first()
+            .map(|(at, _)| Duration::from_millis(at.0.saturating_sub(now.0)))
+    }
+
+    /// Takes a member out for its next cooldown (a cooling one has its return pushed back).
+    fn trip(&mut self, member: &MemberId, reason: &str, now: Timestamp, health: Health, draw: f64) {
+        let trips = health.trips + 1;
+        let cooldown_ms = self.config.health.cooldown_ms(trips, draw);
+        if !self.take_out(member, reason, now) {
+            self.taken_out
+                .insert(member.clone(), (reason.to_owned(), now));
+        }
+        self.schedule_return(member, Timestamp(now.0.saturating_add(cooldown_ms)));
+        self.set_health(
+            member,
+            Health {
+                streak: health.streak,
+                trips,
+                cooldown_ms,
+            },
+        );
+        self.tripped += 1;
+    }
+
+    /// One report, by the rules of `scripts/outcomes.lua`. `None` for an unknown member.
+    fn apply(
+        &mut self,
+        source: ReportSource,
+        report: &Report,
+        now: Timestamp,
+        draw: f64,
+    ) -> Option<(Effect, u64)> {
+        let member = &report.member;
+        let mut health = self.health_of(member);
+        let eligible = self.eligible.get(member).is_some();
+        let cooling = !eligible && self.return_at.contains_key(member);
+        let check = source == ReportSource::Check;
+        let effect = if !eligible && !cooling {
+            self.ineligible.get(member)?;
+            Effect::Ignored
+        } else if cooling && !check {
+            Effect::Ignored
+        } else if report.result == OutcomeResult::Ok {
+            health.streak = 0;
+            if cooling {
+                let minimum = self.eligible.min();
+                self.restore(member, self.config.restore, minimum);
+                self.recovered += 1;
+                Effect::Returned
+            } else {
+                self.set_health(member, Health::default());
+                Effect::Counted
+            }
+        } else {
+            health.streak += 1;
+            if cooling || health.streak >= u64::from(self.config.health.max_consecutive_failures) {
+                let reason = match report.result {
+                    OutcomeResult::Blocked => "blocked",
+                    _ => "unhealthy",
+                };
+                self.trip(member, reason, now, health, draw);
+                Effect::Tripped
+            } else {
+                self.set_health(member, health);
+                Effect::Counted
+            }
+        };
+        if check {
+            self.checks.insert(
+                member.clone(),
+                LastCheck {
+                    at: now,
+                    result: report.result,
+                    detail: report.detail.clone(),
+                },
+            );
+        }
+        Some((effect, health.streak))
+    }
+
+    /// A member's health fields for a listing.
+    fn with_health(&self, mut view: MemberView) -> MemberView {
+        let health = self.health_of(&view.member);
+        view.consecutive_failures = health.streak;
+        view.cooldown_ms = (health.trips > 0).then_some(health.cooldown_ms);
+        view.returns_at = self.return_at.get(&view.member).copied();
+        view.last_check = self.checks.get(&view.member).cloned();
+        view
     }
 
     fn in_flight_of(&self, member: &MemberId) -> u64 {
@@ -187,11 +392,12 @@ impl Pool {
         reclaimed
     }
 
-    fn assign_least_in_flight(&mut self, ttl: Option<LeaseTtl>) -> Assignment {
-        let now = Timestamp::now();
+    fn assign_least_in_flight(&mut self, ttl: Option<LeaseTtl>, now: Timestamp) -> Assignment {
         self.reap(now, REAP_ON_ASSIGN);
         let Some((in_flight, _, member)) = self.order.first().cloned() else {
-            return Assignment::Empty;
+            return Assignment::Empty {
+                next_return: self.next_return(now),
+            };
         };
         // The first entry has the fewest live leases of all: if it is at the cap, so is
         // every other member.
@@ -200,7 +406,7 @@ impl Pool {
             .max_in_flight
             .is_some_and(|cap| in_flight >= cap.get())
         {
-            return Assignment::Empty;
+            return Assignment::Empty { next_return: None };
         }
         self.unplace(&member);
         let assignments = self.eligible.get(&member).unwrap_or(0) + 1;
@@ -230,6 +436,8 @@ impl Pool {
                 total_assignments: self.total_assignments,
                 in_flight: self.leases.len() as u64,
                 abandoned: self.abandoned,
+                tripped: self.tripped,
+                recovered: self.recovered,
             },
         }
     }
@@ -240,14 +448,18 @@ impl Pool {
             .get(member)
             .map(|(reason, since)| (reason.clone(), *since))
             .unzip();
-        MemberView {
+        self.with_health(MemberView {
             member: member.clone(),
             state: MemberState::Ineligible,
             assignments,
             in_flight: self.in_flight_of(member),
             reason,
             since,
-        }
+            consecutive_failures: 0,
+            cooldown_ms: None,
+            returns_at: None,
+            last_check: None,
+        })
     }
 }
 
@@ -287,11 +499,15 @@ impl Store for EmbeddedStore {
 
     async fn assign(&self, pool: &PoolId, ttl: Option<LeaseTtl>) -> Result<Assignment, StoreError> {
         self.with_pool(pool, |p| {
+            let now = Timestamp::now();
+            p.return_due(now, RETURN_ON_ASSIGN);
             if p.config.policy == Policy::LeastInFlight {
-                return p.assign_least_in_flight(ttl);
+                return p.assign_least_in_flight(ttl, now);
             }
             let Some((count, member)) = p.eligible.order.pop_first() else {
-                return Assignment::Empty;
+                return Assignment::Empty {
+                    next_return: p.next_return(now),
+                };
             };
             let assignments = count + 1;
             p.eligible.counts.insert(member.clone(), assignments);
@@ -340,13 +556,68 @@ impl Store for EmbeddedStore {
         })?
     }
 
-    async fn reap(&self) -> Result<u64, StoreError> {
+    async fn sweep(&self) -> Result<Swept, StoreError> {
         let now = Timestamp::now();
-        Ok(self
-            .lock()
-            .values_mut()
-            .map(|p| p.reap(now, u64::MAX))
-            .sum())
+        Ok(self.lock().values_mut().fold(Swept::default(), |sum, p| {
+            sum + Swept {
+                reclaimed: p.reap(now, u64::MAX),
+                returned: p.return_due(now, u64::MAX),
+            }
+        }))
+    }
+
+    async fn report(
+        &self,
+        pool: &PoolId,
+        source: ReportSource,
+        reports: &[Report],
+    ) -> Result<ReportSummary, StoreError> {
+        let draw = super::jitter_draw();
+        self.with_pool(pool, |p| {
+            let now = Timestamp::now();
+            let mut summary = ReportSummary::default();
+            for report in reports {
+                match p.apply(source, report, now, draw) {
+                    Some((effect, streak)) => {
+                        summary
+                            .applied
+                            .push((report.member.clone(), report.result, effect, streak))
+                    }
+                    None => summary.unknown.push(report.member.clone()),
+                }
+            }
+            summary
+        })
+    }
+
+    async fn claim_check_round(
+        &self,
+        pool: &PoolId,
+        interval: Duration,
+    ) -> Result<Option<CheckRound>, StoreError> {
+        self.with_pool(pool, |p| {
+            let now = Timestamp::now();
+            if p.check_round_until.is_some_and(|until| until > now) {
+                return None;
+            }
+            let millis = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
+            p.check_round_until = Some(Timestamp(now.0.saturating_add(millis.max(1))));
+            let limit = usize::try_from(MAX_PROBES_PER_ROUND).unwrap_or(usize::MAX);
+            let eligible: Vec<MemberId> = p
+                .eligible
+                .order
+                .iter()
+                .take(limit)
+                .map(|(_, m)| m.clone())
+                .collect();
+            let cooling = p
+                .returns
+                .iter()
+                .take(limit - eligible.len())
+                .map(|(_, m)| m.clone())
+                .collect();
+            Some(CheckRound { eligible, cooling })
+        })
     }
 
     async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError> {
@@ -438,13 +709,19 @@ impl Store for EmbeddedStore {
                 _ => p
                     .eligible
                     .page(cursor.eligible, limit + 1)
-                    .map(|(count, member)| MemberView {
-                        member: member.clone(),
-                        state: MemberState::Eligible,
-                        assignments: *count,
-                        in_flight: p.in_flight_of(member),
-                        reason: None,
-                        since: None,
+                    .map(|(count, member)| {
+                        p.with_health(MemberView {
+                            member: member.clone(),
+                            state: MemberState::Eligible,
+                            assignments: *count,
+                            in_flight: p.in_flight_of(member),
+                            reason: None,
+                            since: None,
+                            consecutive_failures: 0,
+                            cooldown_ms: None,
+                            returns_at: None,
+                            last_check: None,
+                        })
                     })
                     .collect(),
             };
@@ -470,9 +747,10 @@ impl Store for EmbeddedStore {
             let now = Timestamp::now();
             let mut report = DisableReport::default();
             for member in members {
-                p.unplace(member);
-                if let Some(count) = p.eligible.remove(member) {
-                    p.ineligible.set(member.clone(), count);
+                if p.take_out(member, reason, now) {
+                    report.disabled.push(member.clone());
+                } else if p.cancel_return(member) {
+                    // A cooling-down member is taken over by the operator.
                     p.taken_out.insert(member.clone(), (reason.to_owned(), now));
                     report.disabled.push(member.clone());
                 } else if p.ineligible.get(member).is_some() {
@@ -503,12 +781,7 @@ impl Store for EmbeddedStore {
                 unknown: Vec::new(),
             };
             for member in members {
-                if let Some(kept) = p.ineligible.remove(member) {
-                    let assignments = restore.restored_count(kept, minimum);
-                    p.taken_out.remove(member);
-                    p.eligible.set(member.clone(), assignments);
-                    // It comes back with the leases it still holds.
-                    p.place(member);
+                if let Some((kept, assignments)) = p.restore(member, restore, minimum) {
                     report.enabled.push(Restored {
                         member: member.clone(),
                         kept_assignments: kept,
@@ -546,6 +819,9 @@ impl Store for EmbeddedStore {
                 let was_eligible = p.eligible.remove(member).is_some();
                 let was_ineligible = p.ineligible.remove(member).is_some();
                 p.taken_out.remove(member);
+                p.health.remove(member);
+                p.cancel_return(member);
+                p.checks.remove(member);
                 if was_eligible || was_ineligible {
                     report.removed.push(member.clone());
                 } else {

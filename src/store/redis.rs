@@ -14,6 +14,10 @@
 //! | `<prefix>:{<pool>}:in_flight` | hash | member -> live leases (absent when none) |
 //! | `<prefix>:{<pool>}:leases` | hash | lease id -> member |
 //! | `<prefix>:{<pool>}:lease_expiry` | sorted set | lease id -> expiry (ms, Redis clock) |
+//! | `<prefix>:{<pool>}:health` | hash | member -> `"<streak> <trips> <cooldown_ms>"` (absent when all 0) |
+//! | `<prefix>:{<pool>}:returns` | sorted set | cooling-down member -> when it comes back (ms, Redis clock) |
+//! | `<prefix>:{<pool>}:checks` | hash | member -> `"<at_ms> <result> <detail>"`, its last active check |
+//! | `<prefix>:{<pool>}:check_round` | string with ttl | held by the replica running the pool's check round |
 //! | `<prefix>:pools` | set | pool ids, for listing; updated outside the pool scripts because it lives in another slot |
 //!
 //! # Connections
@@ -33,7 +37,7 @@
 //! reply lost, and running it again would count an assignment twice. The caller gets a 503
 //! instead. The same holds for a release: a retried one finds the lease gone and answers
 //! 404, never a second decrement. (A NOSCRIPT answer is the exception: Redis ran nothing, so `Script` loads the
-//! script and sends it again.)
+//! script and sends it again, up to three times in all.)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,17 +51,29 @@ use redis::{
 };
 
 use super::{
-    Assignment, Cursor, DisableReport, EnableReport, Lease, MemberPage, MemberState, MemberView,
-    PoolInfo, PoolStats, PutPool, REAP_BATCH, REAP_ON_ASSIGN, RemoveReport, Renewed, Restored,
-    Seed, SeedReport, StateFilter, Store, StoreError, StoreStatus,
+    Assignment, CheckRound, Cursor, DisableReport, Effect, EnableReport, Health, LastCheck, Lease,
+    MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, PoolInfo, PoolStats, PutPool,
+    REAP_BATCH, REAP_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
+    ReportSummary, Restored, Seed, SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
-use crate::domain::{LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy, Timestamp};
+use crate::domain::{
+    LeaseId, LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId, RestorePolicy, Timestamp,
+};
+
+/// How often one script call is sent when Redis keeps answering NOSCRIPT (its script cache
+/// being flushed again and again), before the call fails.
+const NOSCRIPT_ATTEMPTS: u32 = 3;
+
+fn is_noscript(error: &RedisError) -> bool {
+    error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+}
 
 /// Most reaper steps one sweep runs on one pool, so that a sweep always ends.
 const MAX_REAP_STEPS: u64 = 64;
 
-/// Every key of a pool, in the order of `KEYS` in every pool script (see `leases.lua`).
-const POOL_KEY_PARTS: [&str; 8] = [
+/// Every key of a pool, in the order of `KEYS` in every pool script (see `leases.lua` and
+/// `health.lua`).
+const POOL_KEY_PARTS: [&str; 12] = [
     "meta",
     "eligible",
     "ineligible",
@@ -66,13 +82,19 @@ const POOL_KEY_PARTS: [&str; 8] = [
     "in_flight",
     "leases",
     "lease_expiry",
+    "health",
+    "returns",
+    "checks",
+    "check_round",
 ];
 
-/// A script with the shared helpers of `scripts/leases.lua` in front of it.
+/// A script with the shared helpers of `scripts/leases.lua` and `scripts/health.lua` in
+/// front of it.
 macro_rules! with_helpers {
     ($file:literal) => {
         Script::new(concat!(
             include_str!("scripts/leases.lua"),
+            include_str!("scripts/health.lua"),
             include_str!($file)
         ))
     };
@@ -122,6 +144,8 @@ struct Scripts {
     release: Script,
     renew: Script,
     reap: Script,
+    outcomes: Script,
+    claim_check: Script,
 }
 
 impl Scripts {
@@ -139,10 +163,12 @@ impl Scripts {
             release: with_helpers!("scripts/release.lua"),
             renew: with_helpers!("scripts/renew.lua"),
             reap: with_helpers!("scripts/reap.lua"),
+            outcomes: with_helpers!("scripts/outcomes.lua"),
+            claim_check: Script::new(include_str!("scripts/claim_check.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 12] {
+    fn all(&self) -> [&Script; 14] {
         [
             &self.assign,
             &self.put_pool,
@@ -156,6 +182,8 @@ impl Scripts {
             &self.release,
             &self.renew,
             &self.reap,
+            &self.outcomes,
+            &self.claim_check,
         ]
     }
 }
@@ -422,8 +450,19 @@ impl RedisStore {
         for arg in args {
             invocation.arg(*arg);
         }
-        self.run(async |connection| invocation.invoke_async(connection).await)
-            .await
+        self.run(async |connection| {
+            // `invoke_async` answers NOSCRIPT by loading the script and sending it once
+            // more; a `SCRIPT FLUSH` landing between the two gives NOSCRIPT again. Redis
+            // ran nothing either time, so trying again cannot count anything twice.
+            let mut attempts = 1;
+            loop {
+                match invocation.invoke_async(connection).await {
+                    Err(e) if is_noscript(&e) && attempts < NOSCRIPT_ATTEMPTS => attempts += 1,
+                    answer => return answer,
+                }
+            }
+        })
+        .await
     }
 
     async fn command(&self, cmd: redis::Cmd) -> Result<Value, StoreError> {
@@ -461,28 +500,35 @@ impl RedisStore {
         Ok(ids)
     }
 
-    /// Reaper steps on one pool until it has no expired lease left (or the step budget is
-    /// spent; the next sweep goes on).
-    async fn reap_pool(&self, pool: &PoolId) -> Result<u64, StoreError> {
+    /// Sweep steps on one pool until it has no expired lease and no due return left (or
+    /// the step budget is spent; the next sweep goes on).
+    async fn sweep_pool(&self, pool: &PoolId) -> Result<Swept, StoreError> {
         let batch = REAP_BATCH.to_string();
         let keys = self.pool_keys(pool);
-        let mut reclaimed = 0;
+        let mut swept = Swept::default();
         for _ in 0..MAX_REAP_STEPS {
             let value = self
                 .eval(&self.scripts.reap, &keys, &[batch.as_bytes()])
                 .await?;
-            let step = match reply::pool_status(value) {
-                Ok(mut items) => reply::count(&reply::next(&mut items)?)?,
+            let (reclaimed, returned) = match reply::pool_status(value) {
+                Ok(mut items) => (
+                    reply::count(&reply::next(&mut items)?)?,
+                    reply::count(&reply::next(&mut items)?)?,
+                ),
                 // Deleted between the listing and the step.
-                Err(StoreError::PoolNotFound) => 0,
+                Err(StoreError::PoolNotFound) => (0, 0),
                 Err(e) => return Err(e),
             };
-            reclaimed += step;
-            if step < REAP_BATCH {
+            swept = swept
+                + Swept {
+                    reclaimed,
+                    returned,
+                };
+            if reclaimed < REAP_BATCH && returned < REAP_BATCH {
                 break;
             }
         }
-        Ok(reclaimed)
+        Ok(swept)
     }
 
     async fn member_script(
@@ -510,13 +556,63 @@ fn parse_taken_out(info: Value) -> Result<(Option<String>, Option<Timestamp>), S
     Ok((Some(reason.to_owned()), since))
 }
 
-fn member_views(
+/// One set's page as the members script returns it: `(member, count)` pairs and, per
+/// member, its live leases, health, scheduled return and last check.
+struct SetPage {
     pairs: Value,
     live: Value,
-    infos: Option<Vec<Value>>,
-) -> Result<Vec<MemberView>, StoreError> {
-    let pairs = reply::array(pairs)?;
-    let mut live = reply::array(live)?.into_iter();
+    health: Value,
+    returns: Option<Value>,
+    checks: Value,
+}
+
+fn parse_health(value: &Value) -> Result<Health, StoreError> {
+    if matches!(value, Value::Nil) {
+        return Ok(Health::default());
+    }
+    let text = reply::string(value.clone())?;
+    let mut numbers = text.split(' ').map(str::parse::<u64>);
+    let mut next = || {
+        numbers
+            .next()
+            .and_then(Result::ok)
+            .ok_or_else(|| unexpected("malformed health entry"))
+    };
+    Ok(Health {
+        streak: next()?,
+        trips: next()?,
+        cooldown_ms: next()?,
+    })
+}
+
+fn parse_last_check(value: Value) -> Result<Option<LastCheck>, StoreError> {
+    if matches!(value, Value::Nil) {
+        return Ok(None);
+    }
+    let text = reply::string(value)?;
+    let mut parts = text.splitn(3, ' ');
+    let at = parts.next().and_then(|t| t.parse::<u64>().ok());
+    let result = parts.next().and_then(OutcomeResult::from_name);
+    match (at, result) {
+        (Some(at), Some(result)) => Ok(Some(LastCheck {
+            at: Timestamp(at),
+            result,
+            detail: parts.next().unwrap_or("").to_owned(),
+        })),
+        _ => Err(unexpected("malformed check entry")),
+    }
+}
+
+fn member_views(page: SetPage, infos: Option<Vec<Value>>) -> Result<Vec<MemberView>, StoreError> {
+    let pairs = reply::array(page.pairs)?;
+    let mut live = reply::array(page.live)?.into_iter();
+    let mut health = reply::array(page.health)?.into_iter();
+    let mut checks = reply::array(page.checks)?.into_iter();
+    let mut returns = page
+        .returns
+        .map(reply::array)
+        .transpose()?
+        .map(Vec::into_iter);
     let mut infos = infos.map(Vec::into_iter);
     let mut views = Vec::with_capacity(pairs.len() / 2);
     let mut items = pairs.into_iter();
@@ -531,6 +627,11 @@ fn member_views(
                 parse_taken_out(infos.next().unwrap_or(Value::Nil))?,
             ),
         };
+        let health = parse_health(&health.next().unwrap_or(Value::Nil))?;
+        let returns_at = match returns.as_mut().and_then(Iterator::next) {
+            Some(value) => reply::optional_count(&value)?.map(Timestamp),
+            None => None,
+        };
         views.push(MemberView {
             member,
             state,
@@ -538,6 +639,10 @@ fn member_views(
             in_flight,
             reason,
             since,
+            consecutive_failures: health.streak,
+            cooldown_ms: (health.trips > 0).then_some(health.cooldown_ms),
+            returns_at,
+            last_check: parse_last_check(checks.next().unwrap_or(Value::Nil))?,
         });
     }
     Ok(views)
@@ -581,7 +686,13 @@ impl Store for RedisStore {
         let id = LeaseId::random();
         let ttl_arg = ttl.map(|t| t.as_millis().to_string()).unwrap_or_default();
         let reap = REAP_ON_ASSIGN.to_string();
-        let args: [&[u8]; 3] = [id.as_str().as_bytes(), ttl_arg.as_bytes(), reap.as_bytes()];
+        let returns = RETURN_ON_ASSIGN.to_string();
+        let args: [&[u8]; 4] = [
+            id.as_str().as_bytes(),
+            ttl_arg.as_bytes(),
+            reap.as_bytes(),
+            returns.as_bytes(),
+        ];
         let value = self
             .eval(&self.scripts.assign, &self.pool_keys(pool), &args)
             .await?;
@@ -591,7 +702,13 @@ impl Store for RedisStore {
             return Err(StoreError::PoolNotFound);
         }
         if status == 0 {
-            return Ok(Assignment::Empty);
+            // The wait can be 0 or below when more members are due than one assign returns.
+            let next_return = items
+                .next()
+                .map(|ms| reply::int(&ms))
+                .transpose()?
+                .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
+            return Ok(Assignment::Empty { next_return });
         }
         let member = MemberId::from_stored(reply::string(reply::next(&mut items)?)?);
         let assignments = reply::count(&reply::next(&mut items)?)?;
@@ -652,12 +769,89 @@ impl Store for RedisStore {
         })
     }
 
-    async fn reap(&self) -> Result<u64, StoreError> {
+    async fn sweep(&self) -> Result<Swept, StoreError> {
         let pools = self.pool_ids().await?;
         // Issued together so that they travel pipelined on the shared connection.
-        let reclaimed =
-            futures_util::future::join_all(pools.iter().map(|pool| self.reap_pool(pool))).await;
-        reclaimed.into_iter().try_fold(0, |sum, n| Ok(sum + n?))
+        let swept =
+            futures_util::future::join_all(pools.iter().map(|pool| self.sweep_pool(pool))).await;
+        swept
+            .into_iter()
+            .try_fold(Swept::default(), |sum, pool| Ok(sum + pool?))
+    }
+
+    async fn report(
+        &self,
+        pool: &PoolId,
+        source: ReportSource,
+        reports: &[Report],
+    ) -> Result<ReportSummary, StoreError> {
+        let draw = super::jitter_draw().to_string();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(reports.len() * 3 + 2);
+        args.push(source.as_str().as_bytes());
+        args.push(draw.as_bytes());
+        for report in reports {
+            args.push(report.member.as_str().as_bytes());
+            args.push(report.result.as_str().as_bytes());
+            args.push(report.detail.as_bytes());
+        }
+        let value = self
+            .eval(&self.scripts.outcomes, &self.pool_keys(pool), &args)
+            .await?;
+        let mut items = reply::pool_status(value)?;
+        let outcomes = reply::array(reply::next(&mut items)?)?;
+        let mut summary = ReportSummary::default();
+        for (report, outcome) in reports.iter().zip(outcomes.chunks(2)) {
+            let [effect, streak] = outcome else {
+                return Err(unexpected("outcome too short"));
+            };
+            let effect = match reply::int(effect)? {
+                0 => {
+                    summary.unknown.push(report.member.clone());
+                    continue;
+                }
+                1 => Effect::Counted,
+                2 => Effect::Tripped,
+                3 => Effect::Ignored,
+                _ => Effect::Returned,
+            };
+            summary.applied.push((
+                report.member.clone(),
+                report.result,
+                effect,
+                reply::count(streak)?,
+            ));
+        }
+        Ok(summary)
+    }
+
+    async fn claim_check_round(
+        &self,
+        pool: &PoolId,
+        interval: Duration,
+    ) -> Result<Option<CheckRound>, StoreError> {
+        let ms = interval.as_millis().max(1).to_string();
+        let limit = MAX_PROBES_PER_ROUND.to_string();
+        let value = self
+            .eval(
+                &self.scripts.claim_check,
+                &self.pool_keys(pool),
+                &[ms.as_bytes(), limit.as_bytes()],
+            )
+            .await?;
+        let mut items = reply::pool_status(value)?;
+        if reply::int(&reply::next(&mut items)?)? == 0 {
+            return Ok(None);
+        }
+        let members = |value: Value| -> Result<Vec<MemberId>, StoreError> {
+            reply::array(value)?
+                .into_iter()
+                .map(|m| reply::string(m).map(MemberId::from_stored))
+                .collect()
+        };
+        Ok(Some(CheckRound {
+            eligible: members(reply::next(&mut items)?)?,
+            cooling: members(reply::next(&mut items)?)?,
+        }))
     }
 
     async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError> {
@@ -676,7 +870,8 @@ impl Store for RedisStore {
             .max_members
             .map(|n| n.to_string())
             .unwrap_or_default();
-        let args: [&[u8]; 7] = [
+        let health = config.health.script_arg();
+        let args: [&[u8]; 8] = [
             &json,
             config.restore.as_str().as_bytes(),
             start.as_bytes(),
@@ -684,6 +879,7 @@ impl Store for RedisStore {
             ttl.as_bytes(),
             cap.as_bytes(),
             max.as_bytes(),
+            health.as_bytes(),
         ];
         let value = self
             .eval(&self.scripts.put_pool, &self.pool_keys(pool), &args)
@@ -720,6 +916,8 @@ impl Store for RedisStore {
         let max_assignments = reply::optional_count(&reply::next(&mut items)?)?;
         let in_flight = reply::count(&reply::next(&mut items)?)?;
         let abandoned = reply::optional_count(&reply::next(&mut items)?)?.unwrap_or(0);
+        let tripped = reply::optional_count(&reply::next(&mut items)?)?.unwrap_or(0);
+        let recovered = reply::optional_count(&reply::next(&mut items)?)?.unwrap_or(0);
         Ok(PoolInfo {
             pool: pool.clone(),
             config,
@@ -732,6 +930,8 @@ impl Store for RedisStore {
                 total_assignments,
                 in_flight,
                 abandoned,
+                tripped,
+                recovered,
             },
         })
     }
@@ -823,13 +1023,33 @@ impl Store for RedisStore {
             .eval(&self.scripts.members, &self.pool_keys(pool), &args)
             .await?;
         let mut items = reply::pool_status(value)?;
-        let eligible_pairs = reply::next(&mut items)?;
-        let ineligible_pairs = reply::next(&mut items)?;
-        let infos = reply::array(reply::next(&mut items)?)?;
-        let eligible_live = reply::next(&mut items)?;
-        let ineligible_live = reply::next(&mut items)?;
-        let eligible = member_views(eligible_pairs, eligible_live, None)?;
-        let ineligible = member_views(ineligible_pairs, ineligible_live, Some(infos))?;
+        let mut next = || reply::next(&mut items);
+        let (eligible_pairs, ineligible_pairs) = (next()?, next()?);
+        let infos = reply::array(next()?)?;
+        let (eligible_live, ineligible_live) = (next()?, next()?);
+        let (eligible_health, ineligible_health) = (next()?, next()?);
+        let returns = next()?;
+        let (eligible_checks, ineligible_checks) = (next()?, next()?);
+        let eligible = member_views(
+            SetPage {
+                pairs: eligible_pairs,
+                live: eligible_live,
+                health: eligible_health,
+                returns: None,
+                checks: eligible_checks,
+            },
+            None,
+        )?;
+        let ineligible = member_views(
+            SetPage {
+                pairs: ineligible_pairs,
+                live: ineligible_live,
+                health: ineligible_health,
+                returns: Some(returns),
+                checks: ineligible_checks,
+            },
+            Some(infos),
+        )?;
         Ok(super::merge_page(eligible, ineligible, limit, cursor))
     }
 

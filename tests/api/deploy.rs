@@ -39,7 +39,14 @@ fn port_of(listen: &str) -> u16 {
 #[test]
 fn the_binary_knows_the_variables_this_test_relies_on() {
     let known = known_env();
-    for name in ["LISTEN_ADDR", "REDIS_URL", "ADMIN_TOKEN", "ADMIN_TOKEN_FILE", "WORKER_TOKEN", "KEY_PREFIX"] {
+    for name in [
+        "LISTEN_ADDR",
+        "REDIS_URL",
+        "ADMIN_TOKEN",
+        "ADMIN_TOKEN_FILE",
+        "WORKER_TOKEN",
+        "KEY_PREFIX",
+    ] {
         assert!(known.contains(name), "{name} missing from {known:?}");
     }
 }
@@ -48,17 +55,33 @@ fn the_binary_knows_the_variables_this_test_relies_on() {
 fn the_compose_file_sets_only_known_variables_and_waits_for_a_persistent_redis() {
     let compose = yaml("docker-compose.yml");
     let service = &compose["services"]["proxy-allocator"];
-    let env = service["environment"].as_mapping().expect("an environment map");
+    let env = service["environment"]
+        .as_mapping()
+        .expect("an environment map");
     let known = known_env();
     for (name, _) in env {
         let name = name.as_str().expect("a name");
-        assert!(known.contains(name), "compose sets {name}, which the binary does not read");
+        assert!(
+            known.contains(name),
+            "compose sets {name}, which the binary does not read"
+        );
     }
-    let listen = env[&Value::from("LISTEN_ADDR")].as_str().expect("LISTEN_ADDR");
-    assert!(listen.starts_with("0.0.0.0:"), "inside a container: {listen}");
+    let listen = env[&Value::from("LISTEN_ADDR")]
+        .as_str()
+        .expect("LISTEN_ADDR");
+    assert!(
+        listen.starts_with("0.0.0.0:"),
+        "inside a container: {listen}"
+    );
     let published = service["ports"][0].as_str().expect("a port mapping");
-    assert_eq!(published.rsplit(':').next().map(str::parse::<u16>), Some(Ok(port_of(listen))));
-    assert_eq!(service["depends_on"]["redis"]["condition"], Value::from("service_healthy"));
+    assert_eq!(
+        published.rsplit(':').next().map(str::parse::<u16>),
+        Some(Ok(port_of(listen)))
+    );
+    assert_eq!(
+        service["depends_on"]["redis"]["condition"],
+        Value::from("service_healthy")
+    );
 
     // The admin token is a secret mounted where ADMIN_TOKEN_FILE points.
     let secret = service["secrets"][0].as_str().expect("a secret");
@@ -67,12 +90,23 @@ fn the_compose_file_sets_only_known_variables_and_waits_for_a_persistent_redis()
         Some(format!("/run/secrets/{secret}").as_str())
     );
     assert!(compose["secrets"][secret]["file"].is_string());
-    assert!(env.get(&Value::from("ADMIN_TOKEN")).is_none(), "no token in the file itself");
+    assert!(
+        env.get(Value::from("ADMIN_TOKEN")).is_none(),
+        "no token in the file itself"
+    );
 
     let redis = &compose["services"]["redis"];
-    let command: Vec<&str> = redis["command"].as_sequence().expect("a command").iter().filter_map(Value::as_str).collect();
+    let command: Vec<&str> = redis["command"]
+        .as_sequence()
+        .expect("a command")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
     for pair in [["--appendonly", "yes"], ["--appendfsync", "everysec"]] {
-        assert!(command.windows(2).any(|w| w == pair), "{pair:?} in {command:?}");
+        assert!(
+            command.windows(2).any(|w| w == pair),
+            "{pair:?} in {command:?}"
+        );
     }
     assert!(redis["healthcheck"]["test"].is_sequence());
     let url = env[&Value::from("REDIS_URL")].as_str().expect("REDIS_URL");
@@ -87,25 +121,46 @@ fn the_kubernetes_deployment_is_hardened_probed_and_sets_only_known_variables() 
     let pod = &spec["template"]["spec"];
     assert_eq!(pod["securityContext"]["runAsNonRoot"], Value::from(true));
     let container = &pod["containers"][0];
-    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], Value::from(true));
-    assert_eq!(container["securityContext"]["allowPrivilegeEscalation"], Value::from(false));
+    assert_eq!(
+        container["securityContext"]["readOnlyRootFilesystem"],
+        Value::from(true)
+    );
+    assert_eq!(
+        container["securityContext"]["allowPrivilegeEscalation"],
+        Value::from(false)
+    );
     assert!(container["resources"]["requests"]["cpu"].is_string());
     assert!(container["resources"]["requests"]["memory"].is_string());
-    assert_eq!(container["livenessProbe"]["httpGet"]["path"], Value::from("/livez"));
-    assert_eq!(container["readinessProbe"]["httpGet"]["path"], Value::from("/readyz"));
+    assert_eq!(
+        container["livenessProbe"]["httpGet"]["path"],
+        Value::from("/livez")
+    );
+    assert_eq!(
+        container["readinessProbe"]["httpGet"]["path"],
+        Value::from("/readyz")
+    );
 
     let known = known_env();
     let secret = yaml("deploy/kubernetes/secret.example.yaml");
     let mut listen = None;
     for var in container["env"].as_sequence().expect("env") {
         let name = var["name"].as_str().expect("a name");
-        assert!(known.contains(name), "the deployment sets {name}, which the binary does not read");
+        assert!(
+            known.contains(name),
+            "the deployment sets {name}, which the binary does not read"
+        );
         if name == "LISTEN_ADDR" {
             listen = var["value"].as_str();
         }
         if let Some(key) = var["valueFrom"]["secretKeyRef"]["key"].as_str() {
-            assert_eq!(var["valueFrom"]["secretKeyRef"]["name"], secret["metadata"]["name"]);
-            assert!(secret["stringData"][key].is_string(), "the example secret lacks {key}");
+            assert_eq!(
+                var["valueFrom"]["secretKeyRef"]["name"],
+                secret["metadata"]["name"]
+            );
+            assert!(
+                secret["stringData"][key].is_string(),
+                "the example secret lacks {key}"
+            );
         }
     }
     let listen = listen.expect("LISTEN_ADDR is set");
@@ -117,7 +172,10 @@ fn the_kubernetes_deployment_is_hardened_probed_and_sets_only_known_variables() 
 
     let service = yaml("deploy/kubernetes/service.yaml");
     assert_eq!(service["spec"]["selector"], spec["selector"]["matchLabels"]);
-    assert_eq!(service["spec"]["ports"][0]["targetPort"], container["ports"][0]["name"]);
+    assert_eq!(
+        service["spec"]["ports"][0]["targetPort"],
+        container["ports"][0]["name"]
+    );
 }
 
 #[test]
@@ -140,12 +198,18 @@ fn the_dockerfile_runs_as_non_root_checks_livez_and_sets_only_known_variables() 
         }
     }
     for name in &env_names {
-        assert!(known.contains(name), "the Dockerfile sets {name}, which the binary does not read");
+        assert!(
+            known.contains(name),
+            "the Dockerfile sets {name}, which the binary does not read"
+        );
     }
     let listen = listen.expect("the image sets LISTEN_ADDR");
     assert!(listen.starts_with("0.0.0.0:"));
     assert!(joined.contains(&format!("EXPOSE {}", port_of(&listen))));
     assert!(joined.lines().any(|l| l.trim().starts_with("USER nonroot")));
-    let healthcheck = joined.lines().find(|l| l.starts_with("HEALTHCHECK")).expect("a HEALTHCHECK");
+    let healthcheck = joined
+        .lines()
+        .find(|l| l.starts_with("HEALTHCHECK"))
+        .expect("a HEALTHCHECK");
     assert!(healthcheck.contains("/livez"), "{healthcheck}");
 }

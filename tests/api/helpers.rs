@@ -22,6 +22,9 @@ pub const ADMIN: &str = "test-admin-token";
 /// reclaiming wait little.
 pub const REAP_INTERVAL_MS: u64 = 100;
 
+/// How often test apps look for due check rounds, in milliseconds.
+pub const CHECK_TICK_MS: u64 = 50;
+
 /// A `redis-server` process owned by a test (or by the whole test binary).
 pub struct RedisServer {
     port: u16,
@@ -231,6 +234,7 @@ pub fn test_config(redis_url: Option<String>) -> Config {
     config.body_limit_bytes = 1024 * 1024;
     config.reap_interval_ms = REAP_INTERVAL_MS;
     config.import_body_limit_bytes = 32 * 1024 * 1024;
+    config.check_tick_ms = CHECK_TICK_MS;
     config
 }
 

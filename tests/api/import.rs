@@ -190,7 +190,7 @@ async fn a_large_list_is_written_in_chunks_with_one_starting_count(app: TestApp)
     assert_eq!(
         info["stats"],
         json!({"eligible": 25_000, "ineligible": 0, "min_assignments": 3, "max_assignments": 3,
-               "total_assignments": 0, "in_flight": 0, "abandoned": 0})
+               "total_assignments": 0, "in_flight": 0, "abandoned": 0, "tripped": 0, "recovered": 0})
     );
 }
 

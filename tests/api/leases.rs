@@ -372,7 +372,8 @@ async fn changing_the_policy_of_a_pool_with_members_answers_409(app: TestApp) {
         body["config"],
         json!({"policy": "least-in-flight", "restore": "minimum", "start_assignments": null,
                "lease_ttl_ms": 30000, "max_in_flight": 1,
-               "rules": serde_json::to_value(proxy_allocator::domain::Rules::default()).expect("JSON")})
+               "rules": serde_json::to_value(proxy_allocator::domain::Rules::default()).expect("JSON"),
+               "health": {"max_consecutive_failures": 3, "cooldown_ms": 60000, "max_cooldown_ms": 3600000, "backoff": 2, "jitter_percent": 10, "check": null}})
     );
 }
 

@@ -10,9 +10,11 @@ mod helpers;
 
 mod assign;
 mod auth;
+mod checks;
 mod concurrency;
 mod contract;
 mod deploy;
+mod health;
 mod import;
 mod leases;
 mod members;

@@ -18,6 +18,7 @@ async fn assign_recovers_after_the_script_cache_is_flushed() {
     // The service puts the shared helpers in front of the script (`with_helpers!`).
     let sha = redis::Script::new(concat!(
         include_str!("../../src/store/scripts/leases.lua"),
+        include_str!("../../src/store/scripts/health.lua"),
         include_str!("../../src/store/scripts/assign.lua")
     ))
     .get_hash()

@@ -168,12 +168,18 @@ async fn whole_numbers_written_as_floats_are_integers_and_fractions_are_refused(
     let app = TestApp::spawn(Backend::Embedded).await;
     app.create_pool("p", json!({})).await;
     let (status, body) = app
-        .post_json("/pools/p/members", json!({"members": ["a"], "assignments": 3.0}))
+        .post_json(
+            "/pools/p/members",
+            json!({"members": ["a"], "assignments": 3.0}),
+        )
         .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["start_assignments"], json!(3));
     let (status, body) = app
-        .post_json("/pools/p/members", json!({"members": ["b"], "assignments": 3.5}))
+        .post_json(
+            "/pools/p/members",
+            json!({"members": ["b"], "assignments": 3.5}),
+        )
         .await;
     assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_json");
 }

@@ -59,8 +59,9 @@ async fn assign_concurrently(app: &Arc<TestApp>, total: u64) {
 
 async fn warm_app(redis: &RedisServer) -> Arc<TestApp> {
     let mut config = test_config(Some(redis.url()));
-    // The lease reaper's sweeps are background traffic, not part of any assign.
+    // The sweeps and the check ticks are background traffic, not part of any assign.
     config.reap_interval_ms = 3_600_000;
+    config.check_tick_ms = 3_600_000;
     let app = Arc::new(TestApp::spawn_with(config).await);
     app.create_pool("p", json!({})).await;
     app.seed("p", &["a", "b", "c"], Some(0)).await;

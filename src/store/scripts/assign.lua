@@ -2,34 +2,55 @@
 -- script so that no other client runs between the choice and the update: two concurrent
 -- assigns never both take the same member's last free place. One script for both
 -- policies, so an assign is one round trip whatever the pool.
+-- First, when a cooldown has ended, it returns up to ARGV[4] due members of this pool (so
+-- that a busy pool never waits for the background sweep); with nobody cooling down that
+-- costs one ZRANGE on an empty key.
 -- least-used: the fewest assignments, equal counts by member bytes (Redis's order for
 -- equal scores).
 -- least-in-flight: first reclaims a few expired leases of this pool, then takes the first
 -- member of the choosing order (see `entry` in leases.lua) unless it is at max_in_flight,
 -- and leases it until now + ttl.
 -- ARGV[1] id for the new lease (random, from the service), ARGV[2] ttl in ms or '' for
--- the pool's, ARGV[3] how many expired leases to reclaim first.
+-- the pool's, ARGV[3] how many expired leases to reclaim first, ARGV[4] how many due
+-- members to return first.
 -- Returns {-1} when the pool does not exist, {0} when there is nothing to assign,
+-- {0, ms} when nothing is eligible and the earliest cooldown ends in ms,
 -- {1, member, assignments} on a least-used pool,
 -- {2, member, assignments, in_flight, expires_ms, ttl_ms} on a least-in-flight pool.
 local meta = redis.call('HMGET', KEYS[1], 'created_ms', 'policy', 'lease_ttl_ms', 'max_in_flight')
 if not meta[1] then
     return {-1}
 end
+local now = false
+local first_due = redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')[2]
+if first_due then
+    now = now_ms()
+    if tonumber(first_due) <= now then
+        return_due(now, tonumber(ARGV[4]))
+    end
+end
+-- Only on the empty path: how long until the earliest cooling-down member returns.
+local function nothing_eligible()
+    local due = redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')[2]
+    if due then
+        return {0, tonumber(due) - (now or now_ms())}
+    end
+    return {0}
+end
 if meta[2] ~= 'least-in-flight' then
     local chosen = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
     if not chosen then
-        return {0}
+        return nothing_eligible()
     end
     local assignments = redis.call('ZINCRBY', KEYS[2], 1, chosen)
     redis.call('HINCRBY', KEYS[1], 'total_assignments', 1)
     return {1, chosen, tonumber(assignments)}
 end
-local now = now_ms()
+now = now or now_ms()
 reap(now, tonumber(ARGV[3]))
 local first = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
 if not first[1] then
-    return {0}
+    return nothing_eligible()
 end
 -- The first entry has the fewest live leases of all: if it is at the cap, every member is.
 if meta[4] and tonumber(first[2]) >= tonumber(meta[4]) then

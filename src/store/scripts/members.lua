@@ -1,12 +1,15 @@
--- Reads one page of a pool's members from each of its two sets.
--- KEYS as in leases.lua.
+-- Reads one page of a pool's members from each of its two sets, with their health.
+-- KEYS as in leases.lua and health.lua.
 -- ARGV[1] eligible offset, ARGV[2] ineligible offset, ARGV[3] how many eligible and
 -- ARGV[4] how many ineligible members to read (0 skips that set).
 -- Returns {-1} when the pool does not exist, else
 -- {1, {member, count, ...} eligible, {member, count, ...} ineligible, {info ...},
---  {live ...} eligible, {live ...} ineligible}
--- where info[i] is "<since_ms> <reason>" and live[i] the live leases (or nil) of the i-th
--- member of its set.
+--  {live ...} eligible, {live ...} ineligible, {health ...} eligible,
+--  {health ...} ineligible, {return ...} ineligible, {check ...} eligible,
+--  {check ...} ineligible}
+-- where the i-th entry of each list belongs to the i-th member of its set: info is
+-- "<since_ms> <reason>", live the live leases, health "<streak> <trips> <cooldown_ms>",
+-- return the ms it comes back at, check "<at_ms> <result> <detail>" (each nil when none).
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
@@ -25,14 +28,17 @@ local function names(pairs)
     end
     return out
 end
-local function lookup(key, fields)
+local function lookup(command, key, fields)
     if #fields == 0 then
         return {}
     end
-    return redis.call('HMGET', key, unpack(fields))
+    return redis.call(command, key, unpack(fields))
 end
-local eligible_names, ineligible_names = names(eligible), names(ineligible)
+local e, i = names(eligible), names(ineligible)
 return {
-    1, eligible, ineligible, lookup(KEYS[4], ineligible_names),
-    lookup(KEYS[6], eligible_names), lookup(KEYS[6], ineligible_names),
+    1, eligible, ineligible, lookup('HMGET', KEYS[4], i),
+    lookup('HMGET', KEYS[6], e), lookup('HMGET', KEYS[6], i),
+    lookup('HMGET', KEYS[9], e), lookup('HMGET', KEYS[9], i),
+    lookup('ZMSCORE', KEYS[10], i),
+    lookup('HMGET', KEYS[11], e), lookup('HMGET', KEYS[11], i),
 }

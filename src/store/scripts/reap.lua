@@ -1,8 +1,11 @@
--- Reclaims up to ARGV[1] leases of one pool that expired by now (the background reaper's
--- step; several replicas may run it at once, and `end_lease` keeps it exact).
--- KEYS as in leases.lua.
--- Returns {-1} when the pool does not exist, else {1, how many were reclaimed}.
+-- The background sweep's step on one pool: reclaims up to ARGV[1] leases that expired by
+-- now and returns up to ARGV[1] members whose cooldown has ended. Several replicas may run
+-- it at once: `end_lease` and `return_due` keep both exact.
+-- KEYS as in leases.lua and health.lua.
+-- Returns {-1} when the pool does not exist, else {1, reclaimed, returned}.
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
-return {1, reap(now_ms(), tonumber(ARGV[1]))}
+local now = now_ms()
+local limit = tonumber(ARGV[1])
+return {1, reap(now, limit), return_due(now, limit)}

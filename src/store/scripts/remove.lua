@@ -1,7 +1,7 @@
--- Forgets members entirely, eligible or not, history included.
+-- Forgets members entirely, eligible or not, history and health included.
 -- A removed member's live leases end with it (not counted as abandoned): releasing or
 -- renewing one afterwards finds no lease.
--- KEYS as in leases.lua.
+-- KEYS as in leases.lua and health.lua.
 -- ARGV[1..] member ids.
 -- Returns {-1} when the pool does not exist, else {1, {1 = removed | 0 = unknown ...}}.
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -18,6 +18,9 @@ for i = 1, #ARGV do
     removed[member] = true
     local removed = redis.call('ZREM', KEYS[2], member) + redis.call('ZREM', KEYS[3], member)
     redis.call('HDEL', KEYS[4], member)
+    redis.call('HDEL', KEYS[9], member)
+    redis.call('ZREM', KEYS[10], member)
+    redis.call('HDEL', KEYS[11], member)
     outcome[#outcome + 1] = math.min(removed, 1)
 end
 if lif and redis.call('HLEN', KEYS[7]) > 0 then

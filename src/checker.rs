@@ -1,0 +1,161 @@
+//! Active checks: a background task that probes the members of pools with a `check` and
+//! feeds the results into the same health rules as worker reports.
+//!
+//! Every replica runs one. Each tick it looks for pools with checks and asks the store to
+//! claim each pool's next round ([`Store::claim_check_round`]); the claim lasts the pool's
+//! `interval_ms`, so across replicas a pool's round runs at most once per interval, on one
+//! replica. A round is bounded three ways: at most `concurrency` probes at once, each at
+//! most `timeout_ms`, and the whole round at most `interval_ms` (probes not started by
+//! then wait for the next round). Results are reported one by one as they come in, so a
+//! failing member trips without waiting for the rest of the round.
+
+mod probe;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, MissedTickBehavior};
+
+pub use self::probe::ProxyAddr;
+use crate::domain::{CheckConfig, MemberId, PoolId};
+use crate::store::{Effect, Report, ReportSource, Store};
+
+/// Looks for due check rounds every `tick` until `stop` completes; rounds still running
+/// then are cancelled (they hold nothing a cancelled probe would leak).
+pub async fn run(store: Arc<dyn Store>, tick: Duration, stop: impl Future<Output = ()>) {
+    let mut ticks = tokio::time::interval(tick);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    tokio::pin!(stop);
+    let mut rounds: HashMap<PoolId, JoinHandle<()>> = HashMap::new();
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            () = &mut stop => break,
+            _ = ticks.tick() => {}
+        }
+        rounds.retain(|_, round| !round.is_finished());
+        match start_due_rounds(&store, &mut rounds).await {
+            Ok(()) if failing => {
+                tracing::info!("active checks reach the store again");
+                failing = false;
+            }
+            Ok(()) => {}
+            Err(error) => {
+                if !failing {
+                    tracing::warn!(%error, "active checks cannot reach the store; retrying every tick");
+                    failing = true;
+                }
+            }
+        }
+    }
+    for round in rounds.into_values() {
+        round.abort();
+    }
+}
+
+async fn start_due_rounds(
+    store: &Arc<dyn Store>,
+    rounds: &mut HashMap<PoolId, JoinHandle<()>>,
+) -> Result<(), crate::store::StoreError> {
+    for info in store.pools().await? {
+        let Some(check) = info.config.health.check else {
+            continue;
+        };
+        // A round still running here keeps its pool, whatever the store's claim says.
+        if rounds.contains_key(&info.pool) {
+            continue;
+        }
+        let interval = Duration::from_millis(check.interval_ms);
+        let claimed = match store.claim_check_round(&info.pool, interval).await {
+            Ok(claimed) => claimed,
+            Err(crate::store::StoreError::PoolNotFound) => continue,
+            Err(error) => return Err(error),
+        };
+        if let Some(members) = claimed {
+            let targets = members
+                .eligible
+                .into_iter()
+                .chain(members.cooling)
+                .collect();
+            let task = tokio::spawn(run_round(
+                Arc::clone(store),
+                info.pool.clone(),
+                check,
+                targets,
+            ));
+            rounds.insert(info.pool, task);
+        }
+    }
+    Ok(())
+}
+
+/// Probes `members` of `pool` and reports each result as it comes in.
+async fn run_round(
+    store: Arc<dyn Store>,
+    pool: PoolId,
+    check: CheckConfig,
+    members: Vec<MemberId>,
+) {
+    let deadline = Instant::now() + Duration::from_millis(check.interval_ms);
+    let (probeable, unprobeable): (Vec<_>, Vec<_>) = members
+        .into_iter()
+        .map(|member| (ProxyAddr::parse(&member), member))
+        .partition(|(addr, _)| addr.is_some());
+    if let Some((_, example)) = unprobeable.first() {
+        tracing::warn!(
+            pool = pool.as_str(),
+            unprobeable = unprobeable.len(),
+            example = %example.masked(),
+            "members without host:port cannot be probed; they are skipped"
+        );
+    }
+    let check = &check;
+    let probes = futures_util::stream::iter(probeable.into_iter().filter_map(|(addr, member)| {
+        addr.map(|addr| async move {
+            let (result, detail) = probe::probe(&addr, check).await;
+            Report {
+                member,
+                result,
+                detail,
+            }
+        })
+    }))
+    .buffer_unordered(usize::try_from(check.concurrency).unwrap_or(1));
+    let reporting = probes.for_each(|report| {
+        let store = &store;
+        let pool = &pool;
+        async move {
+            let proxy = report.member.masked();
+            match store
+                .report(pool, ReportSource::Check, std::slice::from_ref(&report))
+                .await
+            {
+                Ok(summary) => {
+                    for (_, result, effect, _) in &summary.applied {
+                        match effect {
+                            Effect::Tripped => tracing::info!(pool = pool.as_str(), %proxy,
+                                result = result.as_str(), detail = report.detail.as_str(),
+                                "member cooling down after a failed check"),
+                            Effect::Returned => tracing::info!(pool = pool.as_str(), %proxy,
+                                "member back after a passing check"),
+                            Effect::Counted | Effect::Ignored => {}
+                        }
+                    }
+                }
+                Err(error) => tracing::warn!(pool = pool.as_str(), %proxy, %error,
+                    "could not record a check result"),
+            }
+        }
+    });
+    if tokio::time::timeout_at(deadline, reporting).await.is_err() {
+        tracing::warn!(
+            pool = pool.as_str(),
+            interval_ms = check.interval_ms,
+            "check round ran out of time; the remaining members wait for the next round"
+        );
+    }
+}

@@ -1,0 +1,378 @@
+//! A pool's health rules (`health` in its configuration): when reported failures take a
+//! member out, for how long, and how the service checks members on its own.
+
+use serde::{Deserialize, Serialize};
+
+/// What a worker (or an active check) saw when it used a member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeResult {
+    /// The request through the proxy worked. Resets the failure streak.
+    Ok,
+    /// The proxy failed (refused, timed out, broke the connection, answered garbage).
+    Failed,
+    /// The target refused the proxy (403, 429, a captcha page): the proxy works but is
+    /// blocked. Counts like a failure; a trip it causes is recorded with reason `blocked`.
+    Blocked,
+}
+
+impl OutcomeResult {
+    /// The name used in the API and in the Redis scripts.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Failed => "failed",
+            Self::Blocked => "blocked",
+        }
+    }
+
+    /// Parses the name written by [`OutcomeResult::as_str`].
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "ok" => Some(Self::Ok),
+            "failed" => Some(Self::Failed),
+            "blocked" => Some(Self::Blocked),
+            _ => None,
+        }
+    }
+}
+
+/// A pool's health rules. Every field has a default; `{}` (or leaving `health` out) gives
+/// the documented defaults, with active checks off.
+///
+/// A member that collects `max_consecutive_failures` failures in a row is taken out with
+/// reason `unhealthy` (`blocked` when the last report was `blocked`) and comes back by
+/// itself after its cooldown, under the pool's restore policy. Each trip without a success
+/// in between multiplies the cooldown by `backoff`, up to `max_cooldown_ms`; a success
+/// resets both the streak and the backoff.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RawHealthConfig")]
+pub struct HealthConfig {
+    /// Failures in a row that take a member out (1 to 1,000; default 3).
+    pub max_consecutive_failures: u32,
+    /// The first cooldown, in milliseconds (100 ms to 24 h; default 60,000).
+    pub cooldown_ms: u64,
+    /// The longest cooldown, in milliseconds (at least `cooldown_ms`, at most 7 days;
+    /// default 3,600,000).
+    pub max_cooldown_ms: u64,
+    /// The factor each repeated trip multiplies the cooldown by (1 to 10; default 2). A
+    /// whole number, so that every store computes the same cooldown to the millisecond.
+    pub backoff: u32,
+    /// Spread of each cooldown, in percent (0 to 50; default 10): a cooldown is drawn
+    /// uniformly within ±`jitter_percent` of its nominal length (then capped at
+    /// `max_cooldown_ms`), so that members tripped together do not all return together.
+    pub jitter_percent: u32,
+    /// Active checks; `null` (the default) means none.
+    pub check: Option<CheckConfig>,
+}
+
+impl HealthConfig {
+    /// Default failures in a row before a trip.
+    pub const DEFAULT_MAX_CONSECUTIVE_FAILURES: u32 = 3;
+    /// Default first cooldown, in milliseconds.
+    pub const DEFAULT_COOLDOWN_MS: u64 = 60_000;
+    /// Default longest cooldown, in milliseconds.
+    pub const DEFAULT_MAX_COOLDOWN_MS: u64 = 3_600_000;
+    /// Default backoff factor.
+    pub const DEFAULT_BACKOFF: u32 = 2;
+    /// Default jitter, in percent.
+    pub const DEFAULT_JITTER_PERCENT: u32 = 10;
+
+    /// The cooldown of the `trips`-th trip in a row (1 for the first), before jitter:
+    /// `cooldown_ms * backoff^(trips - 1)`, capped at `max_cooldown_ms`.
+    pub fn nominal_cooldown_ms(&self, trips: u64) -> u64 {
+        let exponent = u32::try_from(trips.saturating_sub(1)).unwrap_or(u32::MAX);
+        u64::from(self.backoff)
+            .checked_pow(exponent)
+            .and_then(|factor| factor.checked_mul(self.cooldown_ms))
+            .map_or(self.max_cooldown_ms, |ms| ms.min(self.max_cooldown_ms))
+    }
+
+    /// The cooldown of the `trips`-th trip with jitter applied, given a draw in `[-1, 1]`
+    /// (made by the service, so that the stores stay deterministic). The Redis scripts
+    /// compute the same expression in the same order on the same doubles (`health_trip` in
+    /// `scripts/leases.lua`); keep the two in step.
+    pub fn cooldown_ms(&self, trips: u64, draw: f64) -> u64 {
+        let nominal = self.nominal_cooldown_ms(trips) as f64;
+        let spread = f64::from(self.jitter_percent) / 100.0 * draw.clamp(-1.0, 1.0);
+        let jittered = (nominal * (1.0 + spread)).floor();
+        // Exact for every value in range: cooldowns stay far below 2^53.
+        (jittered as u64).clamp(1, self.max_cooldown_ms)
+    }
+
+    /// The parameters the Redis scripts need, as one argument:
+    /// `"<max_consecutive_failures> <cooldown_ms> <max_cooldown_ms> <backoff> <jitter_percent>"`.
+    pub fn script_arg(&self) -> String {
+        format!(
+            "{} {} {} {} {}",
+            self.max_consecutive_failures,
+            self.cooldown_ms,
+            self.max_cooldown_ms,
+            self.backoff,
+            self.jitter_percent
+        )
+    }
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            max_consecutive_failures: Self::DEFAULT_MAX_CONSECUTIVE_FAILURES,
+            cooldown_ms: Self::DEFAULT_COOLDOWN_MS,
+            max_cooldown_ms: Self::DEFAULT_MAX_COOLDOWN_MS,
+            backoff: Self::DEFAULT_BACKOFF,
+            jitter_percent: Self::DEFAULT_JITTER_PERCENT,
+            check: None,
+        }
+    }
+}
+
+/// `health` as written by the client, before its ranges are checked.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHealthConfig {
+    #[serde(default = "default_failures")]
+    max_consecutive_failures: u32,
+    #[serde(default = "default_cooldown")]
+    cooldown_ms: u64,
+    #[serde(default = "default_max_cooldown")]
+    max_cooldown_ms: u64,
+    #[serde(default = "default_backoff")]
+    backoff: u32,
+    #[serde(default = "default_jitter")]
+    jitter_percent: u32,
+    #[serde(default)]
+    check: Option<CheckConfig>,
+}
+
+fn default_failures() -> u32 {
+    HealthConfig::DEFAULT_MAX_CONSECUTIVE_FAILURES
+}
+fn default_cooldown() -> u64 {
+    HealthConfig::DEFAULT_COOLDOWN_MS
+}
+fn default_max_cooldown() -> u64 {
+    HealthConfig::DEFAULT_MAX_COOLDOWN_MS
+}
+fn default_backoff() -> u32 {
+    HealthConfig::DEFAULT_BACKOFF
+}
+fn default_jitter() -> u32 {
+    HealthConfig::DEFAULT_JITTER_PERCENT
+}
+
+/// Why a `health` configuration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("health: {0}")]
+pub struct InvalidHealthConfig(&'static str);
+
+const DAY_MS: u64 = 24 * 60 * 60 * 1000;
+
+impl TryFrom<RawHealthConfig> for HealthConfig {
+    type Error = InvalidHealthConfig;
+
+    fn try_from(raw: RawHealthConfig) -> Result<Self, InvalidHealthConfig> {
+        let fail = |why| Err(InvalidHealthConfig(why));
+        if !(1..=1000).contains(&raw.max_consecutive_failures) {
+            return fail("max_consecutive_failures is 1 to 1000");
+        }
+        if !(100..=DAY_MS).contains(&raw.cooldown_ms) {
+            return fail("cooldown_ms is 100 to 86400000");
+        }
+        if !(raw.cooldown_ms..=7 * DAY_MS).contains(&raw.max_cooldown_ms) {
+            return fail("max_cooldown_ms is at least cooldown_ms and at most 604800000");
+        }
+        if !(1..=10).contains(&raw.backoff) {
+            return fail("backoff is a whole number from 1 to 10");
+        }
+        if raw.jitter_percent > 50 {
+            return fail("jitter_percent is 0 to 50");
+        }
+        Ok(Self {
+            max_consecutive_failures: raw.max_consecutive_failures,
+            cooldown_ms: raw.cooldown_ms,
+            max_cooldown_ms: raw.max_cooldown_ms,
+            backoff: raw.backoff,
+            jitter_percent: raw.jitter_percent,
+            check: raw.check,
+        })
+    }
+}
+
+/// How an active check probes a member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckKind {
+    /// A TCP connection to the proxy's host and port is opened and closed.
+    Tcp,
+    /// `url` is fetched through the proxy (an HTTP proxy) and the status line is read.
+    Http,
+}
+
+/// Active checks of a pool: each round probes the eligible and cooling-down members and
+/// feeds the results into the same rules as worker reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RawCheckConfig")]
+pub struct CheckConfig {
+    /// How a member is probed.
+    pub kind: CheckKind,
+    /// For `http`: the `http://` URL fetched through the proxy, ideally the real target.
+    pub url: Option<String>,
+    /// For `http`: the statuses that count as healthy (default `[200]`). 403 and 429
+    /// outside this list count as `blocked`, anything else as `failed`.
+    pub expect_status: Vec<u16>,
+    /// Time between rounds, in milliseconds (100 ms to 24 h; default 30,000). It is also
+    /// the longest a round may run: probes not started by then wait for the next round.
+    pub interval_ms: u64,
+    /// Longest one probe may take, in milliseconds (10 ms to 60 s, below `interval_ms`;
+    /// default 5,000).
+    pub timeout_ms: u64,
+    /// Probes run at once in one round (1 to 256; default 8).
+    pub concurrency: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCheckConfig {
+    kind: CheckKind,
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    expect_status: Option<Vec<u16>>,
+    #[serde(default = "default_interval")]
+    interval_ms: u64,
+    #[serde(default = "default_timeout")]
+    timeout_ms: u64,
+    #[serde(default = "default_concurrency")]
+    concurrency: u32,
+}
+
+fn default_interval() -> u64 {
+    30_000
+}
+fn default_timeout() -> u64 {
+    5_000
+}
+fn default_concurrency() -> u32 {
+    8
+}
+
+impl TryFrom<RawCheckConfig> for CheckConfig {
+    type Error = InvalidHealthConfig;
+
+    fn try_from(raw: RawCheckConfig) -> Result<Self, InvalidHealthConfig> {
+        let fail = |why| Err(InvalidHealthConfig(why));
+        match (raw.kind, raw.url.as_deref()) {
+            (CheckKind::Http, None) => return fail("check.url is required for kind http"),
+            (CheckKind::Http, Some(url)) if !is_plain_http_url(url) => {
+                return fail("check.url is an http:// URL with a host, of at most 2048 bytes");
+            }
+            (CheckKind::Tcp, Some(_)) => return fail("check.url applies to kind http only"),
+            _ => {}
+        }
+        let expect_status = raw.expect_status.unwrap_or_else(|| vec![200]);
+        if expect_status.is_empty()
+            || expect_status.len() > 32
+            || !expect_status.iter().all(|s| (100..=599).contains(s))
+        {
+            return fail("check.expect_status is 1 to 32 statuses from 100 to 599");
+        }
+        if !(100..=DAY_MS).contains(&raw.interval_ms) {
+            return fail("check.interval_ms is 100 to 86400000");
+        }
+        if !(10..=60_000).contains(&raw.timeout_ms) || raw.timeout_ms >= raw.interval_ms {
+            return fail("check.timeout_ms is 10 to 60000 and below interval_ms");
+        }
+        if !(1..=256).contains(&raw.concurrency) {
+            return fail("check.concurrency is 1 to 256");
+        }
+        Ok(Self {
+            kind: raw.kind,
+            url: raw.url,
+            expect_status,
+            interval_ms: raw.interval_ms,
+            timeout_ms: raw.timeout_ms,
+            concurrency: raw.concurrency,
+        })
+    }
+}
+
+/// `http://host[:port][/path]`, visible ASCII only: it is written into a request line.
+fn is_plain_http_url(url: &str) -> bool {
+    url.len() <= 2048
+        && url.bytes().all(|b| b.is_ascii_graphic())
+        && url
+            .strip_prefix("http://")
+            .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health(json: &str) -> Result<HealthConfig, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    #[test]
+    fn an_empty_object_gives_the_documented_defaults_without_checks() {
+        assert_eq!(health("{}").expect("valid"), HealthConfig::default());
+        assert_eq!(HealthConfig::default().script_arg(), "3 60000 3600000 2 10");
+    }
+
+    #[test]
+    fn cooldowns_multiply_by_the_backoff_up_to_the_maximum() {
+        let config = health(r#"{"cooldown_ms": 1000, "max_cooldown_ms": 5000}"#).expect("valid");
+        let nominal: Vec<u64> = (1..=5).map(|n| config.nominal_cooldown_ms(n)).collect();
+        assert_eq!(nominal, [1000, 2000, 4000, 5000, 5000]);
+        assert_eq!(config.nominal_cooldown_ms(u64::MAX), 5000);
+    }
+
+    #[test]
+    fn jitter_stays_within_its_percentage_and_under_the_maximum() {
+        let config = health(r#"{"cooldown_ms": 1000, "max_cooldown_ms": 1050}"#).expect("valid");
+        assert_eq!(config.cooldown_ms(1, -1.0), 900);
+        assert_eq!(config.cooldown_ms(1, 0.0), 1000);
+        assert_eq!(config.cooldown_ms(1, 0.5), 1050);
+        assert_eq!(config.cooldown_ms(1, 1.0), 1050);
+    }
+
+    #[test]
+    fn nonsense_is_refused() {
+        for bad in [
+            r#"{"max_consecutive_failures": 0}"#,
+            r#"{"cooldown_ms": 99}"#,
+            r#"{"cooldown_ms": 5000, "max_cooldown_ms": 4000}"#,
+            r#"{"backoff": 0}"#,
+            r#"{"backoff": 1.5}"#,
+            r#"{"jitter_percent": 51}"#,
+            r#"{"check": {"kind": "http"}}"#,
+            r#"{"check": {"kind": "http", "url": "https://example.com/"}}"#,
+            r#"{"check": {"kind": "tcp", "url": "http://example.com/"}}"#,
+            r#"{"check": {"kind": "tcp", "timeout_ms": 500, "interval_ms": 500}}"#,
+            r#"{"check": {"kind": "tcp", "concurrency": 0}}"#,
+            r#"{"check": {"kind": "http", "url": "http://a/", "expect_status": []}}"#,
+            r#"{"check": {"kind": "udp"}}"#,
+            r#"{"cooldown": 1}"#,
+        ] {
+            assert!(health(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_check_fills_in_its_defaults() {
+        let config =
+            health(r#"{"check": {"kind": "http", "url": "http://example.com/"}}"#).expect("valid");
+        assert_eq!(
+            config.check,
+            Some(CheckConfig {
+                kind: CheckKind::Http,
+                url: Some("http://example.com/".to_owned()),
+                expect_status: vec![200],
+                interval_ms: 30_000,
+                timeout_ms: 5_000,
+                concurrency: 8,
+            })
+        );
+    }
+}

@@ -1,0 +1,136 @@
+//! `POST /pools/{pool}/outcomes` (worker): what happened when a worker used a member.
+//!
+//! One report is `{"proxy", "result", "status"?}`; a batch is a JSON array of them,
+//! applied in order in one atomic step. Reports move members between eligible and cooling
+//! down under the pool's `health` rules; they never change assignment counts.
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::AppState;
+use super::auth::Worker;
+use super::error::ApiError;
+use super::extract::{Json, PoolPath};
+use super::log::Outcome;
+use super::members::{MAX_MEMBERS_PER_CALL, Rejected};
+use crate::domain::{MemberId, OutcomeResult, canonical_member_id};
+use crate::store::{Effect, Report, ReportSource};
+
+/// One report as a worker sends it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutcomeBody {
+    proxy: String,
+    result: OutcomeResult,
+    /// The HTTP status the worker saw, if any: logged when the member trips.
+    #[serde(default)]
+    status: Option<u16>,
+}
+
+/// A single report or an array of them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OutcomesBody {
+    /// `{"proxy", "result", "status"?}`.
+    One(OutcomeBody),
+    /// `[{"proxy", "result", "status"?}, ...]`.
+    Many(Vec<OutcomeBody>),
+}
+
+#[derive(Serialize)]
+struct Applied<'a> {
+    proxy: &'a MemberId,
+    result: OutcomeResult,
+    effect: Effect,
+    consecutive_failures: u64,
+}
+
+/// Applies worker reports in order: 200 with what each did (`counted`, `tripped`,
+/// `ignored` for members not eligible), members the pool does not have in `unknown`, and
+/// invalid ids in `rejected`.
+pub async fn report_outcomes(
+    _: Worker,
+    State(state): State<AppState>,
+    PoolPath(pool): PoolPath,
+    Json(body): Json<OutcomesBody>,
+) -> Result<Response, ApiError> {
+    let bodies = match body {
+        OutcomesBody::One(one) => vec![one],
+        OutcomesBody::Many(many) => many,
+    };
+    if bodies.len() > MAX_MEMBERS_PER_CALL {
+        return Err(ApiError::TooManyMembers(MAX_MEMBERS_PER_CALL));
+    }
+    if bodies
+        .iter()
+        .any(|b| b.status.is_some_and(|s| !(100..=599).contains(&s)))
+    {
+        return Err(ApiError::InvalidRequest(
+            "status is an HTTP status from 100 to 599".to_owned(),
+        ));
+    }
+    let mut reports = Vec::with_capacity(bodies.len());
+    let mut statuses = Vec::with_capacity(bodies.len());
+    let mut rejected = Vec::new();
+    for body in bodies {
+        // Canonicalised like every other route naming a member: `1.2.3.4:8080` reports on
+        // `http://1.2.3.4:8080`.
+        match MemberId::parse(&body.proxy).map(canonical_member_id) {
+            Ok(member) => {
+                reports.push(Report {
+                    member,
+                    result: body.result,
+                    detail: String::new(),
+                });
+                statuses.push(body.status);
+            }
+            Err(reason) => rejected.push(Rejected::new(body.proxy, reason.code())),
+        }
+    }
+    let summary = state
+        .store
+        .report(&pool, ReportSource::Worker, &reports)
+        .await?;
+    for (member, result, _, failures) in summary
+        .applied
+        .iter()
+        .filter(|(_, _, effect, _)| *effect == Effect::Tripped)
+    {
+        // The status of the report that tripped it: the last one about that member.
+        let status = reports
+            .iter()
+            .zip(&statuses)
+            .rev()
+            .find(|(r, _)| &r.member == member)
+            .and_then(|(_, s)| *s);
+        tracing::info!(
+            pool = pool.as_str(),
+            proxy = %member.masked(),
+            result = result.as_str(),
+            status,
+            consecutive_failures = failures,
+            "member cooling down after reported failures"
+        );
+    }
+    let applied: Vec<Applied<'_>> = summary
+        .applied
+        .iter()
+        .map(|(proxy, result, effect, failures)| Applied {
+            proxy,
+            result: *result,
+            effect: *effect,
+            consecutive_failures: *failures,
+        })
+        .collect();
+    let mut response = axum::Json(json!({
+        "pool": pool,
+        "outcomes": applied,
+        "unknown": summary.unknown,
+        "rejected": rejected,
+    }))
+    .into_response();
+    response.extensions_mut().insert(Outcome("reported"));
+    Ok(response)
+}

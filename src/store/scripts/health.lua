@@ -1,0 +1,138 @@
+-- Health helpers, put after leases.lua in front of every pool script (see `with_helpers!`
+-- in redis.rs). Only local functions: nothing runs until a script calls one.
+-- KEYS, continuing leases.lua:
+--   [9] health hash (member -> "<streak> <trips> <cooldown_ms>"; absent when all are 0),
+--   [10] returns sorted set (cooling-down member -> when it comes back, ms, Redis clock),
+--   [11] checks hash (member -> "<at_ms> <result> <detail>", the last active check),
+--   [12] check round lease (a string with a ttl; see claim_check.lua).
+-- A member is cooling down exactly when it is in [10]; an ineligible member that is not
+-- there was taken out by an operator and never comes back by itself.
+
+local function ms_text(ms)
+    return string.format('%.0f', ms)
+end
+
+-- The lowest count among eligible members, or nil when none is eligible.
+local function eligible_minimum()
+    local lowest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2]
+    return lowest and tonumber(lowest)
+end
+
+-- The pool's rules, as put_pool.lua stored them (HealthConfig::script_arg).
+local function health_config()
+    local text = redis.call('HGET', KEYS[1], 'health') or '3 60000 3600000 2 10'
+    local f, c, m, b, j = string.match(text, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+    return {failures = tonumber(f), cooldown = tonumber(c), max = tonumber(m),
+        backoff = tonumber(b), jitter = tonumber(j)}
+end
+
+local function health_of(member)
+    local text = redis.call('HGET', KEYS[9], member)
+    if not text then
+        return 0, 0, 0
+    end
+    local streak, trips, cooldown = string.match(text, '^(%d+) (%d+) (%d+)$')
+    return tonumber(streak), tonumber(trips), tonumber(cooldown)
+end
+
+local function set_health(member, streak, trips, cooldown)
+    if streak == 0 and trips == 0 then
+        redis.call('HDEL', KEYS[9], member)
+    else
+        redis.call('HSET', KEYS[9], member,
+            ms_text(streak) .. ' ' .. ms_text(trips) .. ' ' .. ms_text(cooldown))
+    end
+end
+
+-- Moves an eligible member to the ineligible set, keeping its count, with why and since
+-- when. Returns false when the member is not eligible.
+local function take_out(member, since, reason, lif)
+    local count = redis.call('ZSCORE', KEYS[2], member)
+    if not count then
+        return false
+    end
+    if lif then
+        unplace(member)
+    end
+    redis.call('ZREM', KEYS[2], member)
+    redis.call('ZADD', KEYS[3], count, member)
+    redis.call('HSET', KEYS[4], member, since .. ' ' .. reason)
+    return true
+end
+
+-- Returns an ineligible member to the eligible set at the count `policy` gives it against
+-- `minimum` (RestorePolicy::restored_count in the service). Whoever brings a member back
+-- (an operator, the end of a cooldown, a passing check) cancels its scheduled return and
+-- clears its failure streak; the backoff stays until a success. Returns kept, restored,
+-- or nil when the member is not ineligible.
+local function restore(member, policy, minimum, lif)
+    local kept = redis.call('ZSCORE', KEYS[3], member)
+    if not kept then
+        return nil
+    end
+    kept = tonumber(kept)
+    local restored
+    if policy == 'zero' then
+        restored = 0
+    elseif not minimum then
+        restored = kept
+    elseif policy == 'history' then
+        restored = math.max(kept, minimum)
+    else
+        restored = minimum
+    end
+    redis.call('ZREM', KEYS[3], member)
+    redis.call('HDEL', KEYS[4], member)
+    redis.call('ZADD', KEYS[2], restored, member)
+    if lif then
+        place(member)
+    end
+    redis.call('ZREM', KEYS[10], member)
+    local _, trips, cooldown = health_of(member)
+    set_health(member, 0, trips, cooldown)
+    return kept, restored
+end
+
+-- Returns up to `limit` members whose cooldown ended by `now`, under the pool's restore
+-- policy, all against the minimum from before the first. Each return removes the member
+-- from the due set inside this script, so however many replicas sweep at once, a member
+-- comes back exactly once. Returns how many came back.
+local function return_due(now, limit)
+    local due = redis.call('ZRANGE', KEYS[10], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
+    if #due == 0 then
+        return 0
+    end
+    local policy = redis.call('HGET', KEYS[1], 'restore') or 'minimum'
+    local minimum = eligible_minimum()
+    local lif = least_in_flight()
+    local returned = 0
+    for _, member in ipairs(due) do
+        redis.call('ZREM', KEYS[10], member)
+        if restore(member, policy, minimum, lif) then
+            returned = returned + 1
+        end
+    end
+    redis.call('HINCRBY', KEYS[1], 'recovered', returned)
+    return returned
+end
+
+-- The cooldown of the trips-th trip in a row. HealthConfig::cooldown_ms in the service
+-- computes the same expression in the same order on the same doubles: keep them in step.
+local function cooldown_for(cfg, trips, draw)
+    local nominal = math.min(cfg.max, cfg.cooldown * cfg.backoff ^ (trips - 1))
+    local jittered = math.floor(nominal * (1 + cfg.jitter / 100 * draw))
+    return math.max(1, math.min(cfg.max, jittered))
+end
+
+-- Takes a member out for its next cooldown (an eligible one leaves the eligible set; a
+-- cooling one has its return pushed back) and schedules its return.
+local function trip(member, reason, now, streak, trips, cfg, draw, lif)
+    trips = trips + 1
+    local cooldown = cooldown_for(cfg, trips, draw)
+    if not take_out(member, ms_text(now), reason, lif) then
+        redis.call('HSET', KEYS[4], member, ms_text(now) .. ' ' .. reason)
+    end
+    redis.call('ZADD', KEYS[10], now + cooldown, member)
+    set_health(member, streak, trips, cooldown)
+    redis.call('HINCRBY', KEYS[1], 'tripped', 1)
+end
