@@ -10,6 +10,8 @@
 //! take members out and bring them back under an explicit restore policy.
 //!
 //! # Layout
+//! - [`cli`]: the command line: `serve` (the default), and the operator commands (`pools`,
+//!   `members`) that talk to a running service over HTTP.
 //! - [`config`]: every option, as flag, environment variable and default.
 //! - [`domain`]: ids and configuration values parsed at the edge (`PoolId`, `MemberId`,
 //!   `LeaseId`, `LeaseTtl`, `PoolConfig`, `Policy`, `RestorePolicy`).
@@ -22,6 +24,7 @@
 //!   which is how the tests start it).
 //! - [`telemetry`]: logging setup.
 
+pub mod cli;
 pub mod config;
 pub mod domain;
 pub mod http;

@@ -10,6 +10,7 @@ mod helpers;
 
 mod assign;
 mod auth;
+mod cli;
 mod concurrency;
 mod contract;
 mod leases;
