@@ -17,9 +17,9 @@ pub enum LogFormat {
     Text,
 }
 
-/// The service's configuration.
+/// The service's configuration: the options of `proxy-allocator serve`, which are also
+/// those of `proxy-allocator` without a subcommand (see [`crate::cli::Cli`]).
 #[derive(Debug, Clone, Parser)]
-#[command(name = "proxy-allocator", version, about)]
 pub struct Config {
     /// Address to listen on; port 0 picks a free port.
     #[arg(long = "listen", env = "LISTEN_ADDR", default_value = "127.0.0.1:8080")]

@@ -13,6 +13,8 @@
 //! repeated trip, after which they come back by themselves.
 //!
 //! # Layout
+//! - [`cli`]: the command line: `serve` (the default), and the operator commands (`pools`,
+//!   `members`) that talk to a running service over HTTP.
 //! - [`config`]: every option, as flag, environment variable and default.
 //! - [`domain`]: ids and configuration values parsed at the edge (`PoolId`, `MemberId`,
 //!   `LeaseId`, `LeaseTtl`, `PoolConfig`, `Policy`, `RestorePolicy`, `HealthConfig`,
@@ -32,6 +34,7 @@
 //! - [`telemetry`]: logging setup.
 
 pub mod checker;
+pub mod cli;
 pub mod config;
 pub mod domain;
 pub mod http;

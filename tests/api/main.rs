@@ -11,6 +11,7 @@ mod helpers;
 mod assign;
 mod auth;
 mod checks;
+mod cli;
 mod concurrency;
 mod contract;
 mod deploy;

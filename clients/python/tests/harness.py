@@ -1,0 +1,139 @@
+"""Test harness: the real service binary and a real redis-server, each on a free loopback port.
+
+The binary is ``PROXY_ALLOCATOR_BIN`` or, by default, ``target/release/proxy-allocator`` of
+this repository (``cargo build --release``).
+"""
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from proxy_allocator import Client
+
+#: The admin token every test service is started with.
+ADMIN = "test-admin-token"
+#: The worker token every test service is started with.
+WORKER = "test-worker-token"
+
+REPOSITORY = Path(__file__).resolve().parents[3]
+
+
+def binary() -> str:
+    """The service binary under test; a missing one fails loudly, never skips."""
+    path = os.environ.get("PROXY_ALLOCATOR_BIN",
+                          str(REPOSITORY / "target" / "release" / "proxy-allocator"))
+    if not os.access(path, os.X_OK):
+        raise RuntimeError("no service binary at {} (run `cargo build --release` or set "
+                           "PROXY_ALLOCATOR_BIN)".format(path))
+    return path
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class RedisServer:
+    """A throw-away redis-server that keeps nothing on disk."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = "redis://127.0.0.1:{}".format(self.port)
+        self._process: Optional["subprocess.Popen[bytes]"] = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                time.sleep(0.02)
+        self.stop()
+        raise RuntimeError("redis-server on port {} did not answer PING".format(self.port))
+
+    def stop(self) -> None:
+        """Kills the process, as a crash would."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
+
+
+class Service:
+    """The service binary on a free port, with the test tokens and a fast lease reaper."""
+
+    def __init__(self, redis_url: Optional[str] = None) -> None:
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            "LISTEN_ADDR": "127.0.0.1:0",
+            "ADMIN_TOKEN": ADMIN,
+            "WORKER_TOKEN": WORKER,
+            "KEY_PREFIX": "py" + secrets.token_hex(6),
+            "REAP_INTERVAL_MS": "100",
+            "STORE_TIMEOUT_MS": "500",
+            "LOG_FORMAT": "json",
+            "RUST_LOG": "warn,proxy_allocator::startup=info",
+        }
+        if redis_url is not None:
+            env["REDIS_URL"] = redis_url
+        self._process = subprocess.Popen([binary()], env=env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL)
+        found = threading.Event()
+        addr: List[str] = []
+
+        def drain() -> None:
+            # Reads the bound address from the "listening" line, then keeps the pipe empty
+            # so that logging never blocks the service.
+            assert self._process.stdout is not None
+            for line in self._process.stdout:
+                if not found.is_set() and b'"listening"' in line:
+                    addr.append(json.loads(line)["addr"])
+                    found.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        if not found.wait(10):
+            self.stop()
+            raise RuntimeError("the service did not log its address within 10 s")
+        self.base = "http://{}".format(addr[0])
+
+    def stop(self) -> None:
+        """Stops the process."""
+        if self._process.poll() is None:
+            self._process.kill()
+        self._process.wait()
+
+    def client(self, token: Optional[str] = WORKER, timeout: float = 5.0) -> Client:
+        """A client of this service (the worker token by default)."""
+        return Client(self.base, token=token, timeout=timeout)
+
+    def admin(self, method: str, path: str, body: Optional[Any] = None) -> Optional[Dict[str, Any]]:
+        """An admin call; the answer's JSON body."""
+        return self.client(ADMIN)._call(method, path, body)[1]
+
+    def create_pool(self, config: Optional[Dict[str, Any]] = None) -> str:
+        """A new pool with a random id and ``config``; its id."""
+        pool = "py-" + secrets.token_hex(4)
+        self.admin("PUT", "/pools/" + pool, config or {})
+        return pool
+
+    def seed(self, pool: str, members: List[str]) -> None:
+        """Adds members to a pool."""
+        self.admin("POST", "/pools/{}/members".format(pool), {"members": members})
+
+    def stats(self, pool: str) -> Dict[str, Any]:
+        """The pool's numbers."""
+        info = self.admin("GET", "/pools/" + pool)
+        assert info is not None
+        return dict(info["stats"])

@@ -1,0 +1,232 @@
+"""The client against the real service, once on Redis and once on the embedded store."""
+
+import time
+import unittest
+from typing import ClassVar, Optional
+
+from harness import ADMIN, WORKER, RedisServer, Service, free_port
+
+from proxy_allocator import (
+    Assignment,
+    Client,
+    Lease,
+    NoProxyAvailable,
+    NotFound,
+    ProxyAllocatorError,
+    Unauthorized,
+    Unavailable,
+    Unreachable,
+)
+
+P1 = "http://p1.example.net:3128"
+P2 = "http://p2.example.net:3128"
+
+#: A lease ttl short enough for tests to outlive it, long enough that renewing every third
+#: of it survives a busy machine.
+SHORT_TTL_MS = 600
+
+
+class ClientBehaviour(unittest.TestCase):
+    """Tests that hold on either store; the subclasses below say which (this class itself is
+    removed from the module so that it does not run on its own)."""
+
+    on_redis: ClassVar[bool]
+    redis: ClassVar[Optional[RedisServer]]
+    service: ClassVar[Service]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.redis = RedisServer() if cls.on_redis else None
+        cls.service = Service(cls.redis.url if cls.redis else None)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.service.stop()
+        if cls.redis is not None:
+            cls.redis.stop()
+
+    def leasing_pool(self, **config: object) -> str:
+        """A new least-in-flight pool with ``config`` on top."""
+        return self.service.create_pool(dict({"policy": "least-in-flight"}, **config))
+
+    def test_assign_returns_the_least_used_proxy_its_count_and_a_proxies_mapping(self) -> None:
+        pool = self.service.create_pool()
+        self.service.seed(pool, [P2, P1])
+        client = self.service.client()
+        self.assertEqual(client.assign(pool), Assignment(pool=pool, proxy=P1, assignments=1))
+        second = client.assign(pool)
+        self.assertEqual(second, Assignment(pool=pool, proxy=P2, assignments=1))
+        assert second is not None
+        self.assertEqual(second.proxies, {"http": P2, "https": P2})
+
+    def test_assign_returns_none_when_every_member_is_disabled(self) -> None:
+        pool = self.service.create_pool()
+        self.service.seed(pool, [P1])
+        self.service.admin("POST", "/pools/{}/members/disable".format(pool),
+                           {"members": [P1], "reason": "timeouts"})
+        self.assertIsNone(self.service.client().assign(pool))
+
+    def test_assign_on_a_missing_pool_raises_not_found_with_the_servers_code(self) -> None:
+        with self.assertRaises(NotFound) as raised:
+            self.service.client().assign("no-such-pool")
+        error = raised.exception
+        self.assertEqual((error.status, error.code, error.message),
+                         (404, "pool_not_found", "pool not found"))
+
+    def test_worker_and_admin_tokens_may_assign_and_others_are_unauthorized(self) -> None:
+        pool = self.service.create_pool()
+        self.service.seed(pool, [P1])
+        self.assertEqual(self.service.client(WORKER).assign(pool),
+                         Assignment(pool=pool, proxy=P1, assignments=1))
+        self.assertEqual(self.service.client(ADMIN).assign(pool),
+                         Assignment(pool=pool, proxy=P1, assignments=2))
+        for token in ("wrong-token", None):
+            with self.assertRaises(Unauthorized) as raised:
+                self.service.client(token).assign(pool)
+            self.assertEqual((raised.exception.status, raised.exception.code),
+                             (401, "unauthorized"))
+
+    def test_assign_on_a_least_in_flight_pool_returns_in_flight_and_the_lease(self) -> None:
+        pool = self.leasing_pool(lease_ttl_ms=45000)
+        self.service.seed(pool, [P1])
+        assigned = self.service.client().assign(pool)
+        assert assigned is not None and assigned.lease is not None
+        self.assertEqual((assigned.proxy, assigned.in_flight, assigned.assignments,
+                          assigned.lease.ttl_ms), (P1, 1, 1, 45000))
+        self.assertEqual(len(assigned.lease.id), 32)
+
+    def test_release_and_renew_act_on_a_live_lease_and_refuse_a_released_one(self) -> None:
+        pool = self.leasing_pool()
+        self.service.seed(pool, [P1])
+        client = self.service.client()
+        assigned = client.assign(pool)
+        assert assigned is not None and assigned.lease is not None
+        renewed = client.renew(pool, assigned.lease.id, ttl_ms=5000)
+        self.assertIsInstance(renewed, Lease)
+        self.assertEqual((renewed.id, renewed.ttl_ms), (assigned.lease.id, 5000))
+        client.release(pool, assigned.lease.id)
+        self.assertEqual(self.service.stats(pool)["in_flight"], 0)
+        with self.assertRaises(NotFound) as raised:
+            client.release(pool, assigned.lease.id)
+        self.assertEqual(raised.exception.code, "lease_not_found")
+
+    def test_a_lease_is_held_in_the_block_and_released_when_it_ends(self) -> None:
+        pool = self.leasing_pool()
+        self.service.seed(pool, [P1])
+        with self.service.client().lease(pool) as leased:
+            self.assertEqual((leased.proxy, leased.in_flight), (P1, 1))
+            self.assertEqual(self.service.stats(pool)["in_flight"], 1)
+        self.assertEqual(self.service.stats(pool)["in_flight"], 0)
+
+    def test_a_lease_is_released_when_the_block_raises(self) -> None:
+        pool = self.leasing_pool(max_in_flight=1)
+        self.service.seed(pool, [P1])
+        client = self.service.client()
+        with self.assertRaises(RuntimeError):
+            with client.lease(pool):
+                raise RuntimeError("the target timed out")
+        stats = self.service.stats(pool)
+        self.assertEqual((stats["in_flight"], stats["abandoned"]), (0, 0))
+        # The only place is free again: the next lease gets it.
+        with client.lease(pool) as leased:
+            self.assertEqual((leased.proxy, leased.in_flight), (P1, 1))
+
+    def test_a_lease_raises_no_proxy_available_when_every_member_is_at_its_cap(self) -> None:
+        pool = self.leasing_pool(max_in_flight=1)
+        self.service.seed(pool, [P1])
+        client = self.service.client()
+        with client.lease(pool):
+            with self.assertRaises(NoProxyAvailable) as raised:
+                with client.lease(pool):
+                    pass  # pragma: no cover - never entered
+            self.assertEqual((raised.exception.status, raised.exception.code),
+                             (204, "no_proxy_available"))
+            self.assertEqual(self.service.stats(pool)["in_flight"], 1)
+
+    def test_a_lease_on_a_least_used_pool_is_refused(self) -> None:
+        pool = self.service.create_pool()
+        self.service.seed(pool, [P1])
+        with self.assertRaises(ProxyAllocatorError) as raised:
+            with self.service.client().lease(pool):
+                pass  # pragma: no cover - never entered
+        self.assertEqual(raised.exception.code, "no_lease")
+
+    def test_renewing_in_the_background_keeps_a_lease_alive_past_its_ttl(self) -> None:
+        pool = self.leasing_pool()
+        self.service.seed(pool, [P1])
+        with self.service.client().lease(pool, ttl_ms=SHORT_TTL_MS, renew=True) as leased:
+            assert leased.lease is not None
+            first_expiry = leased.lease.expires_at
+            # Time passing is what is tested: three ttls, while the reaper runs every 100 ms.
+            time.sleep(3 * SHORT_TTL_MS / 1000)
+            stats = self.service.stats(pool)
+            self.assertEqual((stats["in_flight"], stats["abandoned"]), (1, 0))
+            self.assertGreaterEqual(leased.renewals, 6)
+            self.assertIsNone(leased.lost)
+            self.assertEqual(leased.lease.ttl_ms, SHORT_TTL_MS)
+            # RFC 3339 timestamps in one zone and format order as text.
+            self.assertGreater(leased.lease.expires_at, first_expiry)
+        stats = self.service.stats(pool)
+        self.assertEqual((stats["in_flight"], stats["abandoned"]), (0, 0))
+
+    def test_a_lease_that_is_not_renewed_is_reclaimed_and_its_exit_does_not_raise(self) -> None:
+        pool = self.leasing_pool()
+        self.service.seed(pool, [P1])
+        with self.assertLogs("proxy_allocator", "WARNING") as logs:
+            with self.service.client().lease(pool, ttl_ms=SHORT_TTL_MS) as leased:
+                time.sleep(3 * SHORT_TTL_MS / 1000)
+                self.assertEqual(leased.renewals, 0)
+        self.assertEqual(logs.output, [
+            "WARNING:proxy_allocator:lease release failed: no such live lease in this pool "
+            "(lease_not_found, HTTP 404)"])
+        stats = self.service.stats(pool)
+        self.assertEqual((stats["in_flight"], stats["abandoned"]), (0, 1))
+
+
+
+class OnRedis(ClientBehaviour):
+    """The client against the service on Redis."""
+
+    on_redis = True
+
+
+class OnEmbedded(ClientBehaviour):
+    """The client against the service on its embedded store."""
+
+    on_redis = False
+
+
+del ClientBehaviour
+
+
+class Outages(unittest.TestCase):
+    """Answers a worker gets when the store or the service is gone."""
+
+    def test_assign_raises_unavailable_with_retry_after_when_redis_is_stopped(self) -> None:
+        redis = RedisServer()
+        service = Service(redis.url)
+        try:
+            pool = service.create_pool()
+            service.seed(pool, [P1])
+            redis.stop()
+            with self.assertRaises(Unavailable) as raised:
+                service.client().assign(pool)
+            error = raised.exception
+            self.assertEqual(type(error), Unavailable)
+            self.assertEqual((error.status, error.code, error.retry_after),
+                             (503, "store_unavailable", 1.0))
+        finally:
+            service.stop()
+            redis.stop()
+
+    def test_a_service_that_does_not_answer_raises_unreachable(self) -> None:
+        client = Client("http://127.0.0.1:{}".format(free_port()), token=WORKER, timeout=2)
+        with self.assertRaises(Unreachable) as raised:
+            client.assign("web")
+        self.assertEqual((raised.exception.status, raised.exception.code,
+                          raised.exception.retry_after), (None, "unreachable", None))
+        self.assertIsInstance(raised.exception, Unavailable)
+
+
+if __name__ == "__main__":
+    unittest.main()
