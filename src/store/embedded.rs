@@ -282,6 +282,8 @@ impl Store for EmbeddedStore {
         Ok(StoreStatus {
             store: "embedded",
             topology: "in-process".to_owned(),
+            primaries: None,
+            master: None,
         })
     }
 
