@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+pub use crate::store::RedisTopology;
+
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -25,10 +27,26 @@ pub struct Config {
     #[arg(long = "listen", env = "LISTEN_ADDR", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
 
-    /// Redis URL (`redis://` or `rediss://`). Without it the service runs on its embedded
-    /// store: state is neither shared between replicas nor kept across restarts.
+    /// Redis URL (`redis://` or `rediss://`). Without it (and without a Cluster or Sentinel
+    /// setting) the service runs on its embedded store: state is neither shared between
+    /// replicas nor kept across restarts.
     #[arg(long, env = "REDIS_URL")]
     pub redis_url: Option<String>,
+
+    /// Seed nodes of a Redis Cluster, comma-separated URLs; the rest of the cluster is
+    /// discovered from them. An alternative to `REDIS_URL`.
+    #[arg(long, env = "REDIS_CLUSTER_URLS")]
+    pub redis_cluster_urls: Option<String>,
+
+    /// Sentinels, comma-separated URLs; the service connects to the primary they name for
+    /// `REDIS_SENTINEL_MASTER` and follows it through failovers. An alternative to
+    /// `REDIS_URL`.
+    #[arg(long, env = "REDIS_SENTINEL_URLS")]
+    pub redis_sentinel_urls: Option<String>,
+
+    /// The name under which the sentinels monitor the primary (`sentinel monitor <name> ...`).
+    #[arg(long, env = "REDIS_SENTINEL_MASTER")]
+    pub redis_sentinel_master: Option<String>,
 
     /// Prefix of every Redis key, so several deployments can share one Redis.
     #[arg(long, env = "KEY_PREFIX", default_value = "pa", value_parser = parse_key_prefix)]
@@ -126,12 +144,92 @@ impl Config {
         Duration::from_millis(self.check_tick_ms)
     }
 
+    /// Where Redis is, from the one Redis setting given; `None` for the embedded store.
+    ///
+    /// # Errors
+    /// [`RedisSettingsError`] when more than one of `REDIS_URL`, `REDIS_CLUSTER_URLS` and
+    /// `REDIS_SENTINEL_URLS` is set, when a list is empty, or when only one of
+    /// `REDIS_SENTINEL_URLS` and `REDIS_SENTINEL_MASTER` is.
+    pub fn redis_topology(&self) -> Result<Option<RedisTopology>, RedisSettingsError> {
+        let given: Vec<&'static str> = [
+            ("REDIS_URL", self.redis_url.is_some()),
+            ("REDIS_CLUSTER_URLS", self.redis_cluster_urls.is_some()),
+            ("REDIS_SENTINEL_URLS", self.redis_sentinel_urls.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect();
+        if given.len() > 1 {
+            return Err(RedisSettingsError::SeveralTopologies(given.join(" and ")));
+        }
+        if self.redis_sentinel_master.is_some() && self.redis_sentinel_urls.is_none() {
+            return Err(RedisSettingsError::SentinelMasterAlone);
+        }
+        if let Some(url) = &self.redis_url {
+            return Ok(Some(RedisTopology::Standalone { url: url.clone() }));
+        }
+        if let Some(list) = &self.redis_cluster_urls {
+            return Ok(Some(RedisTopology::Cluster {
+                seeds: url_list("REDIS_CLUSTER_URLS", list)?,
+            }));
+        }
+        if let Some(list) = &self.redis_sentinel_urls {
+            let master = self
+                .redis_sentinel_master
+                .clone()
+                .filter(|name| !name.trim().is_empty())
+                .ok_or(RedisSettingsError::SentinelWithoutMaster)?;
+            return Ok(Some(RedisTopology::Sentinel {
+                sentinels: url_list("REDIS_SENTINEL_URLS", list)?,
+                master,
+            }));
+        }
+        Ok(None)
+    }
+
     /// A configuration with every default, for tests and embedding.
     pub fn defaults() -> Self {
         // Parsing no arguments cannot fail: every option has a default or is optional.
         // Environment variables are read, exactly as for the binary.
         Self::parse_from(["proxy-allocator"])
     }
+}
+
+/// A comma-separated list of URLs, each passed on as written (a `rediss://` scheme, a user
+/// and a password included).
+fn url_list(setting: &'static str, list: &str) -> Result<Vec<String>, RedisSettingsError> {
+    let urls: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if urls.is_empty() {
+        return Err(RedisSettingsError::EmptyList(setting));
+    }
+    Ok(urls)
+}
+
+/// Why the Redis settings do not name one way to reach Redis.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RedisSettingsError {
+    /// More than one of the alternatives is set.
+    #[error(
+        "{0} are set, but only one of REDIS_URL, REDIS_CLUSTER_URLS and REDIS_SENTINEL_URLS \
+         may be: they are alternative ways to reach Redis"
+    )]
+    SeveralTopologies(String),
+    /// A list setting holds no URL.
+    #[error("{0} is set but holds no URL")]
+    EmptyList(&'static str),
+    /// Sentinels without the name of the primary they monitor.
+    #[error(
+        "REDIS_SENTINEL_URLS is set without REDIS_SENTINEL_MASTER, the monitored primary's name"
+    )]
+    SentinelWithoutMaster,
+    /// A primary name without sentinels to ask.
+    #[error("REDIS_SENTINEL_MASTER is set without REDIS_SENTINEL_URLS")]
+    SentinelMasterAlone,
 }
 
 /// Key prefixes may not hold `{` or `}` (they would move keys out of their pool's hash slot)
@@ -160,5 +258,104 @@ mod tests {
         }
         let config = Config::parse_from(["proxy-allocator", "--import-body-limit-bytes", "4096"]);
         assert_eq!(config.import_body_limit_bytes, 4096);
+    }
+
+    fn redis_settings(args: &[&str]) -> Result<Option<RedisTopology>, RedisSettingsError> {
+        let mut config =
+            Config::parse_from(std::iter::once("proxy-allocator").chain(args.iter().copied()));
+        // Only the flags given here count, whatever the environment holds.
+        for (flag, field) in [
+            ("--redis-url", &mut config.redis_url),
+            ("--redis-cluster-urls", &mut config.redis_cluster_urls),
+            ("--redis-sentinel-urls", &mut config.redis_sentinel_urls),
+            ("--redis-sentinel-master", &mut config.redis_sentinel_master),
+        ] {
+            if !args.contains(&flag) {
+                *field = None;
+            }
+        }
+        config.redis_topology()
+    }
+
+    #[test]
+    fn a_redis_url_means_a_standalone_redis_passed_on_as_written() {
+        assert_eq!(
+            redis_settings(&["--redis-url", "rediss://user:secret@cache.internal:6380/2"]),
+            Ok(Some(RedisTopology::Standalone {
+                url: "rediss://user:secret@cache.internal:6380/2".to_owned()
+            }))
+        );
+    }
+
+    #[test]
+    fn cluster_urls_are_split_on_commas_and_trimmed() {
+        assert_eq!(
+            redis_settings(&["--redis-cluster-urls", "redis://a:7000, rediss://b:7001,"]),
+            Ok(Some(RedisTopology::Cluster {
+                seeds: vec!["redis://a:7000".to_owned(), "rediss://b:7001".to_owned()]
+            }))
+        );
+    }
+
+    #[test]
+    fn sentinel_urls_come_with_the_master_name() {
+        assert_eq!(
+            redis_settings(&[
+                "--redis-sentinel-urls",
+                "redis://s1:26379,redis://s2:26379",
+                "--redis-sentinel-master",
+                "main",
+            ]),
+            Ok(Some(RedisTopology::Sentinel {
+                sentinels: vec!["redis://s1:26379".to_owned(), "redis://s2:26379".to_owned()],
+                master: "main".to_owned(),
+            }))
+        );
+    }
+
+    #[test]
+    fn no_redis_setting_means_the_embedded_store() {
+        assert_eq!(redis_settings(&[]), Ok(None));
+    }
+
+    #[test]
+    fn two_ways_to_reach_redis_at_once_are_refused_naming_both() {
+        let refused = redis_settings(&[
+            "--redis-url",
+            "redis://a:6379",
+            "--redis-cluster-urls",
+            "redis://b:7000",
+        ]);
+        assert_eq!(
+            refused,
+            Err(RedisSettingsError::SeveralTopologies(
+                "REDIS_URL and REDIS_CLUSTER_URLS".to_owned()
+            ))
+        );
+        assert_eq!(
+            refused.map_err(|e| e.to_string()),
+            Err(
+                "REDIS_URL and REDIS_CLUSTER_URLS are set, but only one of REDIS_URL, \
+                 REDIS_CLUSTER_URLS and REDIS_SENTINEL_URLS may be: they are alternative ways \
+                 to reach Redis"
+                    .to_owned()
+            )
+        );
+    }
+
+    #[test]
+    fn sentinels_without_a_master_name_and_a_name_without_sentinels_are_refused() {
+        assert_eq!(
+            redis_settings(&["--redis-sentinel-urls", "redis://s1:26379"]),
+            Err(RedisSettingsError::SentinelWithoutMaster)
+        );
+        assert_eq!(
+            redis_settings(&["--redis-sentinel-master", "main"]),
+            Err(RedisSettingsError::SentinelMasterAlone)
+        );
+        assert_eq!(
+            redis_settings(&["--redis-cluster-urls", " , "]),
+            Err(RedisSettingsError::EmptyList("REDIS_CLUSTER_URLS"))
+        );
     }
 }

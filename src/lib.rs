@@ -21,7 +21,9 @@
 //!   `CheckConfig`, `OutcomeResult`), the proxy candidate parser that gives every address
 //!   one canonical id (`Candidate`), and a pool's eligibility `Rules`.
 //! - [`store`]: the [`store::Store`] trait, the only code that touches pool state, with its
-//!   Redis implementation (scripts in `src/store/scripts/*.lua`) and the embedded one.
+//!   Redis implementation (scripts in `src/store/scripts/*.lua`; one server, a Redis
+//!   Cluster or Sentinel's primary, reached through `src/store/redis/connection.rs`) and
+//!   the embedded one.
 //! - [`http`]: the route table, handlers per resource (assign, outcomes, leases, pools,
 //!   members, the import with its own body limit, probes), auth, extractors, the error type.
 //! - [`reaper`]: the background sweep that reclaims expired leases and returns members

@@ -15,7 +15,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
-use crate::config::Config;
+use crate::config::{Config, RedisSettingsError};
 use crate::http::{self, AppState, Limits, Tokens};
 use crate::monitoring::PoolSnapshot;
 use crate::store::{EmbeddedStore, RedisStore, RedisStoreOptions, Store, StoreError};
@@ -40,6 +40,9 @@ pub enum StartupError {
         /// The cause.
         reason: String,
     },
+    /// The Redis settings do not name exactly one way to reach Redis.
+    #[error("invalid Redis settings: {0}")]
+    RedisSettings(#[from] RedisSettingsError),
     /// The store could not be set up.
     #[error("cannot set up the store: {0}")]
     Store(#[from] StoreError),
@@ -59,13 +62,13 @@ impl Application {
     ///
     /// # Errors
     /// A [`StartupError`] when the address cannot be bound, the token file cannot be read,
-    /// or the Redis URL is invalid. An unreachable Redis is not an error: the service starts
+    /// or the Redis settings are contradictory or invalid. An unreachable Redis is not an error: the service starts
     /// and reports not ready until Redis answers.
     pub async fn build(config: Config) -> Result<Self, StartupError> {
-        let store: Arc<dyn Store> = match &config.redis_url {
-            Some(url) => Arc::new(
+        let store: Arc<dyn Store> = match config.redis_topology()? {
+            Some(topology) => Arc::new(
                 RedisStore::connect(RedisStoreOptions {
-                    url: url.clone(),
+                    topology,
                     key_prefix: config.key_prefix.clone(),
                     timeout: config.store_timeout(),
                     connections: config.redis_connections,
@@ -74,8 +77,9 @@ impl Application {
             ),
             None => {
                 tracing::warn!(
-                    "no REDIS_URL: using the embedded store; pools are neither shared with \
-                     other replicas nor kept across restarts"
+                    "no REDIS_URL, REDIS_CLUSTER_URLS or REDIS_SENTINEL_URLS: using the \
+                     embedded store; pools are neither shared with other replicas nor kept \
+                     across restarts"
                 );
                 Arc::new(EmbeddedStore::new())
             }

@@ -48,7 +48,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 
 pub use self::embedded::EmbeddedStore;
-pub use self::redis::{RedisStore, RedisStoreOptions};
+pub use self::redis::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
     LeaseId, LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId, RestorePolicy, Timestamp,
 };
@@ -464,8 +464,24 @@ pub struct RemoveReport {
 pub struct StoreStatus {
     /// `redis` or `embedded`.
     pub store: &'static str,
-    /// How the store is laid out (`standalone`, `in-process`).
+    /// How the store is laid out: `standalone`, `cluster`, `sentinel` or `in-process`.
     pub topology: String,
+    /// On a Redis Cluster: the primaries that hold slots and are not marked failed.
+    pub primaries: Option<usize>,
+    /// Behind Sentinel: `host:port` of the primary the answering connection reaches.
+    pub master: Option<String>,
+}
+
+impl StoreStatus {
+    /// The Redis store in `topology`, with nothing more to report.
+    pub fn redis(topology: &str) -> Self {
+        Self {
+            store: "redis",
+            topology: topology.to_owned(),
+            primaries: None,
+            master: None,
+        }
+    }
 }
 
 /// The pools' state. Every method is atomic with respect to every other.

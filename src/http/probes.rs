@@ -17,12 +17,20 @@ pub async fn livez() -> Response {
 /// 200 when the store answers within its timeout, else 503 with the reason.
 pub async fn readyz(State(state): State<AppState>) -> Response {
     match state.store.status().await {
-        Ok(status) => axum::Json(json!({
-            "status": "ready",
-            "store": status.store,
-            "topology": status.topology,
-        }))
-        .into_response(),
+        Ok(status) => {
+            let mut body = json!({
+                "status": "ready",
+                "store": status.store,
+                "topology": status.topology,
+            });
+            if let Some(primaries) = status.primaries {
+                body["primaries"] = json!(primaries);
+            }
+            if let Some(master) = status.master {
+                body["master"] = json!(master);
+            }
+            axum::Json(body).into_response()
+        }
         Err(error) => {
             let detail = error.to_string();
             let api = ApiError::from(error);

@@ -494,6 +494,8 @@ impl Store for EmbeddedStore {
         Ok(StoreStatus {
             store: "embedded",
             topology: "in-process".to_owned(),
+            primaries: None,
+            master: None,
         })
     }
 

@@ -21,13 +21,15 @@
 //! | `<prefix>:pools` | set | pool ids, for listing; updated outside the pool scripts because it lives in another slot |
 //!
 //! # Connections
-//! deadpool-redis's own manager PINGs (and UNWATCHes) every connection it hands out: one
-//! extra round trip per request. This store keeps deadpool as the connection layer but
-//! wraps its manager with a recycle step that only checks a "broken" flag, and uses each
-//! pooled multiplexed connection as a shared handle: a request clones the connection and
-//! returns the pool object at once, so concurrent requests share a few connections and
-//! reach Redis pipelined. A connection is marked broken when a command on it fails at the
-//! connection level or times out; the next checkout then drops it and dials a new one.
+//! `connection.rs` reaches a standalone server, a Redis Cluster or Sentinel's primary; the
+//! operations below are written once against its `Connection`. deadpool-redis's own
+//! manager PINGs (and UNWATCHes) every connection it hands out: one extra round trip per
+//! request (on a cluster, one per primary). This store keeps deadpool as the connection
+//! layer but with a recycle step that only checks a "broken" flag, and uses each pooled
+//! connection as a shared handle: a request clones the connection and returns the pool
+//! object at once, so concurrent requests share a few connections and reach Redis
+//! pipelined. A connection is marked broken when a command on it fails at the connection
+//! level or times out; the next checkout then drops it and dials a new one.
 //! When any connection notices that its socket closed (redis-rs reports a `Disconnection`
 //! push), every pooled connection is verified with one PING at its next checkout, so that
 //! after Redis restarts or a proxy cuts connections the next request goes out on a live
@@ -36,19 +38,24 @@
 //! A script call is never retried after it was sent: the script may have run with only its
 //! reply lost, and running it again would count an assignment twice. The caller gets a 503
 //! instead. The same holds for a release: a retried one finds the lease gone and answers
-//! 404, never a second decrement. (A NOSCRIPT answer is the exception: Redis ran nothing, so `Script` loads the
-//! script and sends it again, up to three times in all.)
+//! 404, never a second decrement. The exceptions are answers that prove Redis ran nothing:
+//! NOSCRIPT, after which `Script` loads the script (on a cluster, on every node) and sends
+//! it again; and, within the store timeout, the answers of a failover in progress (MOVED,
+//! TRYAGAIN, CLUSTERDOWN, MASTERDOWN, READONLY) or of a script cache flushed once more,
+//! after which the call is sent again once the cluster's slot map or Sentinel's primary has
+//! moved on.
+
+mod connection;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
-use redis::aio::MultiplexedConnection;
-use redis::{
-    AsyncConnectionConfig, IntoConnectionInfo, ProtocolVersion, RedisError, Script, Value,
-};
+use deadpool::managed;
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
+
+pub use self::connection::RedisTopology;
+use self::connection::{Connection, SharedConnection, SharedConnectionManager};
 
 use super::{
     Assignment, CheckRound, Cursor, DisableReport, Effect, EnableReport, Health, LastCheck, Lease,
@@ -59,14 +66,6 @@ use super::{
 use crate::domain::{
     LeaseId, LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId, RestorePolicy, Timestamp,
 };
-
-/// How often one script call is sent when Redis keeps answering NOSCRIPT (its script cache
-/// being flushed again and again), before the call fails.
-const NOSCRIPT_ATTEMPTS: u32 = 3;
-
-fn is_noscript(error: &RedisError) -> bool {
-    error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-}
 
 /// Most reaper steps one sweep runs on one pool, so that a sweep always ends.
 const MAX_REAP_STEPS: u64 = 64;
@@ -103,8 +102,8 @@ macro_rules! with_helpers {
 /// How to reach Redis and how long to wait for it.
 #[derive(Debug, Clone)]
 pub struct RedisStoreOptions {
-    /// `redis://` or `rediss://` URL.
-    pub url: String,
+    /// Where Redis is: one server, a cluster, or Sentinel's primary.
+    pub topology: RedisTopology,
     /// Prefix of every key, so several deployments (or tests) can share one Redis.
     pub key_prefix: String,
     /// Longest time one store operation may take, connection included.
@@ -188,66 +187,31 @@ impl Scripts {
     }
 }
 
-/// A multiplexed connection plus the flag that retires it.
-#[derive(Clone)]
-struct SharedConnection {
-    connection: MultiplexedConnection,
-    broken: Arc<AtomicBool>,
-    /// The disconnect generation this connection was last known to be alive at.
-    verified_at: u64,
-}
+/// The first wait before a call that ran nothing is sent again; it doubles up to
+/// [`LAST_RETRY_PAUSE`] while the store timeout allows.
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(10);
 
-impl SharedConnection {
-    fn retire_if_failed(&self, error: &RedisError) {
-        if error.is_io_error()
-            || error.is_connection_dropped()
-            || error.is_connection_refusal()
-            || error.is_timeout()
-            || error.is_unrecoverable_error()
-        {
-            self.broken.store(true, Ordering::Relaxed);
-        }
-    }
-}
+/// The longest wait between two sends of a call that ran nothing.
+const LAST_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
-/// deadpool-redis's manager for dialling, with a recycle step that costs no round trip
-/// unless some connection was seen to disconnect since this one was last verified.
-struct SharedConnectionManager {
-    dial: deadpool_redis::Manager,
-    /// Bumped by every connection whose socket closed.
-    disconnects: Arc<AtomicU64>,
-}
-
-impl managed::Manager for SharedConnectionManager {
-    type Type = SharedConnection;
-    type Error = RedisError;
-
-    async fn create(&self) -> Result<SharedConnection, RedisError> {
-        let verified_at = self.disconnects.load(Ordering::Acquire);
-        let connection = managed::Manager::create(&self.dial).await?;
-        Ok(SharedConnection {
-            connection,
-            broken: Arc::new(AtomicBool::new(false)),
-            verified_at,
-        })
-    }
-
-    async fn recycle(&self, conn: &mut SharedConnection, _: &Metrics) -> RecycleResult<RedisError> {
-        if conn.broken.load(Ordering::Relaxed) {
-            return Err(RecycleError::message("connection failed earlier"));
-        }
-        let generation = self.disconnects.load(Ordering::Acquire);
-        if generation != conn.verified_at {
-            // Some connection closed; this one may share its fate (Redis restarted, a proxy
-            // cut everything). One PING now is cheaper than failing a real request.
-            let _: Value = redis::cmd("PING")
-                .query_async(&mut conn.connection)
-                .await
-                .inspect_err(|_| conn.broken.store(true, Ordering::Relaxed))?;
-            conn.verified_at = generation;
-        }
-        Ok(())
-    }
+/// Answers with which Redis refuses a command before running any of it, and which clear up
+/// by themselves: the slot is served elsewhere now (MOVED), the cluster is electing a
+/// primary (TRYAGAIN, CLUSTERDOWN, MASTERDOWN), the server was demoted to replica
+/// (READONLY: a script's first write fails before anything changed), or the script cache
+/// was flushed again between `Script`'s own load and its second send (NOSCRIPT). Sending
+/// the call again cannot count anything twice. A standalone primary answers only NOSCRIPT.
+fn ran_nothing(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::NoScript
+                | ServerErrorKind::Moved
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+        )
+    )
 }
 
 /// The error for a reply whose shape the scripts never produce.
@@ -325,40 +289,15 @@ impl RedisStore {
     /// service starts, reports not ready, and connects when Redis appears.
     ///
     /// # Errors
-    /// [`StoreError::Unavailable`] when the URL cannot be parsed or the pool cannot be built.
+    /// [`StoreError::Unavailable`] when a URL cannot be parsed or the pool cannot be built.
     pub async fn connect(options: RedisStoreOptions) -> Result<Self, StoreError> {
-        let disconnects = Arc::new(AtomicU64::new(0));
-        let on_push = Arc::clone(&disconnects);
-        let connection_config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(options.timeout))
-            .set_response_timeout(Some(options.timeout))
-            .set_push_sender(move |push: redis::PushInfo| {
-                if push.kind == redis::PushKind::Disconnection {
-                    on_push.fetch_add(1, Ordering::AcqRel);
-                }
-                Ok::<(), redis::aio::SendError>(())
-            });
-        // RESP3, because redis-rs only reports disconnections to connections speaking it.
-        let info = options
-            .url
-            .as_str()
-            .into_connection_info()
-            .map_err(|e| StoreError::Unavailable(Box::new(e)))?;
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let info = info.set_redis_settings(settings);
-        let dial = deadpool_redis::Manager::new_with_config(info, connection_config)
-            .map_err(|e| StoreError::Unavailable(Box::new(e)))?;
-        let pool = managed::Pool::builder(SharedConnectionManager { dial, disconnects })
-            .max_size(options.connections.max(1))
-            .runtime(deadpool::Runtime::Tokio1)
-            .wait_timeout(Some(options.timeout))
-            .create_timeout(Some(options.timeout))
-            .recycle_timeout(Some(options.timeout))
-            .build()
-            .map_err(|e| StoreError::Unavailable(Box::new(e)))?;
+        let pool = connection::pool(&options.topology, options.timeout, options.connections)?;
+        // Every connection is dialled now, all at once (a pool only grows when checkouts
+        // overlap): no request pays for dialling later, and steady-state traffic carries
+        // nothing but the operations. Failures are left to the first requests.
+        let dialled =
+            futures_util::future::join_all((0..pool.status().max_size).map(|_| pool.get())).await;
+        drop(dialled);
         let store = Self {
             pool,
             prefix: options.key_prefix.into(),
@@ -395,11 +334,13 @@ impl RedisStore {
         }
     }
 
-    /// Runs one command or script within the store timeout.
-    async fn run(
-        &self,
-        request: impl AsyncFnOnce(&mut MultiplexedConnection) -> Result<Value, RedisError>,
-    ) -> Result<Value, StoreError> {
+    /// Runs one command or script within the store timeout. `request` is called again only
+    /// after an answer that proves nothing ran (see the module doc), on a connection checked
+    /// out afresh.
+    async fn run<T, F>(&self, request: impl Fn(Connection) -> F) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, RedisError>>,
+    {
         let started = Instant::now();
         let result = self.run_timed(started, request).await;
         metrics::histogram!("pa_store_round_trip_seconds").record(started.elapsed().as_secs_f64());
@@ -413,26 +354,36 @@ impl RedisStore {
         result
     }
 
-    async fn run_timed(
+    async fn run_timed<T, F>(
         &self,
         started: Instant,
-        request: impl AsyncFnOnce(&mut MultiplexedConnection) -> Result<Value, RedisError>,
-    ) -> Result<Value, StoreError> {
-        let conn = tokio::time::timeout(self.timeout, self.checkout())
-            .await
-            .map_err(|_| StoreError::Timeout(self.timeout))??;
-        let remaining = self.timeout.saturating_sub(started.elapsed());
-        let mut connection = conn.connection.clone();
-        match tokio::time::timeout(remaining, request(&mut connection)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => {
-                conn.retire_if_failed(&error);
-                Err(StoreError::Unavailable(Box::new(error)))
-            }
-            Err(_) => {
-                // A stalled connection would stall every request multiplexed onto it.
-                conn.broken.store(true, Ordering::Relaxed);
-                Err(StoreError::Timeout(self.timeout))
+        request: impl Fn(Connection) -> F,
+    ) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, RedisError>>,
+    {
+        let deadline = tokio::time::Instant::from_std(started) + self.timeout;
+        let mut pause = FIRST_RETRY_PAUSE;
+        loop {
+            let conn = tokio::time::timeout_at(deadline, self.checkout())
+                .await
+                .map_err(|_| StoreError::Timeout(self.timeout))??;
+            match tokio::time::timeout_at(deadline, request(conn.connection.clone())).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(error)) => {
+                    conn.retire_if_failed(&error);
+                    if ran_nothing(&error) && tokio::time::Instant::now() + pause < deadline {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(LAST_RETRY_PAUSE);
+                        continue;
+                    }
+                    return Err(StoreError::Unavailable(Box::new(error)));
+                }
+                Err(_) => {
+                    // A stalled connection would stall every request multiplexed onto it.
+                    conn.retire();
+                    return Err(StoreError::Timeout(self.timeout));
+                }
             }
         }
     }
@@ -450,23 +401,14 @@ impl RedisStore {
         for arg in args {
             invocation.arg(*arg);
         }
-        self.run(async |connection| {
-            // `invoke_async` answers NOSCRIPT by loading the script and sending it once
-            // more; a `SCRIPT FLUSH` landing between the two gives NOSCRIPT again. Redis
-            // ran nothing either time, so trying again cannot count anything twice.
-            let mut attempts = 1;
-            loop {
-                match invocation.invoke_async(connection).await {
-                    Err(e) if is_noscript(&e) && attempts < NOSCRIPT_ATTEMPTS => attempts += 1,
-                    answer => return answer,
-                }
-            }
-        })
-        .await
+        let invocation = &invocation;
+        self.run(|mut connection| async move { invocation.invoke_async(&mut connection).await })
+            .await
     }
 
     async fn command(&self, cmd: redis::Cmd) -> Result<Value, StoreError> {
-        self.run(async |connection| cmd.query_async(connection).await)
+        let cmd = &cmd;
+        self.run(|mut connection| async move { cmd.query_async(&mut connection).await })
             .await
     }
 
@@ -673,11 +615,8 @@ impl Store for RedisStore {
     }
 
     async fn status(&self) -> Result<StoreStatus, StoreError> {
-        self.command(redis::cmd("PING")).await?;
-        Ok(StoreStatus {
-            store: "redis",
-            topology: "standalone".to_owned(),
-        })
+        self.run(|mut connection| async move { connection.status().await })
+            .await
     }
 
     async fn assign(&self, pool: &PoolId, ttl: Option<LeaseTtl>) -> Result<Assignment, StoreError> {

@@ -1,6 +1,7 @@
 //! Test harness: Redis servers started on free loopback ports, the application spawned on
 //! port 0, and a client that speaks to it.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -31,9 +32,14 @@ pub struct RedisServer {
     dir: PathBuf,
     child: Option<Child>,
     aof: bool,
+    /// A configuration file read before the arguments (Sentinel keeps its state in one).
+    config_file: Option<PathBuf>,
+    /// Arguments after the common ones: cluster mode, replication, Sentinel mode.
+    extra: Vec<String>,
 }
 
-fn free_port() -> u16 {
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -60,23 +66,60 @@ impl RedisServer {
         Self::launch(true)
     }
 
+    /// Starts a throw-away Redis with more arguments (`--cluster-enabled yes`,
+    /// `--replicaof 127.0.0.1 <port>`, ...). Relative file names land in its own directory.
+    pub fn start_with(extra: &[String]) -> Self {
+        Self::prepare(false, extra.to_vec()).started()
+    }
+
+    /// Starts a Sentinel that monitors the primary on `primary_port` as `master`, with a
+    /// quorum of one, declares it down after `down_after_ms` and gives a failover
+    /// `failover_timeout_ms`.
+    pub fn start_sentinel(
+        master: &str,
+        primary_port: u16,
+        down_after_ms: u64,
+        failover_timeout_ms: u64,
+    ) -> Self {
+        let mut sentinel = Self::prepare(false, vec!["--sentinel".to_owned()]);
+        let file = sentinel.dir.join("sentinel.conf");
+        let config = format!(
+            "sentinel monitor {master} 127.0.0.1 {primary_port} 1\n\
+             sentinel down-after-milliseconds {master} {down_after_ms}\n\
+             sentinel failover-timeout {master} {failover_timeout_ms}\n"
+        );
+        std::fs::write(&file, config).expect("a Sentinel configuration file");
+        sentinel.config_file = Some(file);
+        sentinel.started()
+    }
+
     fn launch(aof: bool) -> Self {
+        Self::prepare(aof, Vec::new()).started()
+    }
+
+    fn prepare(aof: bool, extra: Vec<String>) -> Self {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("pa-test-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a temporary directory");
-        let mut server = Self {
+        Self {
             port,
             dir,
             child: None,
             aof,
-        };
-        server.restart();
-        server
+            config_file: None,
+            extra,
+        }
+    }
+
+    fn started(mut self) -> Self {
+        self.restart();
+        self
     }
 
     /// (Re)starts the process on the same port and directory.
     pub fn restart(&mut self) {
         let mut cmd = Command::new("redis-server");
+        cmd.args(&self.config_file);
         cmd.args([
             "--port",
             &self.port.to_string(),
@@ -88,6 +131,7 @@ impl RedisServer {
         .args(["--dir".as_ref(), self.dir.as_os_str()])
         .args(["--appendonly", if self.aof { "yes" } else { "no" }])
         .args(["--appendfsync", "always"])
+        .args(&self.extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
         let child = match cmd.spawn() {
@@ -162,6 +206,36 @@ pub fn redis_cli(url: &str, args: &[&str]) -> redis::Value {
     cmd.query(&mut conn).expect("the command succeeds")
 }
 
+/// `cmdstat_<name>` -> calls, from `INFO commandstats` of the Redis at `url`.
+pub fn command_calls(url: &str) -> BTreeMap<String, u64> {
+    let info = match redis_cli(url, &["INFO", "commandstats"]) {
+        redis::Value::BulkString(bytes) => String::from_utf8(bytes).expect("text"),
+        redis::Value::VerbatimString { text, .. } => text,
+        other => panic!("unexpected INFO reply {other:?}"),
+    };
+    info.lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+            Some((name.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The commands whose call counts grew from `before` to `after`, with how much.
+pub fn command_delta(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter_map(|(name, calls)| {
+            let grown = calls - before.get(name).copied().unwrap_or(0);
+            (grown > 0).then(|| (name.clone(), grown))
+        })
+        .collect()
+}
+
 /// The Redis shared by every test of this binary that does not stop its Redis. It lives as
 /// long as the test process; each test isolates itself with its own key prefix.
 pub fn shared_redis_url() -> String {
@@ -225,6 +299,9 @@ pub fn test_config(redis_url: Option<String>) -> Config {
     let mut config = Config::defaults();
     config.listen = SocketAddr::from(([127, 0, 0, 1], 0));
     config.redis_url = redis_url;
+    config.redis_cluster_urls = None;
+    config.redis_sentinel_urls = None;
+    config.redis_sentinel_master = None;
     config.key_prefix = format!("t{:016x}", rand::random::<u64>());
     config.admin_token = Some(ADMIN.to_owned());
     config.admin_token_file = None;
@@ -245,6 +322,15 @@ pub fn backend_config(backend: Backend) -> Config {
         Backend::Embedded => None,
     };
     test_config(url)
+}
+
+/// Puts the background tasks (lease and cooldown sweeps, check ticks, metrics refresh) an
+/// hour apart, for tests that count the commands Redis receives: theirs are not part of
+/// any request.
+pub fn without_background_traffic(config: &mut Config) {
+    config.reap_interval_ms = 3_600_000;
+    config.check_tick_ms = 3_600_000;
+    config.metrics_refresh_ms = 3_600_000;
 }
 
 impl TestApp {

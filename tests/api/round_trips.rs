@@ -6,40 +6,16 @@
 //! EVALSHA count and the absence of PING/UNWATCH, and `MONITOR`, which tags commands run by
 //! scripts as `[0 lua]`, for the exact number of commands that arrived from clients.
 
-use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::helpers::{RedisServer, TestApp, redis_cli, test_config};
-
-/// `cmdstat_<name>` -> calls, from `INFO commandstats`.
-fn command_calls(url: &str) -> BTreeMap<String, u64> {
-    let info = match redis_cli(url, &["INFO", "commandstats"]) {
-        redis::Value::BulkString(bytes) => String::from_utf8(bytes).expect("text"),
-        redis::Value::VerbatimString { text, .. } => text,
-        other => panic!("unexpected INFO reply {other:?}"),
-    };
-    info.lines()
-        .filter_map(|line| {
-            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
-        .collect()
-}
-
-fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
-    after
-        .iter()
-        .filter_map(|(name, calls)| {
-            let grown = calls - before.get(name).copied().unwrap_or(0);
-            (grown > 0).then(|| (name.clone(), grown))
-        })
-        .collect()
-}
+use crate::helpers::{
+    RedisServer, TestApp, command_calls, command_delta, redis_cli, test_config,
+    without_background_traffic,
+};
 
 /// Runs `total` assigns from 16 concurrent clients.
 async fn assign_concurrently(app: &Arc<TestApp>, total: u64) {
@@ -59,9 +35,7 @@ async fn assign_concurrently(app: &Arc<TestApp>, total: u64) {
 
 async fn warm_app(redis: &RedisServer) -> Arc<TestApp> {
     let mut config = test_config(Some(redis.url()));
-    // The sweeps and the check ticks are background traffic, not part of any assign.
-    config.reap_interval_ms = 3_600_000;
-    config.check_tick_ms = 3_600_000;
+    without_background_traffic(&mut config);
     let app = Arc::new(TestApp::spawn_with(config).await);
     app.create_pool("p", json!({})).await;
     app.seed("p", &["a", "b", "c"], Some(0)).await;
@@ -82,7 +56,7 @@ async fn commandstats_show_one_evalsha_per_assign_and_no_ping_or_unwatch() {
 
     let before = command_calls(&redis.url());
     assign_concurrently(&app, ASSIGNS).await;
-    let seen = delta(&before, &command_calls(&redis.url()));
+    let seen = command_delta(&before, &command_calls(&redis.url()));
 
     assert_eq!(seen.get("evalsha"), Some(&ASSIGNS), "{seen:?}");
     for extra in [
