@@ -19,7 +19,13 @@ from datetime import date
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BINARY = os.path.join(ROOT, "target", "release", "proxy-allocator")
-SCRIPT = os.path.join(ROOT, "src", "store", "scripts", "assign.lua")
+SCRIPTS = os.path.join(ROOT, "src", "store", "scripts")
+# The service sends the shared helpers in front of the assign script (`with_helpers!` in
+# src/store/redis.rs) with every key of the pool (`POOL_KEY_PARTS`); redis-benchmark must
+# run exactly that script with exactly those keys to be a fair yardstick.
+SCRIPT_PARTS = ["leases.lua", "health.lua", "assign.lua"]
+KEY_PARTS = ["meta", "eligible", "ineligible", "taken_out", "by_in_flight", "in_flight",
+             "leases", "lease_expiry", "health", "returns", "checks", "check_round"]
 SIZES = [int(s) for s in os.environ.get("SIZES", "100 10000 1000000").split()]
 DURATION = int(os.environ.get("DURATION", "10"))
 CONNECTIONS = int(os.environ.get("CONNECTIONS", "64"))
@@ -85,11 +91,11 @@ def wrk(url, method="POST"):
             "socket_errors": errors.group(0) if errors else ""}
 
 
-def redis_benchmark(port, sha, keys):
+def redis_benchmark(port, sha, keys, args):
     requests = max(100_000, 60_000 * DURATION)
     out = subprocess.run(
         ["redis-benchmark", "-p", str(port), "-c", str(CONNECTIONS), "-n", str(requests), "--csv",
-         "EVALSHA", sha, str(len(keys)), *keys],
+         "EVALSHA", sha, str(len(keys)), *keys, *args],
         check=True, capture_output=True, text=True,
     ).stdout.strip().splitlines()
     header = [h.strip('"') for h in out[0].split(",")]
@@ -128,9 +134,9 @@ def main():
     rows = []
     try:
         wait_port(redis_port)
-        with open(SCRIPT) as f:
-            sha = subprocess.run(["redis-cli", "-p", str(redis_port), "SCRIPT", "LOAD", f.read()],
-                                 check=True, capture_output=True, text=True).stdout.strip()
+        text = "".join(open(os.path.join(SCRIPTS, part)).read() for part in SCRIPT_PARTS)
+        sha = subprocess.run(["redis-cli", "-p", str(redis_port), "-x", "SCRIPT", "LOAD"],
+                             input=text, check=True, capture_output=True, text=True).stdout.strip()
         for store in ["redis", "embedded"]:
             url = f"redis://127.0.0.1:{redis_port}" if store == "redis" else None
             proc, base = start_service(url)
@@ -143,9 +149,12 @@ def main():
                     result = wrk(f"{base}/pools/{pool}/assign")
                     rows.append(("service `POST /assign`", store, size, result, ceiling))
                     if store == "redis":
-                        keys = [f"{PREFIX}:{{{pool}}}:meta", f"{PREFIX}:{{{pool}}}:eligible"]
+                        keys = [f"{PREFIX}:{{{pool}}}:{part}" for part in KEY_PARTS]
+                        # ARGV as the service sends them: a lease id (unused on a
+                        # least-used pool), no ttl, and the reap and return batch sizes.
+                        args = ["0123456789abcdef0123456789abcdef", "", "16", "16"]
                         rows.append(("redis-benchmark EVALSHA", "redis", size,
-                                     redis_benchmark(redis_port, sha, keys), None))
+                                     redis_benchmark(redis_port, sha, keys, args), None))
                 rss = peak_rss_mb(proc.pid)
                 rows.append(("peak RSS of the service", store, "-", {"rss": rss}, None))
             finally:

@@ -2,6 +2,7 @@
 //! of the service never sees an unchecked id or configuration value again.
 
 mod candidate;
+pub mod count;
 mod health;
 mod lease;
 mod member_id;

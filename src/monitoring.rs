@@ -154,7 +154,7 @@ impl PoolSnapshot {
             return String::new();
         };
         let mut out = String::new();
-        let gauges: [Gauge; 7] = [
+        let gauges: [Gauge; 9] = [
             (
                 "pa_pool_eligible_members",
                 "Members assign may choose.",
@@ -189,6 +189,16 @@ impl PoolSnapshot {
                 "pa_pool_abandoned_leases",
                 "Leases reclaimed after they expired unreleased.",
                 |p| Some(p.stats.abandoned),
+            ),
+            (
+                "pa_pool_health_trips",
+                "Members taken out by the health rules since the pool was created.",
+                |p| Some(p.stats.tripped),
+            ),
+            (
+                "pa_pool_health_returns",
+                "Members that came back after a cooldown or a passing check.",
+                |p| Some(p.stats.recovered),
             ),
         ];
         for (name, help, value) in gauges {

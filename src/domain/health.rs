@@ -179,8 +179,10 @@ impl TryFrom<RawHealthConfig> for HealthConfig {
         if !(100..=DAY_MS).contains(&raw.cooldown_ms) {
             return fail("cooldown_ms is 100 to 86400000");
         }
-        if !(raw.cooldown_ms..=7 * DAY_MS).contains(&raw.max_cooldown_ms) {
-            return fail("max_cooldown_ms is at least cooldown_ms and at most 604800000");
+        // A maximum below `cooldown_ms` caps the first cooldown too: every cooldown is
+        // min(nominal, max), so the two need no rule between them.
+        if !(100..=7 * DAY_MS).contains(&raw.max_cooldown_ms) {
+            return fail("max_cooldown_ms is 100 to 604800000");
         }
         if !(1..=10).contains(&raw.backoff) {
             return fail("backoff is a whole number from 1 to 10");
@@ -280,8 +282,9 @@ impl TryFrom<RawCheckConfig> for CheckConfig {
         if !(100..=DAY_MS).contains(&raw.interval_ms) {
             return fail("check.interval_ms is 100 to 86400000");
         }
-        if !(10..=60_000).contains(&raw.timeout_ms) || raw.timeout_ms >= raw.interval_ms {
-            return fail("check.timeout_ms is 10 to 60000 and below interval_ms");
+        // A probe never outlives its round (`interval_ms`), whatever its own timeout says.
+        if !(10..=60_000).contains(&raw.timeout_ms) {
+            return fail("check.timeout_ms is 10 to 60000");
         }
         if !(1..=256).contains(&raw.concurrency) {
             return fail("check.concurrency is 1 to 256");
@@ -338,18 +341,27 @@ mod tests {
     }
 
     #[test]
+    fn a_maximum_below_the_cooldown_caps_every_cooldown() {
+        let config =
+            health(r#"{"cooldown_ms": 5000, "max_cooldown_ms": 4000, "jitter_percent": 0}"#)
+                .expect("valid");
+        assert_eq!(config.cooldown_ms(1, 0.0), 4000);
+        assert_eq!(config.cooldown_ms(3, 0.0), 4000);
+    }
+
+    #[test]
     fn nonsense_is_refused() {
         for bad in [
             r#"{"max_consecutive_failures": 0}"#,
             r#"{"cooldown_ms": 99}"#,
-            r#"{"cooldown_ms": 5000, "max_cooldown_ms": 4000}"#,
+            r#"{"max_cooldown_ms": 99}"#,
             r#"{"backoff": 0}"#,
             r#"{"backoff": 1.5}"#,
             r#"{"jitter_percent": 51}"#,
             r#"{"check": {"kind": "http"}}"#,
             r#"{"check": {"kind": "http", "url": "https://example.com/"}}"#,
             r#"{"check": {"kind": "tcp", "url": "http://example.com/"}}"#,
-            r#"{"check": {"kind": "tcp", "timeout_ms": 500, "interval_ms": 500}}"#,
+            r#"{"check": {"kind": "tcp", "timeout_ms": 60001}}"#,
             r#"{"check": {"kind": "tcp", "concurrency": 0}}"#,
             r#"{"check": {"kind": "http", "url": "http://a/", "expect_status": []}}"#,
             r#"{"check": {"kind": "udp"}}"#,

@@ -97,7 +97,7 @@ pub struct PoolConfig {
     pub restore: RestorePolicy,
     /// The agreed starting count for new members. `None` means "the current minimum among
     /// eligible members", so that a newly added proxy is not flooded.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::count::optional")]
     pub start_assignments: Option<u64>,
     /// How long a lease lives unless renewed, when the assign does not ask for another ttl
     /// (least-in-flight pools).
@@ -105,7 +105,7 @@ pub struct PoolConfig {
     pub lease_ttl_ms: LeaseTtl,
     /// The most live leases one member may hold (least-in-flight pools); `None` means no
     /// cap. A member at its cap is skipped; `1` gives exclusive use of a proxy.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::count::optional_non_zero")]
     pub max_in_flight: Option<NonZeroU64>,
     /// Which candidates the pool accepts as members, on import and on seeding.
     #[serde(default)]

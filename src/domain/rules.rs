@@ -36,7 +36,7 @@ pub struct Rules {
     #[serde(default = "yes")]
     pub allow_credentials: bool,
     /// Most members the pool may hold, eligible and ineligible together (default none).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::count::optional")]
     pub max_members: Option<u64>,
     /// Whether ids that are not proxy addresses (`dc-fra-07`) are accepted as they are
     /// (default `true`).

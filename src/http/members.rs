@@ -95,7 +95,7 @@ fn parse_named_members(raw: Vec<String>) -> Result<(Vec<MemberId>, Vec<Rejected>
 #[serde(deny_unknown_fields)]
 pub struct SeedBody {
     members: Vec<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::domain::count::optional")]
     assignments: Option<u64>,
     #[serde(default)]
     reset: bool,

@@ -196,6 +196,8 @@ async fn counters_have_exact_values_after_a_scripted_sequence_and_pool_labels_st
         ("pa_pool_assignments{pool=\"web\"}", 3.0),
         ("pa_pool_in_flight{pool=\"web\"}", 0.0),
         ("pa_pool_eligible_members{pool=\"dry\"}", 0.0),
+        ("pa_pool_health_trips{pool=\"web\"}", 0.0),
+        ("pa_pool_health_returns{pool=\"web\"}", 0.0),
         ("pa_import_lines_total{outcome=\"added\"}", 1.0),
         ("pa_import_lines_total{outcome=\"duplicate\"}", 1.0),
         ("pa_import_lines_total{outcome=\"private_address\"}", 1.0),
