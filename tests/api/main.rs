@@ -22,3 +22,4 @@ mod process;
 mod redis_faults;
 mod requests;
 mod round_trips;
+mod ui;
