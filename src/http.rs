@@ -13,6 +13,7 @@ mod members;
 mod outcomes;
 mod pools;
 mod probes;
+mod ui;
 
 use std::sync::Arc;
 
@@ -76,6 +77,7 @@ pub fn routes() -> Vec<Route> {
         route("/readyz", Method::GET, get(probes::readyz)),
         route("/metrics", Method::GET, get(probes::metrics)),
         route("/openapi.yaml", Method::GET, get(probes::openapi)),
+        route("/ui", Method::GET, get(ui::page)),
         route("/pools", Method::GET, get(pools::list_pools)),
         route("/pools/{pool}", Method::PUT, put(pools::put_pool)),
         route("/pools/{pool}", Method::GET, get(pools::get_pool)),

@@ -26,3 +26,4 @@ mod process;
 mod redis_faults;
 mod requests;
 mod round_trips;
+mod ui;
