@@ -21,7 +21,7 @@ async fn main() -> ExitCode {
 }
 
 async fn serve(config: Config) -> ExitCode {
-    telemetry::init(config.log_format);
+    let _log = telemetry::init(config.log_format);
     let app = match Application::build(config).await {
         Ok(app) => app,
         Err(error) => {

@@ -1,24 +1,137 @@
 //! Logging setup: `tracing` with JSON lines when not on a terminal.
+//!
+//! The service writes one line per request, so a line must not cost the request a system
+//! call or a wake-up of another thread: lines are appended to one shared 64 KiB buffer,
+//! written out when it fills up and at least every 100 ms by a background task, and once
+//! more when the returned guard is dropped at exit. (Standard output on its own flushes
+//! every line; a channel to a writer thread wakes that thread for every line.)
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
 
 use crate::config::LogFormat;
 
-/// Installs the global subscriber. Calling it again (as tests do) is harmless.
-pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// How much log text is gathered before it is written out.
+const BUFFER_BYTES: usize = 64 * 1024;
+/// The longest a line waits in the buffer.
+const FLUSH_EVERY: Duration = Duration::from_millis(100);
+
+/// Standard output behind one buffer shared by every thread.
+#[derive(Clone)]
+struct BufferedStdout(Arc<Mutex<std::io::BufWriter<std::io::Stdout>>>);
+
+impl BufferedStdout {
+    fn new() -> Self {
+        Self(Arc::new(Mutex::new(std::io::BufWriter::with_capacity(
+            BUFFER_BYTES,
+            std::io::stdout(),
+        ))))
+    }
+
+    fn flush(&self) {
+        // A poisoned lock only means a panic while a line was appended: keep logging.
+        let mut out = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = out.flush();
+    }
+}
+
+/// One line being appended; the buffer writes itself out when full.
+struct Line<'a>(std::sync::MutexGuard<'a, std::io::BufWriter<std::io::Stdout>>);
+
+impl Write for Line<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.write(bytes)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        // Flushing per line is exactly what this writer avoids; the task flushes.
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for BufferedStdout {
+    type Writer = Line<'a>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        Line(self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// Flushes the log buffer when dropped; keep it alive for as long as the service runs.
+#[must_use = "dropping the guard stops the periodic flush"]
+pub struct LogGuard {
+    out: Option<BufferedStdout>,
+    flusher: Option<std::thread::JoinHandle<()>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for LogGuard {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(flusher) = self.flusher.take() {
+            flusher.thread().unpark();
+            let _ = flusher.join();
+        }
+        if let Some(out) = &self.out {
+            out.flush();
+        }
+    }
+}
+
+fn filter() -> EnvFilter {
+    EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
+}
+
+/// Installs the global subscriber for the service, writing to standard output through the
+/// shared buffer.
+pub fn init(format: LogFormat) -> LogGuard {
     let json = match format {
         LogFormat::Json => true,
         LogFormat::Text => false,
         LogFormat::Auto => !std::io::stdout().is_terminal(),
     };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let out = BufferedStdout::new();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter())
+        .with_writer(out.clone());
     // Ignore the error of a second installation: the first subscriber stays.
     let _ = if json {
         builder.json().flatten_event(true).try_init()
     } else {
-        builder.try_init()
+        builder
+            .with_ansi(std::io::stdout().is_terminal())
+            .try_init()
     };
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flusher = {
+        let out = out.clone();
+        let stop = Arc::clone(&stop);
+        std::thread::Builder::new()
+            .name("log-flush".to_owned())
+            .spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::thread::park_timeout(FLUSH_EVERY);
+                    out.flush();
+                }
+            })
+            .ok()
+    };
+    LogGuard {
+        out: Some(out),
+        flusher,
+        stop,
+    }
+}
+
+/// Installs a subscriber that writes synchronously through the test harness's capture, for
+/// tests that start many applications in one process. Calling it again is harmless.
+pub fn init_for_tests() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter())
+        .with_test_writer()
+        .try_init();
 }

@@ -606,3 +606,44 @@ async fn healthcheck_exits_zero_on_a_live_service_and_one_otherwise() {
     .await;
     assert_eq!(run.code, 1);
 }
+
+#[tokio::test]
+async fn members_import_against_the_service_dry_runs_then_imports() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    app.create_pool("web", json!({})).await;
+    let list = b"# free proxies\n1.2.3.4:8080\nhttp://1.2.3.4:8080\n10.0.0.5:80\n5.6.7.8:3128\n";
+    let dry = run_with(
+        &app.base,
+        &["members", "import", "web", "-", "--dry-run"],
+        &[],
+        list,
+    )
+    .await;
+    assert_eq!(
+        dry,
+        Run::ok(
+            "dry run: nothing was written\n\
+             accepted    2 (2 added, 0 existing)\n\
+             duplicates  1\n\
+             rejected    1 (private_address 1)\n\
+             LINE  REASON           INPUT\n\
+             \x20  4  private_address  10.0.0.5:80\n"
+        )
+    );
+    assert_eq!(app.counts("web").await, []);
+    let real = run_with(&app.base, &["members", "import", "web", "-"], &[], list).await;
+    assert_eq!((real.code, real.stderr.as_str()), (0, ""));
+    assert!(
+        real.stdout
+            .starts_with("accepted    2 (2 added, 0 existing)\n"),
+        "{}",
+        real.stdout
+    );
+    assert_eq!(
+        app.counts("web").await,
+        [
+            ("http://1.2.3.4:8080".to_owned(), 0, "eligible".to_owned()),
+            ("http://5.6.7.8:3128".to_owned(), 0, "eligible".to_owned()),
+        ]
+    );
+}

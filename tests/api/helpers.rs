@@ -341,7 +341,7 @@ impl TestApp {
 
     /// Starts the application with a given configuration.
     pub async fn spawn_with(config: Config) -> Self {
-        proxy_allocator::telemetry::init(proxy_allocator::config::LogFormat::Text);
+        proxy_allocator::telemetry::init_for_tests();
         let redis_url = config.redis_url.clone();
         let key_prefix = config.key_prefix.clone();
         let app = Application::build(config)

@@ -110,6 +110,33 @@ class ClientBehaviour(unittest.TestCase):
             client.release(pool, assigned.lease.id)
         self.assertEqual(raised.exception.code, "lease_not_found")
 
+    def member_states(self, pool: str) -> dict:
+        listing = self.service.admin("GET", "/pools/{}/members".format(pool))
+        assert listing is not None
+        return {m["member"]: (m["state"], m.get("reason")) for m in listing["members"]}
+
+    def test_reported_failures_take_a_proxy_out_at_the_pools_threshold(self) -> None:
+        pool = self.service.create_pool(
+            {"health": {"max_consecutive_failures": 2, "jitter_percent": 0}})
+        self.service.seed(pool, [P1, P2])
+        client = self.service.client()
+        client.report(pool, P1, "failed", status=502)
+        self.assertEqual(self.member_states(pool)[P1], ("eligible", None))
+        client.report(pool, P1, "failed")
+        self.assertEqual(self.member_states(pool)[P1], ("ineligible", "unhealthy"))
+        # Reports never change counts: P2 (0) is next, then P2 again, since P1 is out.
+        self.assertEqual([client.assign(pool).proxy for _ in range(2)], [P2, P2])
+
+    def test_a_lease_that_reports_marks_the_proxy_failed_when_the_block_raises(self) -> None:
+        pool = self.leasing_pool(health={"max_consecutive_failures": 1, "jitter_percent": 0})
+        self.service.seed(pool, [P1, P2])
+        with self.assertRaises(RuntimeError):
+            with self.service.client().lease(pool, report=True) as leased:
+                self.assertEqual(leased.proxy, P1)
+                raise RuntimeError("connection reset by the target")
+        self.assertEqual(self.member_states(pool)[P1], ("ineligible", "unhealthy"))
+        self.assertEqual(self.service.stats(pool)["in_flight"], 0)
+
     def test_a_lease_is_held_in_the_block_and_released_when_it_ends(self) -> None:
         pool = self.leasing_pool()
         self.service.seed(pool, [P1])

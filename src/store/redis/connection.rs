@@ -298,7 +298,9 @@ pub(super) fn pool(
     let on_push = Arc::clone(&disconnects);
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout))
+        // The store puts its own deadline on every call (and deadpool on every recycle), so
+        // a second timer per command inside redis-rs would only cost time.
+        .set_response_timeout(None)
         .set_push_sender(move |push: redis::PushInfo| {
             if push.kind == redis::PushKind::Disconnection {
                 on_push.fetch_add(1, Ordering::AcqRel);
