@@ -647,3 +647,35 @@ async fn members_import_against_the_service_dry_runs_then_imports() {
         ]
     );
 }
+
+#[tokio::test]
+async fn serve_help_names_every_service_option_with_its_environment_variable_and_default() {
+    use clap::CommandFactory;
+    let help = run_with("http://unused", &["serve", "--help"], &[], b"").await;
+    assert_eq!(help.code, 0);
+    let command = proxy_allocator::config::Config::command();
+    let mut checked = 0;
+    for arg in command.get_arguments().filter(|a| a.get_long().is_some()) {
+        let long = format!("--{}", arg.get_long().expect("a long flag"));
+        assert!(help.stdout.contains(&long), "{long} in {}", help.stdout);
+        if let Some(env) = arg.get_env() {
+            let env = format!("[env: {}", env.to_string_lossy());
+            assert!(help.stdout.contains(&env), "{env} in {}", help.stdout);
+        }
+        if let Some(default) = arg.get_default_values().first() {
+            let default = format!("[default: {}]", default.to_string_lossy());
+            assert!(help.stdout.contains(&default), "{default} for {long}");
+        }
+        checked += 1;
+    }
+    assert!(
+        checked >= 15,
+        "only {checked} options: the loop must not be vacuous"
+    );
+    assert!(
+        help.stdout
+            .contains("[env: LISTEN_ADDR=]\n          [default: 127.0.0.1:8080]"),
+        "{}",
+        help.stdout
+    );
+}
