@@ -100,7 +100,12 @@ pub fn init(format: LogFormat) -> LogGuard {
         .with_writer(out.clone());
     // Ignore the error of a second installation: the first subscriber stays.
     let _ = if json {
-        builder.json().flatten_event(true).try_init()
+        // The request span is the only one: its fields appear once (`span`), not twice.
+        builder
+            .json()
+            .flatten_event(true)
+            .with_span_list(false)
+            .try_init()
     } else {
         builder
             .with_ansi(std::io::stdout().is_terminal())

@@ -15,4 +15,5 @@ mod helpers;
 mod cluster;
 mod sentinel;
 mod settings;
+mod tls;
 mod topology;
