@@ -431,6 +431,17 @@ impl TestApp {
         .await
     }
 
+    /// A GET without a token (probes, metrics); returns status and body.
+    pub async fn probe(&self, path: &str) -> (StatusCode, Value) {
+        read(
+            self.anonymous(Method::GET, path)
+                .send()
+                .await
+                .expect("request sent"),
+        )
+        .await
+    }
+
     /// One assign; returns status and body (Null on 204).
     pub async fn assign(&self, pool: &str) -> (StatusCode, Value) {
         let response = self

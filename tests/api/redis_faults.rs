@@ -123,13 +123,7 @@ async fn with_redis_down_requests_answer_503_within_the_timeout_and_recover_with
             started.elapsed()
         );
     }
-    let (status, body) = read(
-        app.anonymous(Method::GET, "/readyz")
-            .send()
-            .await
-            .expect("sent"),
-    )
-    .await;
+    let (status, body) = app.probe("/readyz").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(body["status"], json!("unavailable"));
     assert_eq!(body["store"], json!("redis"));
@@ -158,13 +152,7 @@ async fn with_redis_down_requests_answer_503_within_the_timeout_and_recover_with
 #[tokio::test]
 async fn readyz_reports_the_redis_store_and_its_topology() {
     let app = TestApp::spawn(crate::helpers::Backend::Redis).await;
-    let (status, body) = read(
-        app.anonymous(Method::GET, "/readyz")
-            .send()
-            .await
-            .expect("sent"),
-    )
-    .await;
+    let (status, body) = app.probe("/readyz").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         body,

@@ -129,13 +129,7 @@ async fn a_disable_reason_longer_than_256_bytes_answers_400_invalid_request() {
 #[tokio::test]
 async fn readyz_names_the_embedded_store() {
     let app = TestApp::spawn(Backend::Embedded).await;
-    let (status, body) = read(
-        app.anonymous(Method::GET, "/readyz")
-            .send()
-            .await
-            .expect("sent"),
-    )
-    .await;
+    let (status, body) = app.probe("/readyz").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         body,

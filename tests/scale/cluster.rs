@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use reqwest::{Method, StatusCode};
+use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::helpers::{
@@ -41,13 +41,7 @@ fn pool_per_primary(cluster: &RedisCluster, stem: &str) -> Vec<(String, u16)> {
 }
 
 async fn readyz(app: &TestApp) -> (StatusCode, Value) {
-    crate::helpers::read(
-        app.anonymous(Method::GET, "/readyz")
-            .send()
-            .await
-            .expect("sent"),
-    )
-    .await
+    app.probe("/readyz").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

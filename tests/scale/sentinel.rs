@@ -3,10 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use reqwest::{Method, StatusCode};
+use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{TestApp, read, redis_cli, test_config};
+use crate::helpers::{TestApp, redis_cli, test_config};
 use crate::topology::{MASTER_NAME, SentinelGroup};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -16,15 +16,7 @@ async fn when_the_primary_dies_the_service_follows_sentinel_to_the_promoted_repl
     config.redis_sentinel_urls = Some(group.sentinel.url());
     config.redis_sentinel_master = Some(MASTER_NAME.to_owned());
     let app = TestApp::spawn_with(config).await;
-    let readyz = async || {
-        read(
-            app.anonymous(Method::GET, "/readyz")
-                .send()
-                .await
-                .expect("sent"),
-        )
-        .await
-    };
+    let readyz = async || app.probe("/readyz").await;
 
     app.create_pool("p", json!({})).await;
     app.seed("p", &["a", "b"], Some(0)).await;

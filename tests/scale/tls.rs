@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use reqwest::{Method, StatusCode};
+use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{TestApp, read, test_config};
+use crate::helpers::{TestApp, test_config};
 
 /// A redis-server listening with TLS only, with a self-signed certificate made for the test.
 struct TlsRedis {
@@ -108,13 +108,7 @@ async fn a_rediss_url_reaches_a_tls_only_redis() {
     app.seed("p", &["a", "b"], Some(0)).await;
     assert_eq!(app.assigned("p").await, ("a".to_owned(), 1));
     assert_eq!(app.assigned("p").await, ("b".to_owned(), 1));
-    let (status, body) = read(
-        app.anonymous(Method::GET, "/readyz")
-            .send()
-            .await
-            .expect("sent"),
-    )
-    .await;
+    let (status, body) = app.probe("/readyz").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["store"], json!("redis"));
 }
@@ -127,13 +121,7 @@ async fn a_rediss_url_checks_the_certificate_by_default() {
     let app = TestApp::spawn_with(config).await;
     // The self-signed certificate is trusted by nobody: the store is unreachable, not
     // silently used without verification.
-    let (status, body) = read(
-        app.anonymous(Method::GET, "/readyz")
-            .send()
-            .await
-            .expect("sent"),
-    )
-    .await;
+    let (status, body) = app.probe("/readyz").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
     assert_eq!(body["error"]["code"], json!("store_unavailable"));
 }
