@@ -17,7 +17,7 @@ use super::AppState;
 use super::auth::Admin;
 use super::error::ApiError;
 use super::extract::{Json, PoolPath, Query};
-use crate::domain::{MemberId, Rejection, RestorePolicy, canonical_member_id};
+use crate::domain::{InvalidMemberId, MemberId, Rejection, RestorePolicy, canonical_member_id};
 use crate::store::{Cursor, Seed, StateFilter};
 
 /// Most members one call may name.
@@ -44,8 +44,8 @@ impl Rejected {
 }
 
 /// Refuses calls that name more members than one call may.
-fn check_count(raw: &[String]) -> Result<(), ApiError> {
-    if raw.len() > MAX_MEMBERS_PER_CALL {
+pub(super) fn check_count(count: usize) -> Result<(), ApiError> {
+    if count > MAX_MEMBERS_PER_CALL {
         Err(ApiError::TooManyMembers(MAX_MEMBERS_PER_CALL))
     } else {
         Ok(())
@@ -53,12 +53,12 @@ fn check_count(raw: &[String]) -> Result<(), ApiError> {
 }
 
 /// Parses the ids of one call and passes each through `admit` (canonicalisation, and the
-/// pool's rules when seeding), keeping the first of any repeated id.
+/// pool's rules when seeding), keeping the first of any repeated id. The caller has checked
+/// the count with [`check_count`].
 fn parse_members(
     raw: Vec<String>,
     admit: impl Fn(MemberId) -> Result<MemberId, Rejection>,
-) -> Result<(Vec<MemberId>, Vec<Rejected>), ApiError> {
-    check_count(&raw)?;
+) -> (Vec<MemberId>, Vec<Rejected>) {
     let mut seen = HashSet::with_capacity(raw.len());
     let mut members = Vec::with_capacity(raw.len());
     let mut rejected = Vec::new();
@@ -75,19 +75,25 @@ fn parse_members(
             },
             Err(invalid) => invalid.code(),
         };
-        rejected.push(Rejected {
-            member: text,
-            reason,
-        });
+        rejected.push(Rejected::new(text, reason));
     }
-    Ok((members, rejected))
+    (members, rejected)
+}
+
+/// One id naming an existing member: parsed, and canonicalised when it is an address, so
+/// that `1.2.3.4:8080` finds `http://1.2.3.4:8080`. The error is the rejection reason.
+pub(super) fn named_member(text: &str) -> Result<MemberId, &'static str> {
+    MemberId::parse(text)
+        .map(canonical_member_id)
+        .map_err(InvalidMemberId::code)
 }
 
 /// Parses the ids of a call that names existing members: addresses are canonicalised, the
 /// pool's rules are not applied (a member a stricter rule would now refuse must still be
 /// reachable, to be taken out).
 fn parse_named_members(raw: Vec<String>) -> Result<(Vec<MemberId>, Vec<Rejected>), ApiError> {
-    parse_members(raw, |member| Ok(canonical_member_id(member)))
+    check_count(raw.len())?;
+    Ok(parse_members(raw, |member| Ok(canonical_member_id(member))))
 }
 
 /// Body of `POST /pools/{pool}/members`.
@@ -112,9 +118,10 @@ pub async fn add_members(
     PoolPath(pool): PoolPath,
     Json(body): Json<SeedBody>,
 ) -> Result<Response, ApiError> {
-    check_count(&body.members)?;
+    // Checked before the rules are read, so an oversized call costs no store round trip.
+    check_count(body.members.len())?;
     let rules = state.store.pool(&pool).await?.config.rules;
-    let (members, mut rejected) = parse_members(body.members, |member| rules.admit_member(member))?;
+    let (members, mut rejected) = parse_members(body.members, |member| rules.admit_member(member));
     let seed = Seed {
         assignments: body.assignments,
         reset: body.reset,

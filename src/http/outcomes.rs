@@ -14,8 +14,8 @@ use super::auth::Worker;
 use super::error::ApiError;
 use super::extract::{Json, PoolPath};
 use super::log::Outcome;
-use super::members::{MAX_MEMBERS_PER_CALL, Rejected};
-use crate::domain::{MemberId, OutcomeResult, canonical_member_id};
+use super::members::{Rejected, check_count, named_member};
+use crate::domain::{MemberId, OutcomeResult};
 use crate::store::{Effect, Report, ReportSource};
 
 /// One report as a worker sends it.
@@ -60,9 +60,7 @@ pub async fn report_outcomes(
         OutcomesBody::One(one) => vec![one],
         OutcomesBody::Many(many) => many,
     };
-    if bodies.len() > MAX_MEMBERS_PER_CALL {
-        return Err(ApiError::TooManyMembers(MAX_MEMBERS_PER_CALL));
-    }
+    check_count(bodies.len())?;
     if bodies
         .iter()
         .any(|b| b.status.is_some_and(|s| !(100..=599).contains(&s)))
@@ -75,9 +73,9 @@ pub async fn report_outcomes(
     let mut statuses = Vec::with_capacity(bodies.len());
     let mut rejected = Vec::new();
     for body in bodies {
-        // Canonicalised like every other route naming a member: `1.2.3.4:8080` reports on
-        // `http://1.2.3.4:8080`.
-        match MemberId::parse(&body.proxy).map(canonical_member_id) {
+        // Reports keep their order and repeats (each one counts), so the ids are parsed one
+        // by one rather than as a de-duplicated list.
+        match named_member(&body.proxy) {
             Ok(member) => {
                 reports.push(Report {
                     member,
@@ -86,7 +84,7 @@ pub async fn report_outcomes(
                 });
                 statuses.push(body.status);
             }
-            Err(reason) => rejected.push(Rejected::new(body.proxy, reason.code())),
+            Err(reason) => rejected.push(Rejected::new(body.proxy, reason)),
         }
     }
     let summary = state

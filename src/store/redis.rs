@@ -67,6 +67,11 @@ use crate::domain::{
     LeaseId, LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId, RestorePolicy, Timestamp,
 };
 
+/// The batch sizes every assign passes to its script, written out once rather than on
+/// every call of the hot path.
+static ASSIGN_BATCHES: std::sync::LazyLock<[String; 2]> =
+    std::sync::LazyLock::new(|| [REAP_ON_ASSIGN.to_string(), RETURN_ON_ASSIGN.to_string()]);
+
 /// Most reaper steps one sweep runs on one pool, so that a sweep always ends.
 const MAX_REAP_STEPS: u64 = 64;
 
@@ -624,8 +629,7 @@ impl Store for RedisStore {
         // here would need the pool's policy, which only the script reads.
         let id = LeaseId::random();
         let ttl_arg = ttl.map(|t| t.as_millis().to_string()).unwrap_or_default();
-        let reap = REAP_ON_ASSIGN.to_string();
-        let returns = RETURN_ON_ASSIGN.to_string();
+        let [reap, returns] = &*ASSIGN_BATCHES;
         let args: [&[u8]; 4] = [
             id.as_str().as_bytes(),
             ttl_arg.as_bytes(),

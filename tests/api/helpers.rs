@@ -324,6 +324,25 @@ pub fn backend_config(backend: Backend) -> Config {
     test_config(url)
 }
 
+/// Commands an assign must never cost: connection checks, topology reads, connection setup,
+/// script loading in steady state, transactions. Tests that count what Redis received look
+/// for each of them (`INFO commandstats` also counts what scripts run inside Redis, so
+/// those tests name what must be absent rather than everything that may be present).
+pub const NEVER_PER_ASSIGN: [&str; 12] = [
+    "ping",
+    "unwatch",
+    "select",
+    "hello",
+    "cluster|slots",
+    "cluster|nodes",
+    "cluster|shards",
+    "readonly",
+    "script|load",
+    "eval",
+    "multi",
+    "exec",
+];
+
 /// Puts the background tasks (lease and cooldown sweeps, check ticks, metrics refresh) an
 /// hour apart, for tests that count the commands Redis receives: theirs are not part of
 /// any request.

@@ -9,7 +9,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    TestApp, command_calls, command_delta, redis_cli, test_config, without_background_traffic,
+    NEVER_PER_ASSIGN, TestApp, command_calls, command_delta, redis_cli, test_config,
+    without_background_traffic,
 };
 use crate::topology::RedisCluster;
 
@@ -141,23 +142,6 @@ async fn pools_on_every_primary_seed_assign_disable_enable_and_lease() {
 
 const ASSIGNS: u64 = 512;
 
-/// What a client could send besides the EVALSHA: health checks, topology reads and
-/// connection setup (`INFO commandstats` also counts the commands scripts run inside
-/// Redis, which are not round trips, so the test names what must be absent).
-const EXTRAS: [&str; 11] = [
-    "ping",
-    "cluster|slots",
-    "cluster|nodes",
-    "cluster|shards",
-    "unwatch",
-    "script|load",
-    "eval",
-    "multi",
-    "exec",
-    "readonly",
-    "hello",
-];
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_assign_costs_one_evalsha_on_the_owning_primary_and_nothing_on_the_others() {
     let cluster = RedisCluster::start();
@@ -197,7 +181,7 @@ async fn an_assign_costs_one_evalsha_on_the_owning_primary_and_nothing_on_the_ot
             evalshas,
             "port {port}: {seen:?}"
         );
-        for extra in EXTRAS {
+        for extra in NEVER_PER_ASSIGN {
             assert_eq!(
                 seen.get(extra),
                 None,
