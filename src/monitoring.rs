@@ -8,12 +8,14 @@
 //! exist ever become label values. Requests naming a pool that does not exist are counted
 //! under `pool="_other"`, so a flood of random pool ids cannot grow the series.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::future::Future;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, LazyLock, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
+use axum::http::Method;
+use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::time::MissedTickBehavior;
 
@@ -78,6 +80,133 @@ fn describe() {
         "pa_leases_reclaimed_total",
         "Expired leases reclaimed by this replica's reaper."
     );
+}
+
+/// Handles of the metrics every request records, registered once per label set: the
+/// `metrics` macros allocate the label values and look the series up in the recorder on
+/// every call, which on the assign path cost a tenth of the service's own work.
+struct Handles {
+    /// `pa_http_request_duration_seconds` and `pa_http_requests_total`, by route template.
+    routes: RwLock<HashMap<String, RouteHandles>>,
+    /// `pa_assigns_total` by pool label, then outcome.
+    assigns: RwLock<HashMap<String, Vec<(&'static str, Counter)>>>,
+    /// `pa_assign_duration_seconds` by outcome.
+    assign_durations: RwLock<Vec<(&'static str, Histogram)>>,
+    store_round_trip: Histogram,
+}
+
+struct RouteHandles {
+    duration: Histogram,
+    requests: Vec<(Method, u16, Counter)>,
+}
+
+impl RouteHandles {
+    fn find(&self, method: &Method, status: u16) -> Option<(Histogram, Counter)> {
+        self.requests
+            .iter()
+            .find(|(m, s, _)| m == method && *s == status)
+            .map(|(_, _, requests)| (self.duration.clone(), requests.clone()))
+    }
+}
+
+/// The handles, registered with the process's recorder (installed first).
+static HANDLES: LazyLock<Handles> = LazyLock::new(|| {
+    prometheus();
+    Handles {
+        routes: RwLock::default(),
+        assigns: RwLock::default(),
+        assign_durations: RwLock::default(),
+        store_round_trip: metrics::histogram!("pa_store_round_trip_seconds"),
+    }
+});
+
+impl Handles {
+    fn request(&self, method: &Method, route: &str, status: u16) -> (Histogram, Counter) {
+        let found = read(&self.routes)
+            .get(route)
+            .and_then(|r| r.find(method, status));
+        found.unwrap_or_else(|| {
+            let mut routes = write(&self.routes);
+            let handles = routes
+                .entry(route.to_owned())
+                .or_insert_with(|| RouteHandles {
+                    duration: metrics::histogram!("pa_http_request_duration_seconds", "route" => route.to_owned()),
+                    requests: Vec::new(),
+                });
+            handles.find(method, status).unwrap_or_else(|| {
+                let requests = metrics::counter!("pa_http_requests_total",
+                    "method" => method.to_string(), "route" => route.to_owned(), "status" => status.to_string());
+                handles.requests.push((method.clone(), status, requests.clone()));
+                (handles.duration.clone(), requests)
+            })
+        })
+    }
+
+    fn assign(&self, pool_label: &str, outcome: &'static str) -> (Histogram, Counter) {
+        let find = |by_outcome: &Vec<(&'static str, Counter)>| {
+            by_outcome
+                .iter()
+                .find(|(o, _)| *o == outcome)
+                .map(|(_, c)| c.clone())
+        };
+        let found = read(&self.assigns).get(pool_label).and_then(find);
+        let counter = found.unwrap_or_else(|| {
+            let mut assigns = write(&self.assigns);
+            let by_outcome = assigns.entry(pool_label.to_owned()).or_default();
+            find(by_outcome).unwrap_or_else(|| {
+                let counter = metrics::counter!("pa_assigns_total", "pool" => pool_label.to_owned(), "outcome" => outcome);
+                by_outcome.push((outcome, counter.clone()));
+                counter
+            })
+        });
+        let find = |durations: &Vec<(&'static str, Histogram)>| {
+            durations
+                .iter()
+                .find(|(o, _)| *o == outcome)
+                .map(|(_, h)| h.clone())
+        };
+        let found = find(&read(&self.assign_durations));
+        let duration = found.unwrap_or_else(|| {
+            let mut durations = write(&self.assign_durations);
+            find(&durations).unwrap_or_else(|| {
+                let duration =
+                    metrics::histogram!("pa_assign_duration_seconds", "outcome" => outcome);
+                durations.push((outcome, duration.clone()));
+                duration
+            })
+        });
+        (duration, counter)
+    }
+}
+
+// A poisoned lock only means a panic while a handle was added: the map is still whole.
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Counts one answered request under its method, route template and status, and records
+/// how long it took.
+pub fn record_request(method: &Method, route: &str, status: u16, seconds: f64) {
+    let (duration, requests) = HANDLES.request(method, route, status);
+    requests.increment(1);
+    duration.record(seconds);
+}
+
+/// Counts one assign under its pool label (see [`PoolSnapshot::label`]) and outcome, and
+/// records how long it took.
+pub fn record_assign(pool_label: &str, outcome: &'static str, seconds: f64) {
+    let (duration, assigns) = HANDLES.assign(pool_label, outcome);
+    assigns.increment(1);
+    duration.record(seconds);
+}
+
+/// Records how long one store operation took, reply included.
+pub fn record_store_round_trip(seconds: f64) {
+    HANDLES.store_round_trip.record(seconds);
 }
 
 /// A per-pool gauge: name, help text, and how to read it from a pool's numbers.

@@ -4,19 +4,21 @@
 //!
 //! Every request also gets a request id: the caller's `x-request-id` when it is a sane one
 //! (1 to 128 visible ASCII characters), else a new random one. It is echoed in the response
-//! and carried by a span, so every log line written while serving the request has it.
+//! and every log line written while serving the request has it
+//! ([`crate::telemetry::serving_request`]).
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
-use tracing::Instrument;
 
 use super::AppState;
 use super::error::{ErrorCode, ErrorDetail};
 use crate::domain::PoolId;
+use crate::monitoring;
 
 /// What a handler did, for the log line (`assigned`, `empty`, ...).
 #[derive(Debug, Clone, Copy)]
@@ -57,42 +59,46 @@ pub async fn log_request(
     let id = request_id(&request);
     request.headers_mut().insert(REQUEST_ID.clone(), id.clone());
     let method = request.method().clone();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", |p| p.as_str())
-        .to_owned();
+    let matched = request.extensions().get::<MatchedPath>().cloned();
+    let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
     let pool = pool_of(request.uri().path());
-    let span = tracing::info_span!("request", request_id = id.to_str().unwrap_or_default());
-    let mut response = next.run(request).instrument(span.clone()).await;
+    let mut response = crate::telemetry::serving_request(id.clone(), async {
+        let response = next.run(request).await;
+        let elapsed = started.elapsed();
+        let latency_ms = elapsed.as_secs_f64() * 1000.0;
+        let status = response.status().as_u16();
+        let code = response.extensions().get::<ErrorCode>().map(|c| c.0);
+        let outcome = response
+            .extensions()
+            .get::<Outcome>()
+            .map(|o| o.0)
+            .or(code)
+            .unwrap_or("ok");
+
+        monitoring::record_request(&method, route, status, elapsed.as_secs_f64());
+        if route == "/pools/{pool}/assign" {
+            record_assign(&state, pool.as_ref(), outcome, code, elapsed.as_secs_f64());
+        }
+
+        let pool = pool.as_ref().map(PoolId::as_str);
+        let method = method.as_str();
+        match response.extensions().get::<ErrorDetail>() {
+            Some(ErrorDetail(detail)) => tracing::warn!(
+                method,
+                route,
+                status,
+                latency_ms,
+                pool,
+                outcome,
+                error = detail.as_str(),
+                "request failed"
+            ),
+            None => tracing::info!(method, route, status, latency_ms, pool, outcome, "request"),
+        }
+        response
+    })
+    .await;
     response.headers_mut().insert(REQUEST_ID.clone(), id);
-    let elapsed = started.elapsed();
-    let latency_ms = elapsed.as_secs_f64() * 1000.0;
-    let status = response.status().as_u16();
-    let code = response.extensions().get::<ErrorCode>().map(|c| c.0);
-    let outcome = response
-        .extensions()
-        .get::<Outcome>()
-        .map(|o| o.0)
-        .or(code)
-        .unwrap_or("ok");
-
-    metrics::counter!("pa_http_requests_total", "method" => method.to_string(), "route" => route.clone(), "status" => status.to_string()).increment(1);
-    metrics::histogram!("pa_http_request_duration_seconds", "route" => route.clone())
-        .record(elapsed.as_secs_f64());
-    if route == "/pools/{pool}/assign" {
-        record_assign(&state, pool.as_ref(), outcome, code, elapsed.as_secs_f64());
-    }
-
-    let pool = pool.as_ref().map(PoolId::as_str);
-    let _entered = span.enter();
-    match response.extensions().get::<ErrorDetail>() {
-        Some(ErrorDetail(detail)) => tracing::warn!(
-            %method, route, status, latency_ms, pool, outcome, error = detail.as_str(),
-            "request failed"
-        ),
-        None => tracing::info!(%method, route, status, latency_ms, pool, outcome, "request"),
-    }
     response
 }
 
@@ -106,14 +112,15 @@ fn record_assign(
 ) {
     let (outcome, label): (&'static str, _) = match (outcome, code) {
         // The store has just said the pool exists.
-        ("assigned", _) => ("assigned", pool.map(|p| p.as_str().to_owned())),
-        ("empty", _) => ("empty", pool.map(|p| p.as_str().to_owned())),
+        ("assigned", _) => ("assigned", pool.map(|p| Cow::Borrowed(p.as_str()))),
+        ("empty", _) => ("empty", pool.map(|p| Cow::Borrowed(p.as_str()))),
         (_, Some("pool_not_found")) => ("not_found", None),
-        (_, Some("store_unavailable")) => ("error", pool.map(|p| state.snapshot.label(p))),
+        (_, Some("store_unavailable")) => {
+            ("error", pool.map(|p| Cow::Owned(state.snapshot.label(p))))
+        }
         // Refused before the store was asked (bad id, token): not an assign.
         _ => return,
     };
-    let label = label.unwrap_or_else(|| crate::monitoring::OTHER_POOL.to_owned());
-    metrics::counter!("pa_assigns_total", "pool" => label, "outcome" => outcome).increment(1);
-    metrics::histogram!("pa_assign_duration_seconds", "outcome" => outcome).record(seconds);
+    let label = label.unwrap_or(Cow::Borrowed(monitoring::OTHER_POOL));
+    monitoring::record_assign(&label, outcome, seconds);
 }

@@ -39,7 +39,7 @@
 //! reply lost, and running it again would count an assignment twice. The caller gets a 503
 //! instead. The same holds for a release: a retried one finds the lease gone and answers
 //! 404, never a second decrement. The exceptions are answers that prove Redis ran nothing:
-//! NOSCRIPT, after which `Script` loads the script (on a cluster, on every node) and sends
+//! NOSCRIPT, after which `eval` loads the script (on a cluster, on every node) and sends
 //! it again; and, within the store timeout, the answers of a failover in progress (MOVED,
 //! TRYAGAIN, CLUSTERDOWN, MASTERDOWN, READONLY) or of a script cache flushed once more,
 //! after which the call is sent again once the cluster's slot map or Sentinel's primary has
@@ -52,7 +52,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use deadpool::managed;
-use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use std::io::Write as _;
+
+use redis::{ErrorKind, RedisError, RedisWrite, Script, ServerErrorKind, ToRedisArgs, Value};
 
 pub use self::connection::RedisTopology;
 use self::connection::{Connection, SharedConnection, SharedConnectionManager};
@@ -91,6 +93,43 @@ const POOL_KEY_PARTS: [&str; 12] = [
     "checks",
     "check_round",
 ];
+
+/// Every key of one pool, in the order of [`POOL_KEY_PARTS`], written straight into a
+/// command as its arguments.
+struct PoolKeys<'a> {
+    prefix: &'a str,
+    pool: &'a PoolId,
+}
+
+impl PoolKeys<'_> {
+    /// The bytes of every key together.
+    fn bytes(&self) -> usize {
+        let per_key = self.prefix.len() + self.pool.as_str().len() + ":{}:".len();
+        POOL_KEY_PARTS.iter().map(|part| per_key + part.len()).sum()
+    }
+}
+
+impl ToRedisArgs for PoolKeys<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + RedisWrite,
+    {
+        for part in POOL_KEY_PARTS {
+            let mut key = out.writer_for_next_arg();
+            // Writing into the command's own buffer cannot fail.
+            let _ = key
+                .write_all(self.prefix.as_bytes())
+                .and_then(|()| key.write_all(b":{"))
+                .and_then(|()| key.write_all(self.pool.as_str().as_bytes()))
+                .and_then(|()| key.write_all(b"}:"))
+                .and_then(|()| key.write_all(part.as_bytes()));
+        }
+    }
+
+    fn num_of_args(&self) -> usize {
+        POOL_KEY_PARTS.len()
+    }
+}
 
 /// A script with the shared helpers of `scripts/leases.lua` and `scripts/health.lua` in
 /// front of it.
@@ -348,7 +387,7 @@ impl RedisStore {
     {
         let started = Instant::now();
         let result = self.run_timed(started, request).await;
-        metrics::histogram!("pa_store_round_trip_seconds").record(started.elapsed().as_secs_f64());
+        crate::monitoring::record_store_round_trip(started.elapsed().as_secs_f64());
         if let Err(error) = &result {
             let kind = match error {
                 StoreError::Timeout(_) => "timeout",
@@ -393,22 +432,41 @@ impl RedisStore {
         }
     }
 
+    /// Runs a pool script with the pool's keys. The command is written once, keys straight
+    /// into it: an assign allocates no key strings of its own. After NOSCRIPT (a restarted
+    /// or flushed Redis) the script is loaded and the same command sent again, as
+    /// `Script::invoke_async` would; NOSCRIPT proves nothing ran.
     async fn eval(
         &self,
         script: &Script,
-        keys: &[String],
+        pool: &PoolId,
         args: &[&[u8]],
     ) -> Result<Value, StoreError> {
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(key.as_str());
-        }
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        let invocation = &invocation;
-        self.run(|mut connection| async move { invocation.invoke_async(&mut connection).await })
-            .await
+        let keys = PoolKeys {
+            prefix: &self.prefix,
+            pool,
+        };
+        let mut evalsha = redis::Cmd::with_capacity(
+            3 + POOL_KEY_PARTS.len() + args.len(),
+            script.get_hash().len() + keys.bytes() + args.iter().map(|a| a.len()).sum::<usize>(),
+        );
+        evalsha
+            .arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(POOL_KEY_PARTS.len())
+            .arg(&keys)
+            .arg(args);
+        let evalsha = &evalsha;
+        self.run(|mut connection| async move {
+            match evalsha.query_async(&mut connection).await {
+                Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script.prepare_invoke().load_async(&mut connection).await?;
+                    evalsha.query_async(&mut connection).await
+                }
+                result => result,
+            }
+        })
+        .await
     }
 
     async fn command(&self, cmd: redis::Cmd) -> Result<Value, StoreError> {
@@ -417,20 +475,8 @@ impl RedisStore {
             .await
     }
 
-    fn key(&self, pool: &PoolId, part: &str) -> String {
-        format!("{}:{{{}}}:{}", self.prefix, pool.as_str(), part)
-    }
-
     fn registry_key(&self) -> String {
         format!("{}:pools", self.prefix)
-    }
-
-    /// Keys in the order every pool script expects them.
-    fn pool_keys(&self, pool: &PoolId) -> Vec<String> {
-        POOL_KEY_PARTS
-            .iter()
-            .map(|part| self.key(pool, part))
-            .collect()
     }
 
     /// Every registered pool id, in id order.
@@ -451,11 +497,10 @@ impl RedisStore {
     /// the step budget is spent; the next sweep goes on).
     async fn sweep_pool(&self, pool: &PoolId) -> Result<Swept, StoreError> {
         let batch = REAP_BATCH.to_string();
-        let keys = self.pool_keys(pool);
         let mut swept = Swept::default();
         for _ in 0..MAX_REAP_STEPS {
             let value = self
-                .eval(&self.scripts.reap, &keys, &[batch.as_bytes()])
+                .eval(&self.scripts.reap, pool, &[batch.as_bytes()])
                 .await?;
             let (reclaimed, returned) = match reply::pool_status(value) {
                 Ok(mut items) => (
@@ -488,7 +533,7 @@ impl RedisStore {
         let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() + 1);
         args.push(first);
         args.extend(members.iter().map(|m| m.as_str().as_bytes()));
-        let value = self.eval(script, &self.pool_keys(pool), &args).await?;
+        let value = self.eval(script, pool, &args).await?;
         reply::pool_status(value)
     }
 }
@@ -636,9 +681,7 @@ impl Store for RedisStore {
             reap.as_bytes(),
             returns.as_bytes(),
         ];
-        let value = self
-            .eval(&self.scripts.assign, &self.pool_keys(pool), &args)
-            .await?;
+        let value = self.eval(&self.scripts.assign, pool, &args).await?;
         let mut items = reply::array(value)?.into_iter();
         let status = reply::int(&reply::next(&mut items)?)?;
         if status == -1 {
@@ -677,11 +720,7 @@ impl Store for RedisStore {
 
     async fn release(&self, pool: &PoolId, lease: &LeaseId) -> Result<(), StoreError> {
         let value = self
-            .eval(
-                &self.scripts.release,
-                &self.pool_keys(pool),
-                &[lease.as_str().as_bytes()],
-            )
+            .eval(&self.scripts.release, pool, &[lease.as_str().as_bytes()])
             .await?;
         let mut items = reply::pool_status(value)?;
         lease_found(&mut items)
@@ -695,9 +734,7 @@ impl Store for RedisStore {
     ) -> Result<Renewed, StoreError> {
         let ttl_arg = ttl.map(|t| t.as_millis().to_string()).unwrap_or_default();
         let args: [&[u8]; 2] = [lease.as_str().as_bytes(), ttl_arg.as_bytes()];
-        let value = self
-            .eval(&self.scripts.renew, &self.pool_keys(pool), &args)
-            .await?;
+        let value = self.eval(&self.scripts.renew, pool, &args).await?;
         let mut items = reply::pool_status(value)?;
         lease_found(&mut items)?;
         let member = MemberId::from_stored(reply::string(reply::next(&mut items)?)?);
@@ -737,9 +774,7 @@ impl Store for RedisStore {
             args.push(report.result.as_str().as_bytes());
             args.push(report.detail.as_bytes());
         }
-        let value = self
-            .eval(&self.scripts.outcomes, &self.pool_keys(pool), &args)
-            .await?;
+        let value = self.eval(&self.scripts.outcomes, pool, &args).await?;
         let mut items = reply::pool_status(value)?;
         let outcomes = reply::array(reply::next(&mut items)?)?;
         let mut summary = ReportSummary::default();
@@ -777,7 +812,7 @@ impl Store for RedisStore {
         let value = self
             .eval(
                 &self.scripts.claim_check,
-                &self.pool_keys(pool),
+                pool,
                 &[ms.as_bytes(), limit.as_bytes()],
             )
             .await?;
@@ -824,9 +859,7 @@ impl Store for RedisStore {
             max.as_bytes(),
             health.as_bytes(),
         ];
-        let value = self
-            .eval(&self.scripts.put_pool, &self.pool_keys(pool), &args)
-            .await?;
+        let value = self.eval(&self.scripts.put_pool, pool, &args).await?;
         let created = match reply::int(&value)? {
             -2 => return Err(StoreError::PolicyChangeRequiresEmptyPool),
             status => status == 1,
@@ -844,9 +877,7 @@ impl Store for RedisStore {
     }
 
     async fn pool(&self, pool: &PoolId) -> Result<PoolInfo, StoreError> {
-        let value = self
-            .eval(&self.scripts.pool_info, &self.pool_keys(pool), &[])
-            .await?;
+        let value = self.eval(&self.scripts.pool_info, pool, &[]).await?;
         let mut items = reply::pool_status(value)?;
         let config_json = reply::string(reply::next(&mut items)?)?;
         let config: PoolConfig = serde_json::from_str(&config_json)
@@ -896,9 +927,7 @@ impl Store for RedisStore {
     }
 
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError> {
-        let value = self
-            .eval(&self.scripts.delete_pool, &self.pool_keys(pool), &[])
-            .await?;
+        let value = self.eval(&self.scripts.delete_pool, pool, &[]).await?;
         let mut srem = redis::cmd("SREM");
         srem.arg(self.registry_key()).arg(pool.as_str());
         self.command(srem).await?;
@@ -919,9 +948,7 @@ impl Store for RedisStore {
         args.push(flag(seed.dry_run));
         args.push(pending.as_bytes());
         args.extend(seed.members.iter().map(|m| m.as_str().as_bytes()));
-        let value = self
-            .eval(&self.scripts.seed, &self.pool_keys(pool), &args)
-            .await?;
+        let value = self.eval(&self.scripts.seed, pool, &args).await?;
         let mut items = reply::pool_status(value)?;
         let start_assignments = reply::count(&reply::next(&mut items)?)?;
         let flags = reply::array(reply::next(&mut items)?)?;
@@ -962,9 +989,7 @@ impl Store for RedisStore {
             eligible_count.as_bytes(),
             ineligible_count.as_bytes(),
         ];
-        let value = self
-            .eval(&self.scripts.members, &self.pool_keys(pool), &args)
-            .await?;
+        let value = self.eval(&self.scripts.members, pool, &args).await?;
         let mut items = reply::pool_status(value)?;
         let mut next = || reply::next(&mut items);
         let (eligible_pairs, ineligible_pairs) = (next()?, next()?);
@@ -1061,9 +1086,7 @@ impl Store for RedisStore {
     ) -> Result<RemoveReport, StoreError> {
         let mut args: Vec<&[u8]> = Vec::with_capacity(members.len());
         args.extend(members.iter().map(|m| m.as_str().as_bytes()));
-        let value = self
-            .eval(&self.scripts.remove, &self.pool_keys(pool), &args)
-            .await?;
+        let value = self.eval(&self.scripts.remove, pool, &args).await?;
         let mut items = reply::pool_status(value)?;
         let outcomes = reply::array(reply::next(&mut items)?)?;
         let mut report = RemoveReport::default();

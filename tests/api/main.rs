@@ -18,6 +18,7 @@ mod deploy;
 mod health;
 mod import;
 mod leases;
+mod logs;
 mod members;
 mod metrics;
 mod pools;

@@ -2,6 +2,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::helpers::ADMIN;
@@ -11,6 +12,8 @@ pub struct ServiceProcess {
     child: Option<Child>,
     /// `http://127.0.0.1:<port>`.
     pub base: String,
+    /// Every line the service wrote to standard output so far.
+    lines: Arc<Mutex<Vec<String>>>,
 }
 
 impl ServiceProcess {
@@ -31,11 +34,14 @@ impl ServiceProcess {
         let mut child = cmd.spawn().expect("the service binary starts");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&lines);
         // Read the bound address from the "listening" line, then keep draining the pipe so
         // that logging never blocks the service.
         std::thread::spawn(move || {
             let mut sent = false;
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                kept.lock().expect("lines").push(line.clone());
                 if !sent && line.contains("\"listening\"") {
                     let value: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
                     if let Some(addr) = value["addr"].as_str() {
@@ -51,7 +57,33 @@ impl ServiceProcess {
         Self {
             child: Some(child),
             base: format!("http://{addr}"),
+            lines,
         }
+    }
+
+    /// The lines written so far that contain `needle`, once at least `count` of them have
+    /// arrived (the service flushes its log at least every 100 ms) or 5 s have passed.
+    pub fn wait_lines(&self, needle: &str, count: usize) -> Vec<String> {
+        let started = Instant::now();
+        loop {
+            let found: Vec<String> = self
+                .lines
+                .lock()
+                .expect("lines")
+                .iter()
+                .filter(|line| line.contains(needle))
+                .cloned()
+                .collect();
+            if found.len() >= count || started.elapsed() > Duration::from_secs(5) {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Every line written so far.
+    pub fn all_lines(&self) -> Vec<String> {
+        self.lines.lock().expect("lines").clone()
     }
 
     /// Sends SIGTERM.

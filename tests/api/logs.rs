@@ -1,0 +1,157 @@
+//! The request log, read from the standard output of the service run as a process.
+
+use reqwest::{Client, StatusCode};
+use serde_json::{Value, json};
+
+use crate::helpers::ADMIN;
+use crate::process::ServiceProcess;
+
+fn start() -> ServiceProcess {
+    ServiceProcess::start(&[("RUST_LOG", "info".to_owned())])
+}
+
+fn parse(line: &str) -> Value {
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("not one JSON object ({e}): {line}"))
+}
+
+/// Everything of a parsed request line but its time-dependent fields, which are checked on
+/// their own.
+fn without_times(mut line: Value) -> Value {
+    let object = line.as_object_mut().expect("an object");
+    object.remove("timestamp");
+    object.remove("latency_ms");
+    line
+}
+
+#[tokio::test]
+async fn every_request_is_one_json_line_with_its_route_status_pool_outcome_and_request_id() {
+    let service = start();
+    let base = &service.base;
+    let client = Client::new();
+    client
+        .put(format!("{base}/pools/web"))
+        .bearer_auth(ADMIN)
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("sent");
+    client
+        .post(format!("{base}/pools/web/members"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"members": ["http://p1.example.net:3128"]}))
+        .send()
+        .await
+        .expect("sent");
+    let before = time::OffsetDateTime::now_utc();
+    let response = client
+        .post(format!("{base}/pools/web/assign"))
+        .header("x-request-id", "worker-7/\"req\"\\1")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::OK);
+
+    let lines = service.wait_lines("worker-7", 1);
+    assert_eq!(lines.len(), 1, "one line per request: {lines:?}");
+    let line = parse(&lines[0]);
+    assert_eq!(
+        without_times(line.clone()),
+        json!({
+            "level": "INFO",
+            "target": "proxy_allocator::http::log",
+            "message": "request",
+            "method": "POST",
+            "route": "/pools/{pool}/assign",
+            "status": 200,
+            "pool": "web",
+            "outcome": "assigned",
+            "request_id": "worker-7/\"req\"\\1",
+        })
+    );
+    let latency = line["latency_ms"].as_f64().expect("latency_ms is a number");
+    assert!((0.0..10_000.0).contains(&latency), "{latency}");
+    let at = time::OffsetDateTime::parse(
+        line["timestamp"].as_str().expect("timestamp is a string"),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .expect("timestamp is RFC 3339");
+    assert!(
+        at >= before - time::Duration::seconds(1),
+        "{at} before {before}"
+    );
+    assert!(at <= time::OffsetDateTime::now_utc(), "{at} in the future");
+}
+
+#[tokio::test]
+async fn refused_requests_are_logged_with_their_error_code_and_a_generated_request_id() {
+    let service = start();
+    let response = Client::new()
+        .post(format!("{}/pools/nowhere/assign", service.base))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let id = response.headers()["x-request-id"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    assert_eq!(id.len(), 32, "{id}");
+
+    let lines = service.wait_lines(&id, 1);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(
+        without_times(parse(&lines[0])),
+        json!({
+            "level": "INFO",
+            "target": "proxy_allocator::http::log",
+            "message": "request",
+            "method": "POST",
+            "route": "/pools/{pool}/assign",
+            "status": 404,
+            "pool": "nowhere",
+            "outcome": "pool_not_found",
+            "request_id": id,
+        })
+    );
+}
+
+#[tokio::test]
+async fn credentials_inside_proxy_urls_never_reach_the_log() {
+    let service = start();
+    let base = &service.base;
+    let client = Client::new();
+    client
+        .put(format!("{base}/pools/auth"))
+        .bearer_auth(ADMIN)
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("sent");
+    let seeded = client
+        .post(format!("{base}/pools/auth/members"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"members": ["http://alice:s3cret-pw@p1.example.net:3128"]}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(seeded.status(), StatusCode::OK);
+    let assigned = client
+        .post(format!("{base}/pools/auth/assign"))
+        .header("x-request-id", "with-credentials")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(assigned.status(), StatusCode::OK);
+    assert_eq!(
+        assigned.json::<Value>().await.expect("json")["proxy"],
+        "http://alice:s3cret-pw@p1.example.net:3128"
+    );
+
+    assert_eq!(service.wait_lines("with-credentials", 1).len(), 1);
+    let leaked: Vec<String> = service
+        .all_lines()
+        .into_iter()
+        .filter(|line| line.contains("s3cret-pw") || line.contains("alice"))
+        .collect();
+    assert_eq!(leaked, Vec::<String>::new());
+}
