@@ -11,6 +11,10 @@ mod helpers;
 
 mod chaos;
 mod load;
+#[expect(
+    dead_code,
+    reason = "shared with the API suite, which also reads the log"
+)]
 #[path = "../api/process.rs"]
 mod process;
 
