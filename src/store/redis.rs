@@ -60,8 +60,6 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use deadpool::managed;
-use std::io::Write as _;
-
 use redis::{ErrorKind, RedisError, RedisWrite, Script, ServerErrorKind, ToRedisArgs, Value};
 
 pub use self::connection::RedisTopology;
@@ -122,15 +120,17 @@ impl ToRedisArgs for PoolKeys<'_> {
     where
         W: ?Sized + RedisWrite,
     {
+        // One buffer for every key: `write_arg` copies a whole key at a time, where
+        // redis-rs's argument writer would take each piece through `io::Write`.
+        let mut key = Vec::with_capacity(self.bytes());
         for part in POOL_KEY_PARTS {
-            let mut key = out.writer_for_next_arg();
-            // Writing into the command's own buffer cannot fail.
-            let _ = key
-                .write_all(self.prefix.as_bytes())
-                .and_then(|()| key.write_all(b":{"))
-                .and_then(|()| key.write_all(self.pool.as_str().as_bytes()))
-                .and_then(|()| key.write_all(b"}:"))
-                .and_then(|()| key.write_all(part.as_bytes()));
+            key.clear();
+            key.extend_from_slice(self.prefix.as_bytes());
+            key.extend_from_slice(b":{");
+            key.extend_from_slice(self.pool.as_str().as_bytes());
+            key.extend_from_slice(b"}:");
+            key.extend_from_slice(part.as_bytes());
+            out.write_arg(&key);
         }
     }
 

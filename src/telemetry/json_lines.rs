@@ -129,6 +129,10 @@ struct Escaped<W>(W);
 
 impl<W: Write> Write for Escaped<W> {
     fn write_str(&mut self, text: &str) -> fmt::Result {
+        // Almost every text needs no escape at all: one quick scan, one write.
+        if !text.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+            return self.0.write_str(text);
+        }
         let mut clean = 0;
         for (at, byte) in text.bytes().enumerate() {
             let escape = match byte {
