@@ -32,96 +32,90 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
+        // The line is put together in a String of its own and handed over in one piece:
+        // `Writer` is a `dyn fmt::Write`, and a line is some forty small writes.
+        let mut line = String::with_capacity(320);
         let meta = event.metadata();
-        writer.write_str("{\"timestamp\":\"")?;
-        timestamp(&mut writer, OffsetDateTime::now_utc())?;
-        writer.write_str("\",\"level\":\"")?;
-        writer.write_str(meta.level().as_str())?;
-        writer.write_str("\",\"target\":")?;
-        string(&mut writer, meta.target())?;
-        let mut fields = Fields {
-            out: &mut writer,
-            result: Ok(()),
-        };
-        event.record(&mut fields);
-        fields.result?;
-        super::REQUEST_ID
-            .try_with(|id| {
-                writer.write_str(",\"request_id\":")?;
-                string(&mut writer, id.to_str().unwrap_or_default())
-            })
-            .unwrap_or(Ok(()))?;
-        writer.write_str("}\n")
+        line.push_str("{\"timestamp\":\"");
+        timestamp(&mut line, OffsetDateTime::now_utc());
+        line.push_str("\",\"level\":\"");
+        line.push_str(meta.level().as_str());
+        line.push_str("\",\"target\":");
+        string(&mut line, meta.target());
+        event.record(&mut Fields { line: &mut line });
+        let _ = super::REQUEST_ID.try_with(|id| {
+            line.push_str(",\"request_id\":");
+            string(&mut line, id.to_str().unwrap_or_default());
+        });
+        line.push_str("}\n");
+        writer.write_str(&line)
     }
 }
 
 /// Appends `,"name":value` for every field of an event.
-struct Fields<'a, W> {
-    out: &'a mut W,
-    result: fmt::Result,
+struct Fields<'a> {
+    line: &'a mut String,
 }
 
-impl<W: Write> Fields<'_, W> {
-    fn field(&mut self, field: &Field, value: impl FnOnce(&mut W) -> fmt::Result) {
-        if self.result.is_ok() {
-            self.result = self
-                .out
-                .write_char(',')
-                .and_then(|()| string(self.out, field.name()))
-                .and_then(|()| self.out.write_char(':'))
-                .and_then(|()| value(self.out));
-        }
+impl Fields<'_> {
+    fn name(&mut self, field: &Field) -> &mut String {
+        self.line.push(',');
+        string(self.line, field.name());
+        self.line.push(':');
+        self.line
     }
 }
 
-impl<W: Write> Visit for Fields<'_, W> {
+impl Visit for Fields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.field(field, |out| string(out, value));
+        string(self.name(field), value);
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.field(field, |out| write!(out, "{value}"));
+        self.name(field).push_str(itoa::Buffer::new().format(value));
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.field(field, |out| write!(out, "{value}"));
+        self.name(field).push_str(itoa::Buffer::new().format(value));
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
+        let line = self.name(field);
         // JSON has no NaN or infinity.
         if value.is_finite() {
-            self.field(field, |out| write!(out, "{value}"));
+            line.push_str(ryu::Buffer::new().format_finite(value));
         } else {
-            self.field(field, |out| out.write_str("null"));
+            line.push_str("null");
         }
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
-        self.field(field, |out| write!(out, "{value}"));
+        self.name(field)
+            .push_str(if value { "true" } else { "false" });
     }
 
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.field(field, |out| {
-            out.write_char('"')?;
-            write!(Escaped(&mut *out), "{value}")?;
-            out.write_char('"')
-        });
+        let line = self.name(field);
+        line.push('"');
+        // Writing to a String cannot fail.
+        let _ = write!(Escaped(&mut *line), "{value}");
+        line.push('"');
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.field(field, |out| {
-            out.write_char('"')?;
-            write!(Escaped(&mut *out), "{value:?}")?;
-            out.write_char('"')
-        });
+        let line = self.name(field);
+        line.push('"');
+        let _ = write!(Escaped(&mut *line), "{value:?}");
+        line.push('"');
     }
 }
 
 /// A JSON string: quoted and escaped.
-fn string(out: &mut impl Write, text: &str) -> fmt::Result {
-    out.write_char('"')?;
-    Escaped(&mut *out).write_str(text)?;
-    out.write_char('"')
+fn string(line: &mut String, text: &str) {
+    line.push('"');
+    // Writing to a String cannot fail.
+    let _ = Escaped(&mut *line).write_str(text);
+    line.push('"');
 }
 
 /// Writes what it is given as the inside of a JSON string.
@@ -157,7 +151,7 @@ impl<W: Write> Write for Escaped<W> {
 }
 
 /// RFC 3339 in UTC with microseconds: `2026-11-30T12:34:56.789012Z`.
-fn timestamp(out: &mut impl Write, at: OffsetDateTime) -> fmt::Result {
+fn timestamp(line: &mut String, at: OffsetDateTime) {
     let mut text = *b"0000-00-00T00:00:00.000000Z";
     let mut put = |from: usize, digits: usize, value: u32| {
         let mut value = value;
@@ -174,7 +168,7 @@ fn timestamp(out: &mut impl Write, at: OffsetDateTime) -> fmt::Result {
     put(17, 2, u32::from(at.second()));
     put(20, 6, at.microsecond());
     // Only ASCII digits and separators were written.
-    out.write_str(std::str::from_utf8(&text).map_err(|_| fmt::Error)?)
+    line.push_str(std::str::from_utf8(&text).unwrap_or_default());
 }
 
 #[cfg(test)]
@@ -183,7 +177,7 @@ mod tests {
 
     fn escaped(text: &str) -> String {
         let mut out = String::new();
-        string(&mut out, text).expect("writing to a String");
+        string(&mut out, text);
         out
     }
 
@@ -204,11 +198,71 @@ mod tests {
     }
 
     #[test]
+    fn an_event_is_one_json_object_with_every_kind_of_field_typed() {
+        let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+        let sink = std::sync::Arc::clone(&buffer);
+        let subscriber = tracing_subscriber::fmt()
+            .event_format(JsonLines)
+            .with_writer(move || Sink(std::sync::Arc::clone(&sink)))
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(
+                count = 3_u64,
+                delta = -2_i64,
+                ratio = 0.25_f64,
+                missing = f64::NAN,
+                ok = true,
+                text = "say \"hi\"",
+                list = ?[1, 2],
+                "done"
+            );
+        });
+        let text = String::from_utf8(buffer.lock().expect("buffer").clone()).expect("utf-8");
+        assert_eq!(text.matches('\n').count(), 1, "{text}");
+        let mut line: serde_json::Value = serde_json::from_str(&text).expect("one JSON object");
+        assert!(
+            line.as_object_mut()
+                .expect("object")
+                .remove("timestamp")
+                .is_some()
+        );
+        assert_eq!(
+            line,
+            serde_json::json!({
+                "level": "WARN",
+                "target": "proxy_allocator::telemetry::json_lines::tests",
+                "message": "done",
+                "count": 3,
+                "delta": -2,
+                "ratio": 0.25,
+                "missing": null,
+                "ok": true,
+                "text": "say \"hi\"",
+                "list": "[1, 2]",
+            })
+        );
+    }
+
+    /// A writer into a shared buffer.
+    struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("buffer").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
     fn timestamps_are_rfc_3339_utc_with_microseconds() {
         let at = OffsetDateTime::from_unix_timestamp_nanos(1_796_031_296_007_008_999)
             .expect("a valid time");
         let mut out = String::new();
-        timestamp(&mut out, at).expect("writing to a String");
+        timestamp(&mut out, at);
         assert_eq!(out, "2026-11-30T09:34:56.007008Z");
     }
 }
