@@ -3,8 +3,8 @@
 # ceiling, in one run on this machine. Prints a markdown table. Not a test: nothing here
 # passes or fails on a number.
 #
-#   bash bench/assign.sh                 # pool sizes 100, 10000, 1000000; median of 3 runs of 10 s
-#   ROUNDS=5 bash bench/assign.sh        # more runs per figure on a noisier machine
+#   bash bench/assign.sh                 # pool sizes 100, 10000, 1000000; median of 5 runs of 10 s
+#   ROUNDS=9 bash bench/assign.sh        # more runs per figure on a noisier machine
 #   SIZES="100 10000" DURATION=5 bash bench/assign.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
