@@ -86,26 +86,46 @@ fn describe() {
 /// `metrics` macros allocate the label values and look the series up in the recorder on
 /// every call, which on the assign path cost a tenth of the service's own work.
 struct Handles {
-    /// `pa_http_request_duration_seconds` and `pa_http_requests_total`, by route template.
-    routes: RwLock<HashMap<String, RouteHandles>>,
-    /// `pa_assigns_total` by pool label, then outcome.
-    assigns: RwLock<HashMap<String, Vec<(&'static str, Counter)>>>,
-    /// `pa_assign_duration_seconds` by outcome.
-    assign_durations: RwLock<Vec<(&'static str, Histogram)>>,
+    /// `pa_http_requests_total` and `pa_http_request_duration_seconds`, by route template,
+    /// then method and status.
+    requests: Registered<(Method, u16), (Counter, Histogram)>,
+    /// `pa_assigns_total` and `pa_assign_duration_seconds`, by pool label, then outcome.
+    assigns: Registered<&'static str, (Counter, Histogram)>,
     store_round_trip: Histogram,
 }
 
-struct RouteHandles {
-    duration: Histogram,
-    requests: Vec<(Method, u16, Counter)>,
-}
+/// Handles by one label value that varies freely (a route, a pool) and a few that do not;
+/// each handle is registered the first time its labels are seen.
+struct Registered<K, H>(RwLock<HashMap<String, Vec<(K, H)>>>);
 
-impl RouteHandles {
-    fn find(&self, method: &Method, status: u16) -> Option<(Histogram, Counter)> {
-        self.requests
-            .iter()
-            .find(|(m, s, _)| m == method && *s == status)
-            .map(|(_, _, requests)| (self.duration.clone(), requests.clone()))
+impl<K: PartialEq, H: Clone> Registered<K, H> {
+    fn new() -> Self {
+        Self(RwLock::default())
+    }
+
+    fn get(&self, name: &str, key: K, register: impl FnOnce() -> H) -> H {
+        let find = |handles: &[(K, H)], key: &K| {
+            handles
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, h)| h.clone())
+        };
+        // A poisoned lock only means a panic while a handle was added: the map is whole.
+        let found = self
+            .0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(name)
+            .and_then(|handles| find(handles, &key));
+        found.unwrap_or_else(|| {
+            let mut all = self.0.write().unwrap_or_else(PoisonError::into_inner);
+            let handles = all.entry(name.to_owned()).or_default();
+            find(handles, &key).unwrap_or_else(|| {
+                let handle = register();
+                handles.push((key, handle.clone()));
+                handle
+            })
+        })
     }
 }
 
@@ -113,85 +133,22 @@ impl RouteHandles {
 static HANDLES: LazyLock<Handles> = LazyLock::new(|| {
     prometheus();
     Handles {
-        routes: RwLock::default(),
-        assigns: RwLock::default(),
-        assign_durations: RwLock::default(),
+        requests: Registered::new(),
+        assigns: Registered::new(),
         store_round_trip: metrics::histogram!("pa_store_round_trip_seconds"),
     }
 });
 
-impl Handles {
-    fn request(&self, method: &Method, route: &str, status: u16) -> (Histogram, Counter) {
-        let found = read(&self.routes)
-            .get(route)
-            .and_then(|r| r.find(method, status));
-        found.unwrap_or_else(|| {
-            let mut routes = write(&self.routes);
-            let handles = routes
-                .entry(route.to_owned())
-                .or_insert_with(|| RouteHandles {
-                    duration: metrics::histogram!("pa_http_request_duration_seconds", "route" => route.to_owned()),
-                    requests: Vec::new(),
-                });
-            handles.find(method, status).unwrap_or_else(|| {
-                let requests = metrics::counter!("pa_http_requests_total",
-                    "method" => method.to_string(), "route" => route.to_owned(), "status" => status.to_string());
-                handles.requests.push((method.clone(), status, requests.clone()));
-                (handles.duration.clone(), requests)
-            })
-        })
-    }
-
-    fn assign(&self, pool_label: &str, outcome: &'static str) -> (Histogram, Counter) {
-        let find = |by_outcome: &Vec<(&'static str, Counter)>| {
-            by_outcome
-                .iter()
-                .find(|(o, _)| *o == outcome)
-                .map(|(_, c)| c.clone())
-        };
-        let found = read(&self.assigns).get(pool_label).and_then(find);
-        let counter = found.unwrap_or_else(|| {
-            let mut assigns = write(&self.assigns);
-            let by_outcome = assigns.entry(pool_label.to_owned()).or_default();
-            find(by_outcome).unwrap_or_else(|| {
-                let counter = metrics::counter!("pa_assigns_total", "pool" => pool_label.to_owned(), "outcome" => outcome);
-                by_outcome.push((outcome, counter.clone()));
-                counter
-            })
-        });
-        let find = |durations: &Vec<(&'static str, Histogram)>| {
-            durations
-                .iter()
-                .find(|(o, _)| *o == outcome)
-                .map(|(_, h)| h.clone())
-        };
-        let found = find(&read(&self.assign_durations));
-        let duration = found.unwrap_or_else(|| {
-            let mut durations = write(&self.assign_durations);
-            find(&durations).unwrap_or_else(|| {
-                let duration =
-                    metrics::histogram!("pa_assign_duration_seconds", "outcome" => outcome);
-                durations.push((outcome, duration.clone()));
-                duration
-            })
-        });
-        (duration, counter)
-    }
-}
-
-// A poisoned lock only means a panic while a handle was added: the map is still whole.
-fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// Counts one answered request under its method, route template and status, and records
 /// how long it took.
 pub fn record_request(method: &Method, route: &str, status: u16, seconds: f64) {
-    let (duration, requests) = HANDLES.request(method, route, status);
+    let (requests, duration) = HANDLES.requests.get(route, (method.clone(), status), || {
+        (
+            metrics::counter!("pa_http_requests_total",
+                "method" => method.to_string(), "route" => route.to_owned(), "status" => status.to_string()),
+            metrics::histogram!("pa_http_request_duration_seconds", "route" => route.to_owned()),
+        )
+    });
     requests.increment(1);
     duration.record(seconds);
 }
@@ -199,7 +156,12 @@ pub fn record_request(method: &Method, route: &str, status: u16, seconds: f64) {
 /// Counts one assign under its pool label (see [`PoolSnapshot::label`]) and outcome, and
 /// records how long it took.
 pub fn record_assign(pool_label: &str, outcome: &'static str, seconds: f64) {
-    let (duration, assigns) = HANDLES.assign(pool_label, outcome);
+    let (assigns, duration) = HANDLES.assigns.get(pool_label, outcome, || {
+        (
+            metrics::counter!("pa_assigns_total", "pool" => pool_label.to_owned(), "outcome" => outcome),
+            metrics::histogram!("pa_assign_duration_seconds", "outcome" => outcome),
+        )
+    });
     assigns.increment(1);
     duration.record(seconds);
 }

@@ -108,10 +108,17 @@ struct PoolKeys<'a> {
 }
 
 impl PoolKeys<'_> {
+    /// The bytes of a key, less its part.
+    fn head(&self) -> usize {
+        self.prefix.len() + self.pool.as_str().len() + ":{}:".len()
+    }
+
     /// The bytes of every key together.
     fn bytes(&self) -> usize {
-        let per_key = self.prefix.len() + self.pool.as_str().len() + ":{}:".len();
-        POOL_KEY_PARTS.iter().map(|part| per_key + part.len()).sum()
+        POOL_KEY_PARTS
+            .iter()
+            .map(|part| self.head() + part.len())
+            .sum()
     }
 }
 
@@ -122,7 +129,8 @@ impl ToRedisArgs for PoolKeys<'_> {
     {
         // One buffer for every key: `write_arg` copies a whole key at a time, where
         // redis-rs's argument writer would take each piece through `io::Write`.
-        let mut key = Vec::with_capacity(self.bytes());
+        let longest = POOL_KEY_PARTS.iter().map(|part| part.len()).max();
+        let mut key = Vec::with_capacity(self.head() + longest.unwrap_or(0));
         for part in POOL_KEY_PARTS {
             key.clear();
             key.extend_from_slice(self.prefix.as_bytes());
