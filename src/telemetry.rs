@@ -181,3 +181,67 @@ pub fn init_for_tests() {
         .with_test_writer()
         .try_init();
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use axum::http::HeaderValue;
+    use tracing_subscriber::fmt::format::DefaultFields;
+    use tracing_subscriber::registry::Registry;
+
+    use super::*;
+
+    /// What `emit` logs through a subscriber using `format`.
+    pub(super) fn captured<E>(format: E, emit: impl FnOnce()) -> String
+    where
+        E: FormatEvent<Registry, DefaultFields> + Send + Sync + 'static,
+    {
+        let buffer = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let sink = Arc::clone(&buffer);
+        let subscriber = tracing_subscriber::fmt()
+            .event_format(format)
+            .with_writer(move || Sink(Arc::clone(&sink)))
+            .finish();
+        tracing::subscriber::with_default(subscriber, emit);
+        let bytes = buffer.lock().expect("buffer").clone();
+        String::from_utf8(bytes).expect("utf-8")
+    }
+
+    /// A writer into a shared buffer.
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("buffer").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn text_lines_written_while_serving_a_request_end_with_its_id() {
+        let format = tracing_subscriber::fmt::format()
+            .with_ansi(false)
+            .without_time();
+        let text = captured(TextWithRequestId(format), || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(serving_request(HeaderValue::from_static("abc-1"), async {
+                tracing::info!(n = 1, "inside");
+            }));
+            tracing::info!("outside");
+        });
+        assert_eq!(
+            text.lines().collect::<Vec<_>>(),
+            [
+                " INFO proxy_allocator::telemetry::tests: inside n=1 request_id=abc-1",
+                " INFO proxy_allocator::telemetry::tests: outside",
+            ]
+        );
+    }
+}

@@ -199,13 +199,7 @@ mod tests {
 
     #[test]
     fn an_event_is_one_json_object_with_every_kind_of_field_typed() {
-        let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
-        let sink = std::sync::Arc::clone(&buffer);
-        let subscriber = tracing_subscriber::fmt()
-            .event_format(JsonLines)
-            .with_writer(move || Sink(std::sync::Arc::clone(&sink)))
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        let text = super::super::tests::captured(JsonLines, || {
             tracing::warn!(
                 count = 3_u64,
                 delta = -2_i64,
@@ -217,7 +211,6 @@ mod tests {
                 "done"
             );
         });
-        let text = String::from_utf8(buffer.lock().expect("buffer").clone()).expect("utf-8");
         assert_eq!(text.matches('\n').count(), 1, "{text}");
         let mut line: serde_json::Value = serde_json::from_str(&text).expect("one JSON object");
         assert!(
@@ -241,20 +234,6 @@ mod tests {
                 "list": "[1, 2]",
             })
         );
-    }
-
-    /// A writer into a shared buffer.
-    struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Sink {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("buffer").extend_from_slice(bytes);
-            Ok(bytes.len())
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
     }
 
     #[test]

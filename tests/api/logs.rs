@@ -14,6 +14,27 @@ fn parse(line: &str) -> Value {
     serde_json::from_str(line).unwrap_or_else(|e| panic!("not one JSON object ({e}): {line}"))
 }
 
+/// Creates `pool` on the running service with `member` in it.
+async fn pool_with(client: &Client, service: &ServiceProcess, pool: &str, member: &str) {
+    let base = &service.base;
+    let created = client
+        .put(format!("{base}/pools/{pool}"))
+        .bearer_auth(ADMIN)
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let seeded = client
+        .post(format!("{base}/pools/{pool}/members"))
+        .bearer_auth(ADMIN)
+        .json(&json!({ "members": [member] }))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(seeded.status(), StatusCode::OK);
+}
+
 /// Everything of a parsed request line but its time-dependent fields, which are checked on
 /// their own.
 fn without_times(mut line: Value) -> Value {
@@ -28,20 +49,7 @@ async fn every_request_is_one_json_line_with_its_route_status_pool_outcome_and_r
     let service = start();
     let base = &service.base;
     let client = Client::new();
-    client
-        .put(format!("{base}/pools/web"))
-        .bearer_auth(ADMIN)
-        .json(&json!({}))
-        .send()
-        .await
-        .expect("sent");
-    client
-        .post(format!("{base}/pools/web/members"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"members": ["http://p1.example.net:3128"]}))
-        .send()
-        .await
-        .expect("sent");
+    pool_with(&client, &service, "web", "http://p1.example.net:3128").await;
     let before = time::OffsetDateTime::now_utc();
     let response = client
         .post(format!("{base}/pools/web/assign"))
@@ -120,21 +128,13 @@ async fn credentials_inside_proxy_urls_never_reach_the_log() {
     let service = start();
     let base = &service.base;
     let client = Client::new();
-    client
-        .put(format!("{base}/pools/auth"))
-        .bearer_auth(ADMIN)
-        .json(&json!({}))
-        .send()
-        .await
-        .expect("sent");
-    let seeded = client
-        .post(format!("{base}/pools/auth/members"))
-        .bearer_auth(ADMIN)
-        .json(&json!({"members": ["http://alice:s3cret-pw@p1.example.net:3128"]}))
-        .send()
-        .await
-        .expect("sent");
-    assert_eq!(seeded.status(), StatusCode::OK);
+    pool_with(
+        &client,
+        &service,
+        "auth",
+        "http://alice:s3cret-pw@p1.example.net:3128",
+    )
+    .await;
     let assigned = client
         .post(format!("{base}/pools/auth/assign"))
         .header("x-request-id", "with-credentials")
