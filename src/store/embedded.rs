@@ -512,7 +512,10 @@ impl Store for EmbeddedStore {
                 };
             };
             let assignments = count + 1;
-            p.eligible.counts.insert(member.clone(), assignments);
+            // In place: an insert would copy the id only for the map to drop the copy again.
+            if let Some(stored) = p.eligible.counts.get_mut(&member) {
+                *stored = assignments;
+            }
             p.eligible.order.insert((assignments, member.clone()));
             p.total_assignments += 1;
             Assignment::Assigned {
