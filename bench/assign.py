@@ -32,7 +32,13 @@ DURATION = int(os.environ.get("DURATION", "10"))
 # runs that are compared alternate, so that a slow minute slows both sides.
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
 CONNECTIONS = int(os.environ.get("CONNECTIONS", "64"))
+# redis-benchmark drives its connections from one thread, so wrk gets one thread too: on two
+# shared cores every load-generator thread takes CPU from Redis and the service, and the
+# yardstick is fair only if both generators take the same share. The middle pool size is
+# also measured with two wrk threads, in the same rounds, to show what the choice is worth.
+WRK_THREADS = int(os.environ.get("WRK_THREADS", "1"))
 TOKEN = "bench-token"
+ASSIGN = "service `POST /assign`"
 PREFIX = "bench"
 
 
@@ -76,11 +82,11 @@ def to_ms(text):
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def wrk(url, method="POST"):
+def wrk(url, method="POST", threads=None):
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(f'wrk.method = "{method}"\n')
     out = subprocess.run(
-        ["wrk", "-t2", f"-c{CONNECTIONS}", f"-d{DURATION}s", "--latency", "-s", script.name, url],
+        ["wrk", f"-t{threads or WRK_THREADS}", f"-c{CONNECTIONS}", f"-d{DURATION}s", "--latency", "-s", script.name, url],
         check=True, capture_output=True, text=True,
     ).stdout
     os.unlink(script.name)
@@ -118,6 +124,18 @@ def median(runs):
             "p99_range": (min(r["p99"] for r in runs), max(r["p99"] for r in runs)),
             "non2xx": sum(r["non2xx"] for r in runs),
             "socket_errors": "; ".join(r["socket_errors"] for r in runs if r.get("socket_errors"))}
+
+
+def with_ratios(figure, runs, yardstick):
+    """Adds to `figure` the median and range of the ratios runs / yardstick, round by round.
+
+    Each round's runs follow each other, so their ratio is the least disturbed by the
+    machine's slow minutes.
+    """
+    ratios = sorted(a["rps"] / b["rps"] for a, b in zip(runs, yardstick))
+    figure["vs_bench"] = ratios[len(ratios) // 2]
+    figure["vs_bench_range"] = (ratios[0], ratios[-1])
+    return figure
 
 
 def peak_rss_mb(pid):
@@ -165,19 +183,23 @@ def main():
                     # ARGV as the service sends them: a lease id (unused on a
                     # least-used pool), no ttl, and the reap and return batch sizes.
                     args = ["0123456789abcdef0123456789abcdef", "", "16", "16"]
-                    service, yardstick = [], []
+                    service, yardstick, two_threads = [], [], []
+                    compare_threads = store == "redis" and size == SIZES[len(SIZES) // 2] \
+                        and WRK_THREADS != 2
                     for _ in range(ROUNDS):
                         service.append(wrk(f"{base}/pools/{pool}/assign"))
                         if store == "redis":
                             yardstick.append(redis_benchmark(redis_port, sha, keys, args))
+                        if compare_threads:
+                            two_threads.append(wrk(f"{base}/pools/{pool}/assign", threads=2))
                     assign = median(service)
                     if yardstick:
-                        # Each round's service run and redis-benchmark run follow each other,
-                        # so their ratio is the least disturbed by the machine's slow minutes.
-                        ratios = sorted(a["rps"] / b["rps"] for a, b in zip(service, yardstick))
-                        assign["vs_bench"] = ratios[len(ratios) // 2]
-                        assign["vs_bench_range"] = (ratios[0], ratios[-1])
-                    rows.append(("service `POST /assign`", store, size, assign, ceiling))
+                        with_ratios(assign, service, yardstick)
+                    rows.append((ASSIGN, store, size, assign, ceiling))
+                    if two_threads:
+                        rows.append(("service `POST /assign`, wrk -t2", store, size,
+                                     with_ratios(median(two_threads), two_threads, yardstick),
+                                     ceiling))
                     if yardstick:
                         rows.append(("redis-benchmark EVALSHA", "redis", size, median(yardstick), None))
                 rss = peak_rss_mb(proc.pid)
@@ -194,7 +216,8 @@ def main():
 def report(rows):
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     print(f"\n{date.today()} · {os.cpu_count()} cores ({cpu}) · {CONNECTIONS} connections · "
-          f"median of {ROUNDS} runs of {DURATION} s, alternating · wrk, Redis and the service on the same machine\n")
+          f"median of {ROUNDS} runs of {DURATION} s, alternating · wrk -t{WRK_THREADS} and "
+          f"redis-benchmark (one thread), Redis and the service on the same machine\n")
     print("| what | store | pool size | requests/s | p50 ms | p99 ms (range) | non-2xx | vs redis-benchmark (range) | vs HTTP ceiling |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for what, store, size, r, ceiling in rows:
@@ -208,7 +231,7 @@ def report(rows):
         print(f"| {what} | {store} | {size_text} | {r['rps']:,.0f} | {r['p50']:.2f} | {r['p99']:.2f} ({r['p99_range'][0]:.2f}–{r['p99_range'][1]:.2f}) | "
               f"{r['non2xx']} | {vs_bench} | {vs_ceiling} |")
     assigns = [r for (what, _, size, r, _) in rows if what.startswith("service")]
-    by_size = {(store, size): r["rps"] for (what, store, size, r, _) in rows if what.startswith("service")}
+    by_size = {(store, size): r["rps"] for (what, store, size, r, _) in rows if what == ASSIGN}
     for store in ["redis", "embedded"]:
         if (store, SIZES[0]) in by_size and (store, SIZES[-1]) in by_size:
             print(f"\n{store}: throughput at {SIZES[-1]:,} members / at {SIZES[0]:,} members = "

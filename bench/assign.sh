@@ -6,6 +6,7 @@
 #   bash bench/assign.sh                 # pool sizes 100, 10000, 1000000; median of 5 runs of 10 s
 #   ROUNDS=9 bash bench/assign.sh        # more runs per figure on a noisier machine
 #   SIZES="100 10000" DURATION=5 bash bench/assign.sh
+#   WRK_THREADS=2 bash bench/assign.sh   # two wrk threads (redis-benchmark always runs one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -41,7 +41,9 @@
 //! sender that held commands back until the worker had nothing else ready and then wrote
 //! them as one pipeline cut the service's writes from 1.85 to 1.19 per assign, but the
 //! assign rate did not rise (requests waited for their batch and the cores idled more), so
-//! it was not kept.
+//! it was not kept. Running tokio without its LIFO slot batches the same way for free (the
+//! connection task then runs after the requests already woken, not right after the first):
+//! 0.31 Redis writes per assign instead of 0.83, and again the same rate.
 //!
 //! A script call is never retried after it was sent: the script may have run with only its
 //! reply lost, and running it again would count an assignment twice. The caller gets a 503
