@@ -78,10 +78,31 @@ impl Ranked {
     }
 
     fn set(&mut self, member: MemberId, count: u64) {
-        if let Some(old) = self.counts.insert(member.clone(), count) {
-            self.order.remove(&(old, member.clone()));
+        // A member already here is updated in place: an insert would copy its id only for
+        // the map to drop the copy again, and it runs on every assign.
+        match self.counts.get_mut(&member) {
+            Some(stored) => {
+                let old = (std::mem::replace(stored, count), member);
+                self.order.remove(&old);
+                self.order.insert((count, old.1));
+            }
+            None => {
+                self.counts.insert(member.clone(), count);
+                self.order.insert((count, member));
+            }
         }
-        self.order.insert((count, member));
+    }
+
+    /// Adds one to the count of the first member (fewest, then lowest id) and returns it
+    /// with its new count.
+    fn add_one_to_first(&mut self) -> Option<(MemberId, u64)> {
+        // Taken off the front and put back, without looking the member up in the order.
+        let (count, member) = self.order.pop_first()?;
+        if let Some(stored) = self.counts.get_mut(&member) {
+            *stored = count + 1;
+        }
+        self.order.insert((count + 1, member.clone()));
+        Some((member, count + 1))
     }
 
     fn remove(&mut self, member: &MemberId) -> Option<u64> {
@@ -506,17 +527,11 @@ impl Store for EmbeddedStore {
             if p.config.policy == Policy::LeastInFlight {
                 return p.assign_least_in_flight(ttl, now);
             }
-            let Some((count, member)) = p.eligible.order.pop_first() else {
+            let Some((member, assignments)) = p.eligible.add_one_to_first() else {
                 return Assignment::Empty {
                     next_return: p.next_return(now),
                 };
             };
-            let assignments = count + 1;
-            // In place: an insert would copy the id only for the map to drop the copy again.
-            if let Some(stored) = p.eligible.counts.get_mut(&member) {
-                *stored = assignments;
-            }
-            p.eligible.order.insert((assignments, member.clone()));
             p.total_assignments += 1;
             Assignment::Assigned {
                 member,
