@@ -149,7 +149,9 @@ pub fn init(format: LogFormat) -> LogGuard {
     let _ = if json {
         builder.event_format(json_lines::JsonLines).try_init()
     } else {
-        let text = tracing_subscriber::fmt::format().with_ansi(false);
+        // Set on the format, not the builder: `TextWithRequestId` hands the format a writer
+        // of its own, which knows nothing of the builder's setting.
+        let text = tracing_subscriber::fmt::format().with_ansi(std::io::stdout().is_terminal());
         builder.event_format(TextWithRequestId(text)).try_init()
     };
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
