@@ -94,17 +94,11 @@ impl Visit for Fields<'_> {
             .push_str(if value { "true" } else { "false" });
     }
 
-    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        let line = self.name(field);
-        line.push('"');
-        // Writing to a String cannot fail.
-        let _ = write!(Escaped(&mut *line), "{value}");
-        line.push('"');
-    }
-
+    // Errors arrive here too, as their `Display` text (tracing's default `record_error`).
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
         let line = self.name(field);
         line.push('"');
+        // Writing to a String cannot fail.
         let _ = write!(Escaped(&mut *line), "{value:?}");
         line.push('"');
     }
@@ -208,6 +202,7 @@ mod tests {
                 ok = true,
                 text = "say \"hi\"",
                 list = ?[1, 2],
+                cause = &std::io::Error::other("disk \"full\"") as &(dyn std::error::Error + 'static),
                 "done"
             );
         });
@@ -232,6 +227,7 @@ mod tests {
                 "ok": true,
                 "text": "say \"hi\"",
                 "list": "[1, 2]",
+                "cause": "disk \"full\"",
             })
         );
     }

@@ -1,6 +1,6 @@
 //! The request log, read from the standard output of the service run as a process.
 
-use reqwest::{Client, StatusCode};
+use reqwest::{Client, Response, StatusCode};
 use serde_json::{Value, json};
 
 use crate::helpers::ADMIN;
@@ -35,6 +35,16 @@ async fn pool_with(client: &Client, service: &ServiceProcess, pool: &str, member
     assert_eq!(seeded.status(), StatusCode::OK);
 }
 
+/// Asks `pool` for a member under the request id `id`.
+async fn assign_as(client: &Client, service: &ServiceProcess, pool: &str, id: &str) -> Response {
+    client
+        .post(format!("{}/pools/{pool}/assign", service.base))
+        .header("x-request-id", id)
+        .send()
+        .await
+        .expect("sent")
+}
+
 /// Everything of a parsed request line but its time-dependent fields, which are checked on
 /// their own.
 fn without_times(mut line: Value) -> Value {
@@ -47,16 +57,10 @@ fn without_times(mut line: Value) -> Value {
 #[tokio::test]
 async fn every_request_is_one_json_line_with_its_route_status_pool_outcome_and_request_id() {
     let service = start();
-    let base = &service.base;
     let client = Client::new();
     pool_with(&client, &service, "web", "http://p1.example.net:3128").await;
     let before = time::OffsetDateTime::now_utc();
-    let response = client
-        .post(format!("{base}/pools/web/assign"))
-        .header("x-request-id", "worker-7/\"req\"\\1")
-        .send()
-        .await
-        .expect("sent");
+    let response = assign_as(&client, &service, "web", "worker-7/\"req\"\\1").await;
     assert_eq!(response.status(), StatusCode::OK);
 
     let lines = service.wait_lines("worker-7", 1);
@@ -126,7 +130,6 @@ async fn refused_requests_are_logged_with_their_error_code_and_a_generated_reque
 #[tokio::test]
 async fn credentials_inside_proxy_urls_never_reach_the_log() {
     let service = start();
-    let base = &service.base;
     let client = Client::new();
     pool_with(
         &client,
@@ -135,12 +138,7 @@ async fn credentials_inside_proxy_urls_never_reach_the_log() {
         "http://alice:s3cret-pw@p1.example.net:3128",
     )
     .await;
-    let assigned = client
-        .post(format!("{base}/pools/auth/assign"))
-        .header("x-request-id", "with-credentials")
-        .send()
-        .await
-        .expect("sent");
+    let assigned = assign_as(&client, &service, "auth", "with-credentials").await;
     assert_eq!(assigned.status(), StatusCode::OK);
     assert_eq!(
         assigned.json::<Value>().await.expect("json")["proxy"],
