@@ -18,8 +18,9 @@ mod ui;
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
+use axum::handler::Handler;
 use axum::http::Method;
-use axum::routing::{MethodRouter, delete, get, post, put};
+use axum::routing::{MethodFilter, MethodRouter, on};
 use axum::{Extension, Router};
 
 pub use self::auth::Tokens;
@@ -49,84 +50,169 @@ pub struct Limits {
     pub import_body_bytes: usize,
 }
 
-/// One route of the API: the table that builds the router is also what the OpenAPI
-/// contract test compares with `openapi.yaml`.
+/// Who may call a route. Declared in the route table, enforced by the handler's first
+/// extractor ([`auth`]'s `Admin` or `Worker`), and checked against each other for every
+/// route by `tests/api/auth.rs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// No token needed: probes, metrics, the contract and the dashboard page.
+    Open,
+    /// The worker token when one is configured (the admin token is accepted too); open
+    /// when none is.
+    Worker,
+    /// The admin token.
+    Admin,
+}
+
+/// What a route reads from its request body. Declared in the route table, read by the
+/// handler's extractors, and checked against each other for every route by
+/// `tests/faults/hostile.rs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteBody {
+    /// Nothing: a body, if any, is ignored.
+    Ignored,
+    /// A JSON document (`application/json`).
+    Json,
+    /// A JSON document, or no body at all for the defaults.
+    OptionalJson,
+    /// A whole proxy list, `text/plain` or a JSON array, under the import body limit.
+    List,
+}
+
+/// One route of the API. The table builds the router (the method a route is declared with
+/// is the method it is routed under: both come from one value), and the tests read it to
+/// cover every route: the OpenAPI contract, tokens, hostile bodies.
 pub struct Route {
     /// Path pattern in axum's (and OpenAPI's) `{param}` syntax.
     pub path: &'static str,
     /// HTTP method.
     pub method: Method,
-    /// Whether the route takes whole proxy lists, under the import body limit.
-    pub takes_lists: bool,
+    /// Who may call it.
+    pub access: Access,
+    /// What it reads from the body.
+    pub body: RouteBody,
     handler: MethodRouter<AppState>,
 }
 
-fn route(path: &'static str, method: Method, handler: MethodRouter<AppState>) -> Route {
+fn route<H, T>(
+    path: &'static str,
+    method: Method,
+    access: Access,
+    body: RouteBody,
+    handler: H,
+) -> Route
+where
+    H: Handler<T, AppState>,
+    T: 'static,
+{
+    // Every method in the table below is a standard one, which always has a filter; the
+    // router is built from the table by every test that starts the service.
+    let filter = MethodFilter::try_from(method.clone()).expect("a standard HTTP method");
     Route {
         path,
         method,
-        takes_lists: false,
-        handler,
+        access,
+        body,
+        handler: on(filter, handler),
     }
 }
 
 /// Every route of the API.
 pub fn routes() -> Vec<Route> {
+    use Access::{Admin, Open, Worker};
+    use RouteBody::{Ignored, Json, List, OptionalJson};
     vec![
-        route("/livez", Method::GET, get(probes::livez)),
-        route("/readyz", Method::GET, get(probes::readyz)),
-        route("/metrics", Method::GET, get(probes::metrics)),
-        route("/openapi.yaml", Method::GET, get(probes::openapi)),
-        route("/ui", Method::GET, get(ui::page)),
-        route("/pools", Method::GET, get(pools::list_pools)),
-        route("/pools/{pool}", Method::PUT, put(pools::put_pool)),
-        route("/pools/{pool}", Method::GET, get(pools::get_pool)),
-        route("/pools/{pool}", Method::DELETE, delete(pools::delete_pool)),
-        route("/pools/{pool}/assign", Method::POST, post(assign::assign)),
+        route("/livez", Method::GET, Open, Ignored, probes::livez),
+        route("/readyz", Method::GET, Open, Ignored, probes::readyz),
+        route("/metrics", Method::GET, Open, Ignored, probes::metrics),
+        route("/openapi.yaml", Method::GET, Open, Ignored, probes::openapi),
+        route("/ui", Method::GET, Open, Ignored, ui::page),
+        route("/pools", Method::GET, Admin, Ignored, pools::list_pools),
+        route("/pools/{pool}", Method::PUT, Admin, Json, pools::put_pool),
+        route(
+            "/pools/{pool}",
+            Method::GET,
+            Admin,
+            Ignored,
+            pools::get_pool,
+        ),
+        route(
+            "/pools/{pool}",
+            Method::DELETE,
+            Admin,
+            Ignored,
+            pools::delete_pool,
+        ),
+        route(
+            "/pools/{pool}/assign",
+            Method::POST,
+            Worker,
+            OptionalJson,
+            assign::assign,
+        ),
         route(
             "/pools/{pool}/outcomes",
             Method::POST,
-            post(outcomes::report_outcomes),
+            Worker,
+            Json,
+            outcomes::report_outcomes,
         ),
         route(
             "/pools/{pool}/leases/{lease}/release",
             Method::POST,
-            post(leases::release),
+            Worker,
+            Ignored,
+            leases::release,
         ),
         route(
             "/pools/{pool}/leases/{lease}/renew",
             Method::POST,
-            post(leases::renew),
+            Worker,
+            OptionalJson,
+            leases::renew,
         ),
         route(
             "/pools/{pool}/members",
             Method::POST,
-            post(members::add_members),
+            Admin,
+            Json,
+            members::add_members,
         ),
         route(
             "/pools/{pool}/members",
             Method::GET,
-            get(members::list_members),
+            Admin,
+            Ignored,
+            members::list_members,
         ),
         route(
             "/pools/{pool}/members/disable",
             Method::POST,
-            post(members::disable_members),
+            Admin,
+            Json,
+            members::disable_members,
         ),
         route(
             "/pools/{pool}/members/enable",
             Method::POST,
-            post(members::enable_members),
+            Admin,
+            Json,
+            members::enable_members,
         ),
         route(
             "/pools/{pool}/members/remove",
             Method::POST,
-            post(members::remove_members),
+            Admin,
+            Json,
+            members::remove_members,
         ),
-        Route {
-            takes_lists: true,
-            ..route("/pools/{pool}/import", Method::POST, post(import::import))
-        },
+        route(
+            "/pools/{pool}/import",
+            Method::POST,
+            Admin,
+            List,
+            import::import,
+        ),
     ]
 }
 
@@ -136,13 +222,13 @@ pub fn app(state: AppState, limits: Limits) -> Router {
     for Route {
         path,
         handler,
-        takes_lists,
+        body,
         ..
     } in routes()
     {
         // Layers on the route run after the router-wide ones below, so this limit (and the
         // limit the 413 message names) replaces the small one for this route only.
-        let handler = if takes_lists {
+        let handler = if body == RouteBody::List {
             handler
                 .layer::<_, std::convert::Infallible>(DefaultBodyLimit::max(
                     limits.import_body_bytes,

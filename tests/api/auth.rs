@@ -1,27 +1,23 @@
 //! Tokens: admin routes need the admin token, worker routes the worker token when one is
 //! configured, probes need nothing.
 
+use proxy_allocator::http::{Access, routes};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::helpers::{ADMIN, TestApp, assert_error, read, test_config};
+use crate::helpers::{ADMIN, TestApp, assert_error, concrete_path, read, test_config};
 
 const WORKER: &str = "test-worker-token";
 
-/// Every admin route with a body that would be valid, so only the token decides.
-fn admin_routes() -> Vec<(Method, &'static str, Option<serde_json::Value>)> {
-    let members = Some(json!({"members": ["a"]}));
-    vec![
-        (Method::GET, "/pools", None),
-        (Method::PUT, "/pools/p", Some(json!({}))),
-        (Method::GET, "/pools/p", None),
-        (Method::DELETE, "/pools/p", None),
-        (Method::POST, "/pools/p/members", members.clone()),
-        (Method::GET, "/pools/p/members", None),
-        (Method::POST, "/pools/p/members/disable", members.clone()),
-        (Method::POST, "/pools/p/members/enable", members.clone()),
-        (Method::POST, "/pools/p/members/remove", members),
-    ]
+/// Method and concrete path of every route the table declares with `access`.
+fn routes_for(access: Access) -> Vec<(Method, String)> {
+    let found: Vec<(Method, String)> = routes()
+        .iter()
+        .filter(|route| route.access == access)
+        .map(|route| (route.method.clone(), concrete_path(route.path)))
+        .collect();
+    assert!(!found.is_empty(), "no {access:?} route in the table");
+    found
 }
 
 async fn spawn_with_worker_token() -> TestApp {
@@ -30,26 +26,42 @@ async fn spawn_with_worker_token() -> TestApp {
     TestApp::spawn_with(config).await
 }
 
+/// Status and body of `method path` with `token` (none when `None`). No body: the token is
+/// checked before the body is read, so it alone decides between 401, 403 and the rest.
+async fn call(
+    app: &TestApp,
+    method: &Method,
+    path: &str,
+    token: Option<&str>,
+) -> (StatusCode, Option<String>, String) {
+    let mut request = app.anonymous(method.clone(), path);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.expect("sent");
+    let status = response.status();
+    let challenge = response
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().expect("ascii").to_owned());
+    (status, challenge, response.text().await.expect("a body"))
+}
+
+/// Whether an answer shows the token was taken: anything but 401 and 403.
+fn let_through(status: StatusCode) -> bool {
+    status != StatusCode::UNAUTHORIZED && status != StatusCode::FORBIDDEN
+}
+
 #[tokio::test]
 async fn every_admin_route_answers_401_without_a_token_or_with_a_wrong_one() {
     let app = spawn_with_worker_token().await;
-    for (method, path, body) in admin_routes() {
+    for (method, path) in routes_for(Access::Admin) {
         for token in [None, Some("wrong"), Some(""), Some("test-admin-tokeN")] {
-            let mut request = app.anonymous(method.clone(), path);
-            if let Some(token) = token {
-                request = request.bearer_auth(token);
-            }
-            if let Some(body) = &body {
-                request = request.json(body);
-            }
-            let response = request.send().await.expect("sent");
-            let challenge = response.headers().get("www-authenticate").cloned();
-            let (status, body) = read(response).await;
+            let (status, challenge, text) = call(&app, &method, &path, token).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{method} {path}: {text}");
+            let body = serde_json::from_str(&text).expect("a JSON body");
             assert_error(status, &body, StatusCode::UNAUTHORIZED, "unauthorized");
-            assert_eq!(
-                challenge.as_ref().map(|v| v.as_bytes()),
-                Some(&b"Bearer"[..])
-            );
+            assert_eq!(challenge.as_deref(), Some("Bearer"), "{method} {path}");
         }
     }
 }
@@ -57,13 +69,63 @@ async fn every_admin_route_answers_401_without_a_token_or_with_a_wrong_one() {
 #[tokio::test]
 async fn the_worker_token_on_an_admin_route_answers_403() {
     let app = spawn_with_worker_token().await;
-    for (method, path, body) in admin_routes() {
-        let mut request = app.anonymous(method.clone(), path).bearer_auth(WORKER);
-        if let Some(body) = &body {
-            request = request.json(body);
-        }
-        let (status, body) = read(request.send().await.expect("sent")).await;
+    for (method, path) in routes_for(Access::Admin) {
+        let (status, _, text) = call(&app, &method, &path, Some(WORKER)).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{method} {path}: {text}");
+        let body = serde_json::from_str(&text).expect("a JSON body");
         assert_error(status, &body, StatusCode::FORBIDDEN, "forbidden");
+    }
+}
+
+#[tokio::test]
+async fn the_admin_token_is_let_through_on_every_admin_route() {
+    let app = spawn_with_worker_token().await;
+    for (method, path) in routes_for(Access::Admin) {
+        let (status, _, text) = call(&app, &method, &path, Some(ADMIN)).await;
+        assert!(let_through(status), "{method} {path}: {status} {text}");
+    }
+}
+
+#[tokio::test]
+async fn every_worker_route_answers_401_without_the_worker_token_when_one_is_set() {
+    let app = spawn_with_worker_token().await;
+    for (method, path) in routes_for(Access::Worker) {
+        for token in [None, Some("wrong"), Some(""), Some("test-worker-tokeN")] {
+            let (status, challenge, text) = call(&app, &method, &path, token).await;
+            assert_eq!(status, StatusCode::UNAUTHORIZED, "{method} {path}: {text}");
+            let body = serde_json::from_str(&text).expect("a JSON body");
+            assert_error(status, &body, StatusCode::UNAUTHORIZED, "unauthorized");
+            assert_eq!(challenge.as_deref(), Some("Bearer"), "{method} {path}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_worker_route_lets_the_worker_and_the_admin_token_through() {
+    let app = spawn_with_worker_token().await;
+    for (method, path) in routes_for(Access::Worker) {
+        for token in [WORKER, ADMIN] {
+            let (status, _, text) = call(&app, &method, &path, Some(token)).await;
+            assert!(let_through(status), "{method} {path}: {status} {text}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_worker_route_is_open_when_no_worker_token_is_configured() {
+    let app = TestApp::spawn(crate::helpers::Backend::Embedded).await;
+    for (method, path) in routes_for(Access::Worker) {
+        let (status, _, text) = call(&app, &method, &path, None).await;
+        assert!(let_through(status), "{method} {path}: {status} {text}");
+    }
+}
+
+#[tokio::test]
+async fn every_open_route_needs_no_token_even_when_a_worker_token_is_set() {
+    let app = spawn_with_worker_token().await;
+    for (method, path) in routes_for(Access::Open) {
+        let (status, _, text) = call(&app, &method, &path, None).await;
+        assert_eq!(status, StatusCode::OK, "{method} {path}: {text}");
     }
 }
 
@@ -97,23 +159,6 @@ async fn assign_needs_the_worker_or_admin_token_when_a_worker_token_is_set() {
             .await
             .expect("sent");
         assert_eq!(response.status(), StatusCode::OK);
-    }
-}
-
-#[tokio::test]
-async fn assign_is_open_when_no_worker_token_is_configured() {
-    let app = TestApp::spawn(crate::helpers::Backend::Embedded).await;
-    app.create_pool("p", json!({})).await;
-    app.seed("p", &["a"], None).await;
-    assert_eq!(app.assign("p").await.0, StatusCode::OK);
-}
-
-#[tokio::test]
-async fn probes_need_no_token() {
-    let app = spawn_with_worker_token().await;
-    for path in ["/livez", "/readyz"] {
-        let response = app.anonymous(Method::GET, path).send().await.expect("sent");
-        assert_eq!(response.status(), StatusCode::OK, "{path}");
     }
 }
 

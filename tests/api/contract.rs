@@ -1,8 +1,12 @@
-//! The OpenAPI contract: `openapi.yaml` documents exactly the routes the router serves.
+//! The OpenAPI contract: `openapi.yaml` documents exactly the routes the router serves,
+//! checked against the route table and against the running router itself.
 
 use std::collections::BTreeSet;
 
 use proxy_allocator::http::routes;
+use reqwest::{Method, StatusCode};
+
+use crate::helpers::{Backend, TestApp, concrete_path};
 
 fn spec() -> serde_yaml::Value {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml"))
@@ -43,6 +47,50 @@ fn every_route_is_documented_and_every_documented_route_exists() {
         missing.is_empty(),
         "in openapi.yaml but not served: {missing:?}"
     );
+}
+
+/// Methods the router is asked for on every documented path.
+const METHODS: [&str; 5] = ["GET", "PUT", "POST", "DELETE", "PATCH"];
+
+/// Asks the running service for each documented path under every method: a documented
+/// operation is routed (whatever its answer, it is neither 405 nor the unknown-route 404),
+/// and any other method on that path answers 405 `method_not_allowed`. This reads the
+/// router, not the table, so a route routed under another method than the one documented
+/// fails here.
+#[tokio::test]
+async fn the_router_serves_every_documented_operation_and_refuses_other_methods_with_405() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    let documented = documented();
+    let paths: BTreeSet<&String> = documented.iter().map(|(path, _)| path).collect();
+    let mut wrong = Vec::new();
+    for path in paths {
+        for method in METHODS {
+            let response = app
+                .admin(
+                    Method::from_bytes(method.as_bytes()).expect("a method"),
+                    &concrete_path(path),
+                )
+                .send()
+                .await
+                .expect("sent");
+            let status = response.status();
+            let text = response.text().await.expect("a body");
+            let code = serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|body| body["error"]["code"].as_str().map(str::to_owned));
+            let routed = status != StatusCode::METHOD_NOT_ALLOWED
+                && code.as_deref() != Some("not_found")
+                && code.as_deref() != Some("method_not_allowed");
+            let expected = documented.contains(&(path.clone(), method.to_owned()));
+            let refused = status == StatusCode::METHOD_NOT_ALLOWED
+                && code.as_deref() == Some("method_not_allowed");
+            if (expected && !routed) || (!expected && !refused) {
+                wrong.push(format!("{method} {path}: {status} {text}"));
+            }
+        }
+    }
+    assert_eq!(wrong, Vec::<String>::new());
+    app.stop().await;
 }
 
 #[test]

@@ -512,6 +512,26 @@ impl Drop for TestApp {
     }
 }
 
+/// A path of the route table with every `{param}` filled in with a valid sample: the pool
+/// `p`, a well-formed lease id. A new kind of parameter needs a sample here; until it has
+/// one, every test that walks the route table fails and says so.
+pub fn concrete_path(template: &str) -> String {
+    let mut path = String::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let close = rest[open..].find('}').expect("a closing brace") + open;
+        path.push_str(&rest[..open]);
+        path.push_str(match &rest[open + 1..close] {
+            "pool" => "p",
+            "lease" => "0123456789abcdef0123456789abcdef",
+            other => panic!("no sample value for the path parameter {{{other}}} of {template}"),
+        });
+        rest = &rest[close + 1..];
+    }
+    path.push_str(rest);
+    path
+}
+
 /// Sends `request` as raw bytes and returns the status and JSON body of the answer: for
 /// paths an HTTP client would normalise (`/pools/../assign`) or headers it would refuse.
 pub async fn raw_request(base: &str, request: &str) -> (StatusCode, Value) {
