@@ -65,6 +65,18 @@ impl Application {
     /// or the Redis settings are contradictory or invalid. An unreachable Redis is not an error: the service starts
     /// and reports not ready until Redis answers.
     pub async fn build(config: Config) -> Result<Self, StartupError> {
+        Self::build_with(config, |store| store).await
+    }
+
+    /// [`Application::build`], with `wrap` put around the store the configuration names:
+    /// how a test watches, or steps in between, what the service asks of its store.
+    ///
+    /// # Errors
+    /// As [`Application::build`].
+    pub async fn build_with(
+        config: Config,
+        wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+    ) -> Result<Self, StartupError> {
         let store: Arc<dyn Store> = match config.redis_topology()? {
             Some(topology) => Arc::new(
                 RedisStore::connect(RedisStoreOptions {
@@ -84,6 +96,7 @@ impl Application {
                 Arc::new(EmbeddedStore::new())
             }
         };
+        let store = wrap(store);
         let tokens = Tokens::new(admin_token(&config)?, config.worker_token.clone());
         crate::monitoring::prometheus();
         let snapshot = PoolSnapshot::default();

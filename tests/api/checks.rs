@@ -12,6 +12,7 @@ use tokio::net::TcpListener;
 
 use crate::for_each_store;
 use crate::helpers::{TestApp, shared_redis_url, test_config};
+use crate::spy::spawn_spied;
 
 /// How a fake proxy answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -263,15 +264,26 @@ for_each_store!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_sharing_one_redis_run_a_pools_check_round_once() {
     let config = test_config(Some(shared_redis_url()));
-    let first = TestApp::spawn_with(config.clone()).await;
-    let second = TestApp::spawn_with(config).await;
+    let (first, first_spy) = spawn_spied(config.clone()).await;
+    let (second, second_spy) = spawn_spied(config).await;
     let proxy = FakeProxy::start(Mode::Ok).await;
     let id = proxy.member();
     // One round per minute: within this test only the first round can run.
     let check = json!({"kind": "tcp", "interval_ms": 60000, "timeout_ms": 100});
     start_checks(&first, checked_pool(check, json!({})), &[&id]).await;
     await_member(&second, &id, |m| m.get("last_check").is_some()).await;
-    // Both replicas tick every 50 ms; neither starts another round.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Both instances tick every 50 ms: each asks for the round again after it ran, and
+    // neither gets it.
+    let marks = (first_spy.claims.mark(), second_spy.claims.mark());
+    first_spy
+        .claims
+        .await_one_after(marks.0, "claim of the first instance")
+        .await;
+    second_spy
+        .claims
+        .await_one_after(marks.1, "claim of the second instance")
+        .await;
+    let rounds = first_spy.rounds.load(Ordering::SeqCst) + second_spy.rounds.load(Ordering::SeqCst);
+    assert_eq!(rounds, 1, "check rounds the two instances won");
     assert_eq!(proxy.connections.load(Ordering::SeqCst), 1);
 }

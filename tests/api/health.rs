@@ -11,6 +11,7 @@ use crate::for_each_store;
 use crate::helpers::{
     Backend, TestApp, assert_error, backend_config, read, shared_redis_url, test_config,
 };
+use crate::spy::spawn_spied;
 
 /// A pool whose `health` is `health` (jitter 0 unless it says otherwise, so cooldowns are
 /// exact). Pool configs are built here so that later settings (such as `rules`) have one
@@ -493,8 +494,8 @@ async fn assign_on_embedded_returns_cooled_down_members_without_the_sweep() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_sharing_one_redis_return_each_member_exactly_once() {
     let config = test_config(Some(shared_redis_url()));
-    let first = TestApp::spawn_with(config.clone()).await;
-    let second = TestApp::spawn_with(config).await;
+    let (first, first_spy) = spawn_spied(config.clone()).await;
+    let (second, second_spy) = spawn_spied(config).await;
     let members: Vec<String> = (0..20).map(|i| format!("m{i:02}")).collect();
     let ids: Vec<&str> = members.iter().map(String::as_str).collect();
     let health = json!({"max_consecutive_failures": 1, "cooldown_ms": 300});
@@ -522,6 +523,18 @@ async fn two_instances_sharing_one_redis_return_each_member_exactly_once() {
         assert!(Instant::now() < deadline, "{a} {b}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Both instances sweep, and assign, once more after the last return: a member
+    // returned twice would be counted twice by then.
+    let marks = (first_spy.sweeps.mark(), second_spy.sweeps.mark());
+    first_spy
+        .sweeps
+        .await_one_after(marks.0, "sweep of the first instance")
+        .await;
+    second_spy
+        .sweeps
+        .await_one_after(marks.1, "sweep of the second instance")
+        .await;
+    assert_eq!(first.assign("p").await.0, StatusCode::OK);
+    assert_eq!(second.assign("p").await.0, StatusCode::OK);
     assert_eq!(health_totals(&second, "p").await, (20, 20));
 }

@@ -6,11 +6,12 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use proxy_allocator::config::Config;
 use proxy_allocator::startup::Application;
+use proxy_allocator::store::Store;
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -360,10 +361,18 @@ impl TestApp {
 
     /// Starts the application with a given configuration.
     pub async fn spawn_with(config: Config) -> Self {
+        Self::spawn_with_store(config, |store| store).await
+    }
+
+    /// Starts the application with a given configuration and `wrap` around its store.
+    pub async fn spawn_with_store(
+        config: Config,
+        wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+    ) -> Self {
         proxy_allocator::telemetry::init_for_tests();
         let redis_url = config.redis_url.clone();
         let key_prefix = config.key_prefix.clone();
-        let app = Application::build(config)
+        let app = Application::build_with(config, wrap)
             .await
             .expect("the application starts");
         let base = format!("http://{}", app.local_addr());

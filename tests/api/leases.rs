@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
@@ -16,6 +17,7 @@ use crate::helpers::{
     Backend, REAP_INTERVAL_MS, TestApp, assert_error, backend_config, read, shared_redis_url,
     test_config,
 };
+use crate::spy::spawn_spied;
 
 /// Creates a least-in-flight pool with `config` added and seeds `members` at 0.
 async fn least_in_flight_pool(app: &TestApp, pool: &str, config: Value, members: &[&str]) {
@@ -657,14 +659,38 @@ async fn two_replicas_on_one_redis_share_leases_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_reapers_reclaim_each_abandoned_lease_once() {
-    let [first, second] = two_replicas().await;
-    least_in_flight_pool(&first, "p", json!({"lease_ttl_ms": 150}), &["a", "b"]).await;
-    for _ in 0..10 {
-        leased(&second, "p").await;
+    let config = test_config(Some(shared_redis_url()));
+    let (first, first_spy) = spawn_spied(config.clone()).await;
+    let (second, second_spy) = spawn_spied(config).await;
+    // One lease per pool: no later assign in its pool can reclaim it, so every reclaim is
+    // a sweep's.
+    let pools: Vec<String> = (0..10).map(|i| format!("p{i}")).collect();
+    for pool in &pools {
+        least_in_flight_pool(&first, pool, json!({"lease_ttl_ms": 150}), &["a"]).await;
+        leased(&second, pool).await;
     }
-    // Both replicas' reapers sweep the same pool; each lease is reclaimed exactly once.
-    await_lease_totals(&first, "p", (0, 10)).await;
-    tokio::time::sleep(Duration::from_millis(3 * REAP_INTERVAL_MS)).await;
-    assert_eq!(lease_totals(&second, "p").await, (0, 10));
-    assert_eq!(in_flight(&first, "p").await, pairs(&[("a", 0), ("b", 0)]));
+    for pool in &pools {
+        await_lease_totals(&first, pool, (0, 1)).await;
+    }
+    // Both replicas sweep every pool again after the last lease was reclaimed: a lease
+    // reclaimed twice would be counted twice by then.
+    let marks = (first_spy.sweeps.mark(), second_spy.sweeps.mark());
+    first_spy
+        .sweeps
+        .await_one_after(marks.0, "sweep of the first replica")
+        .await;
+    second_spy
+        .sweeps
+        .await_one_after(marks.1, "sweep of the second replica")
+        .await;
+    for pool in &pools {
+        assert_eq!(lease_totals(&second, pool).await, (0, 1), "{pool}");
+        assert_eq!(in_flight(&first, pool).await, pairs(&[("a", 0)]), "{pool}");
+    }
+    let reclaimed =
+        first_spy.reclaimed.load(Ordering::SeqCst) + second_spy.reclaimed.load(Ordering::SeqCst);
+    assert_eq!(
+        reclaimed, 10,
+        "the sweeps' own count of what they reclaimed"
+    );
 }

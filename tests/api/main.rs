@@ -27,4 +27,5 @@ mod process;
 mod redis_faults;
 mod requests;
 mod round_trips;
+mod spy;
 mod ui;

@@ -1,0 +1,242 @@
+//! A store put between a test app and its real store. It counts the background work the
+//! app asks for (sweeps, check-round claims) and what that work did, and it can step in
+//! right after a seeding. Tests wait on these counts for work to have happened, where
+//! sleeping would leave them passing without testing anything on a stalled machine.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use proxy_allocator::config::Config;
+use proxy_allocator::domain::{LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy};
+use proxy_allocator::store::{
+    Assignment, CheckRound, Cursor, DisableReport, EnableReport, MemberPage, PoolInfo, PutPool,
+    RemoveReport, Renewed, Report, ReportSource, ReportSummary, Seed, SeedReport, StateFilter,
+    Store, StoreError, StoreStatus, Swept,
+};
+
+use crate::helpers::TestApp;
+
+/// Calls of one kind that one app makes one after another (its sweeps, its check ticks).
+#[derive(Debug, Default)]
+pub struct Calls {
+    started: AtomicU64,
+    finished: AtomicU64,
+}
+
+impl Calls {
+    fn start(&self) {
+        self.started.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn finish(&self) {
+        self.finished.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// How many calls have started so far: a mark to wait from.
+    pub fn mark(&self) -> u64 {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    /// Waits (at most 10 s, then fails naming `what`) until a call that started after
+    /// `mark` has finished. The calls run one after another, so once `mark + 1` of them
+    /// have finished, the one after the mark has.
+    pub async fn await_one_after(&self, mark: u64, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.finished.load(Ordering::SeqCst) <= mark {
+            assert!(
+                Instant::now() < deadline,
+                "no {what} started after the mark finished within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// What to do right after the next seeding: its report in, a seeding of the real store
+/// (of the same pool) out.
+type AfterSeed = Box<dyn FnOnce(&SeedReport) -> Seed + Send>;
+
+/// The store between an app and its real store.
+pub struct Spy {
+    inner: Arc<dyn Store>,
+    /// Background sweeps.
+    pub sweeps: Calls,
+    /// Check-round claims.
+    pub claims: Calls,
+    /// Leases the sweeps reclaimed.
+    pub reclaimed: AtomicU64,
+    /// Members the sweeps returned.
+    pub returned: AtomicU64,
+    /// Check rounds the claims won.
+    pub rounds: AtomicU64,
+    after_seed: Mutex<Option<AfterSeed>>,
+}
+
+impl Spy {
+    fn new(inner: Arc<dyn Store>) -> Self {
+        Self {
+            inner,
+            sweeps: Calls::default(),
+            claims: Calls::default(),
+            reclaimed: AtomicU64::new(0),
+            returned: AtomicU64::new(0),
+            rounds: AtomicU64::new(0),
+            after_seed: Mutex::new(None),
+        }
+    }
+
+    /// Right after the next seeding that writes (a dry run does not), and before its
+    /// answer goes back, seeds the real store with what `then` makes of its report: as if
+    /// another client had come in between two store calls of one request.
+    pub fn after_next_seed(&self, then: impl FnOnce(&SeedReport) -> Seed + Send + 'static) {
+        *self.after_seed.lock().expect("not poisoned") = Some(Box::new(then));
+    }
+}
+
+/// Starts an app on `config` with a spy around its store.
+pub async fn spawn_spied(config: Config) -> (TestApp, Arc<Spy>) {
+    let slot: Arc<Mutex<Option<Arc<Spy>>>> = Arc::default();
+    let kept = Arc::clone(&slot);
+    let app = TestApp::spawn_with_store(config, move |inner| {
+        let spy = Arc::new(Spy::new(inner));
+        *kept.lock().expect("not poisoned") = Some(Arc::clone(&spy));
+        spy
+    })
+    .await;
+    let spy = slot
+        .lock()
+        .expect("not poisoned")
+        .take()
+        .expect("the app was built around the spy");
+    (app, spy)
+}
+
+#[async_trait]
+impl Store for Spy {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    async fn status(&self) -> Result<StoreStatus, StoreError> {
+        self.inner.status().await
+    }
+
+    async fn assign(&self, pool: &PoolId, ttl: Option<LeaseTtl>) -> Result<Assignment, StoreError> {
+        self.inner.assign(pool, ttl).await
+    }
+
+    async fn release(&self, pool: &PoolId, lease: &LeaseId) -> Result<(), StoreError> {
+        self.inner.release(pool, lease).await
+    }
+
+    async fn renew(
+        &self,
+        pool: &PoolId,
+        lease: &LeaseId,
+        ttl: Option<LeaseTtl>,
+    ) -> Result<Renewed, StoreError> {
+        self.inner.renew(pool, lease, ttl).await
+    }
+
+    async fn sweep(&self) -> Result<Swept, StoreError> {
+        self.sweeps.start();
+        let swept = self.inner.sweep().await;
+        if let Ok(swept) = &swept {
+            self.reclaimed.fetch_add(swept.reclaimed, Ordering::SeqCst);
+            self.returned.fetch_add(swept.returned, Ordering::SeqCst);
+        }
+        self.sweeps.finish();
+        swept
+    }
+
+    async fn report(
+        &self,
+        pool: &PoolId,
+        source: ReportSource,
+        reports: &[Report],
+    ) -> Result<ReportSummary, StoreError> {
+        self.inner.report(pool, source, reports).await
+    }
+
+    async fn claim_check_round(
+        &self,
+        pool: &PoolId,
+        interval: Duration,
+    ) -> Result<Option<CheckRound>, StoreError> {
+        self.claims.start();
+        let claimed = self.inner.claim_check_round(pool, interval).await;
+        if let Ok(Some(_)) = &claimed {
+            self.rounds.fetch_add(1, Ordering::SeqCst);
+        }
+        self.claims.finish();
+        claimed
+    }
+
+    async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError> {
+        self.inner.put_pool(pool, config).await
+    }
+
+    async fn pool(&self, pool: &PoolId) -> Result<PoolInfo, StoreError> {
+        self.inner.pool(pool).await
+    }
+
+    async fn pools(&self) -> Result<Vec<PoolInfo>, StoreError> {
+        self.inner.pools().await
+    }
+
+    async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError> {
+        self.inner.delete_pool(pool).await
+    }
+
+    async fn add_members(&self, pool: &PoolId, seed: &Seed) -> Result<SeedReport, StoreError> {
+        let report = self.inner.add_members(pool, seed).await?;
+        let then = if seed.dry_run {
+            None
+        } else {
+            self.after_seed.lock().expect("not poisoned").take()
+        };
+        if let Some(then) = then {
+            self.inner.add_members(pool, &then(&report)).await?;
+        }
+        Ok(report)
+    }
+
+    async fn members(
+        &self,
+        pool: &PoolId,
+        filter: StateFilter,
+        limit: usize,
+        cursor: Cursor,
+    ) -> Result<MemberPage, StoreError> {
+        self.inner.members(pool, filter, limit, cursor).await
+    }
+
+    async fn disable_members(
+        &self,
+        pool: &PoolId,
+        members: &[MemberId],
+        reason: &str,
+    ) -> Result<DisableReport, StoreError> {
+        self.inner.disable_members(pool, members, reason).await
+    }
+
+    async fn enable_members(
+        &self,
+        pool: &PoolId,
+        members: &[MemberId],
+        restore: Option<RestorePolicy>,
+    ) -> Result<EnableReport, StoreError> {
+        self.inner.enable_members(pool, members, restore).await
+    }
+
+    async fn remove_members(
+        &self,
+        pool: &PoolId,
+        members: &[MemberId],
+    ) -> Result<RemoveReport, StoreError> {
+        self.inner.remove_members(pool, members).await
+    }
+}
