@@ -4,8 +4,12 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
+use proxy_allocator::http::MAX_MEMBERS_PER_CALL;
+use proxy_allocator::store::Seed;
+
 use crate::for_each_store;
-use crate::helpers::{TestApp, assert_error, read, test_config};
+use crate::helpers::{Backend, TestApp, assert_error, backend_config, read, test_config};
+use crate::spy::spawn_spied;
 
 /// Posts a list to the import route; returns status and body.
 async fn import(
@@ -176,9 +180,25 @@ fn public_list(n: usize) -> String {
         .collect()
 }
 
-async fn a_large_list_is_written_in_chunks_with_one_starting_count(app: TestApp) {
+/// Between the first chunk and the next, every member the first chunk wrote is moved up to
+/// 50, as if many assignments had gone by meanwhile: the later chunks still start their new
+/// members at the 3 the first chunk used, not at the minimum they would find themselves.
+async fn a_large_list_is_written_in_chunks_with_one_starting_count(backend: Backend) {
+    let (app, spy) = spawn_spied(backend_config(backend)).await;
     app.create_pool("p", json!({})).await;
     app.seed("p", &["http://11.0.0.1:8080"], Some(3)).await;
+    spy.after_next_seed(|first_chunk| {
+        assert_eq!(
+            (first_chunk.added.len(), first_chunk.start_assignments),
+            (MAX_MEMBERS_PER_CALL - 1, 3)
+        );
+        let written = [first_chunk.added.clone(), first_chunk.existing.clone()].concat();
+        Seed {
+            assignments: Some(50),
+            reset: true,
+            ..Seed::new(written)
+        }
+    });
     let (status, body) = import_text(&app, "/pools/p/import", &public_list(25_000)).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
@@ -189,9 +209,29 @@ async fn a_large_list_is_written_in_chunks_with_one_starting_count(app: TestApp)
     let (_, info) = app.get("/pools/p").await;
     assert_eq!(
         info["stats"],
-        json!({"eligible": 25_000, "ineligible": 0, "min_assignments": 3, "max_assignments": 3,
+        json!({"eligible": 25_000, "ineligible": 0, "min_assignments": 3, "max_assignments": 50,
                "total_assignments": 0, "in_flight": 0, "abandoned": 0, "tripped": 0, "recovered": 0})
     );
+    // Listed by assignments: the 15,000 members of the second and third chunks at 3, then
+    // the first chunk's 10,000 at 50.
+    let (_, page) = app.get("/pools/p/members?limit=2&cursor=14999.0").await;
+    let counts: Vec<&Value> = page["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .map(|m| &m["assignments"])
+        .collect();
+    assert_eq!(counts, [&json!(3), &json!(50)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_list_is_written_in_chunks_with_one_starting_count_on_redis() {
+    a_large_list_is_written_in_chunks_with_one_starting_count(Backend::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_list_is_written_in_chunks_with_one_starting_count_on_embedded() {
+    a_large_list_is_written_in_chunks_with_one_starting_count(Backend::Embedded).await;
 }
 
 async fn candidates_beyond_max_members_are_rejected_as_pool_full_in_dry_runs_too(app: TestApp) {
@@ -269,7 +309,6 @@ for_each_store!(
     a_json_array_is_imported_like_a_list,
     lines_without_a_scheme_take_the_default_scheme,
     lines_that_are_not_utf8_are_rejected_one_by_one,
-    a_large_list_is_written_in_chunks_with_one_starting_count,
     candidates_beyond_max_members_are_rejected_as_pool_full_in_dry_runs_too,
     examples_are_the_first_rejected_lines_whatever_their_reason,
     malformed_import_requests_answer_in_the_error_shape,
