@@ -2,7 +2,7 @@
 //! expiry), reclaiming abandoned leases, and exactness under concurrency and across
 //! replicas.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -442,85 +442,92 @@ async fn lease_ids_are_random_not_a_counter(app: TestApp) {
     }
 }
 
-/// One worker's view of a lease it held: the member, from the moment it had it to the
-/// moment it gave it back.
-#[derive(Debug, Clone)]
-struct Held {
-    member: String,
-    from: Instant,
-    until: Instant,
-}
+/// One worker's answer in one round: the member and its `in_flight` after the grant, or
+/// `None` for a 204.
+type Grant = Option<(String, u64)>;
 
-/// `workers` workers each hold `rounds` leases one after another on a `max_in_flight: 1`
-/// pool, acquiring on one app and releasing on the next (when several are given).
-async fn exclusive_rounds(
+/// `workers` workers ask at the same moment for a lease, `rounds` times, each holding what
+/// it got until every worker has its answer, then releasing it before the next round. A
+/// worker assigns on one app and releases on the next (when several are given). Returns
+/// every round's answers.
+async fn simultaneous_rounds(
     apps: &[Arc<TestApp>],
     pool: &str,
     workers: usize,
     rounds: usize,
-) -> Vec<Held> {
+) -> Vec<Vec<Grant>> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(workers));
     let mut tasks = Vec::new();
     for worker in 0..workers {
         let apps = apps.to_vec();
         let pool = pool.to_owned();
+        let barrier = Arc::clone(&barrier);
         tasks.push(tokio::spawn(async move {
-            let mut held = Vec::new();
-            let mut round = 0;
-            while held.len() < rounds {
-                round += 1;
+            let mut answers = Vec::new();
+            for round in 0..rounds {
                 let on = &apps[(worker + round) % apps.len()];
                 let then = &apps[(worker + round + 1) % apps.len()];
+                barrier.wait().await;
                 let (status, body) = assign_with(on, &pool, None).await;
-                if status == StatusCode::NO_CONTENT {
-                    tokio::task::yield_now().await;
-                    continue;
+                let grant = match status {
+                    StatusCode::OK => Some((
+                        body["proxy"].as_str().expect("proxy").to_owned(),
+                        body["in_flight"].as_u64().expect("in_flight"),
+                    )),
+                    StatusCode::NO_CONTENT => None,
+                    other => panic!("assign answered {other}: {body}"),
+                };
+                // Every worker holds what it got until all have their answer.
+                barrier.wait().await;
+                if status == StatusCode::OK {
+                    let lease = body["lease"]["id"].as_str().expect("id");
+                    assert_eq!(release(then, &pool, lease).await.0, StatusCode::NO_CONTENT);
                 }
-                assert_eq!(status, StatusCode::OK, "{body}");
-                let from = Instant::now();
-                tokio::task::yield_now().await;
-                let until = Instant::now();
-                let lease = body["lease"]["id"].as_str().expect("id");
-                assert_eq!(release(then, &pool, lease).await.0, StatusCode::NO_CONTENT);
-                held.push(Held {
-                    member: body["proxy"].as_str().expect("proxy").to_owned(),
-                    from,
-                    until,
-                });
+                barrier.wait().await;
+                answers.push(grant);
             }
-            held
+            answers
         }));
     }
-    let mut all = Vec::new();
+    let mut by_worker = Vec::new();
     for task in tasks {
-        all.extend(task.await.expect("worker finished"));
+        by_worker.push(task.await.expect("worker finished"));
     }
-    all
+    (0..rounds)
+        .map(|round| {
+            by_worker
+                .iter()
+                .map(|answers| answers[round].clone())
+                .collect()
+        })
+        .collect()
 }
 
-fn assert_no_member_held_twice_at_once(mut held: Vec<Held>) {
-    held.sort_by_key(|h| (h.member.clone(), h.from));
-    for pair in held.windows(2) {
-        if pair[0].member == pair[1].member {
-            assert!(
-                pair[0].until <= pair[1].from,
-                "{} held by two workers at once: {pair:?}",
-                pair[0].member
-            );
+/// With `max_in_flight: 1`, each round grants every member exactly once, each with one
+/// live lease (its own), and answers 204 to every other worker.
+fn assert_each_member_granted_once_per_round(rounds: &[Vec<Grant>], members: &[&str]) {
+    let mut expected: Vec<(String, u64)> = members.iter().map(|m| ((*m).to_owned(), 1)).collect();
+    expected.sort();
+    let mut wrong = Vec::new();
+    for (number, answers) in rounds.iter().enumerate() {
+        let mut granted: Vec<(String, u64)> = answers.iter().flatten().cloned().collect();
+        granted.sort();
+        if granted != expected {
+            wrong.push(format!("round {number}: granted {granted:?}"));
         }
     }
+    assert_eq!(
+        wrong,
+        Vec::<String>::new(),
+        "expected {expected:?} in every round"
+    );
 }
 
 async fn with_max_in_flight_1_no_member_is_ever_held_by_two_workers_at_once(app: TestApp) {
-    least_in_flight_pool(
-        &app,
-        "p",
-        json!({"max_in_flight": 1}),
-        &["a", "b", "c", "d"],
-    )
-    .await;
-    let held = exclusive_rounds(&[Arc::new(app)], "p", 16, 25).await;
-    assert_eq!(held.len(), 400);
-    assert_no_member_held_twice_at_once(held);
+    let members = ["a", "b", "c", "d"];
+    least_in_flight_pool(&app, "p", json!({"max_in_flight": 1}), &members).await;
+    let rounds = simultaneous_rounds(&[Arc::new(app)], "p", 16, 25).await;
+    assert_each_member_granted_once_per_round(&rounds, &members);
 }
 
 async fn thirty_two_workers_acquiring_and_releasing_in_random_order_end_with_nothing_in_flight(
@@ -647,13 +654,8 @@ async fn two_replicas_on_one_redis_share_leases_exactly() {
     let (status, body) = release(first, "p", &lease).await;
     assert_error(status, &body, StatusCode::NOT_FOUND, "lease_not_found");
     // Workers alternating between the replicas never share a member.
-    let held = exclusive_rounds(&apps, "p", 12, 25).await;
-    let mut per_member = BTreeMap::new();
-    for h in &held {
-        *per_member.entry(h.member.clone()).or_insert(0) += 1;
-    }
-    assert_eq!(per_member.values().sum::<u64>(), 300);
-    assert_no_member_held_twice_at_once(held);
+    let rounds = simultaneous_rounds(&apps, "p", 12, 25).await;
+    assert_each_member_granted_once_per_round(&rounds, &["a", "b", "c"]);
     assert_eq!(lease_totals(second, "p").await, (0, 0));
 }
 
