@@ -63,9 +63,11 @@ async fn concurrent_assigns_keep_equal_members_within_one_and_sum_to_the_200s(ap
 
     let counts = app.counts("hot").await;
     let stored: BTreeMap<String, u64> = counts.iter().map(|(m, c, _)| (m.clone(), *c)).collect();
-    // What the store counted is exactly what the clients were handed.
+    // What the store counted is exactly what the clients were handed, member by member,
+    // and the pool's own total agrees.
     assert_eq!(stored, handed_out);
-    assert_eq!(stored.values().sum::<u64>(), 3200);
+    let (_, info) = app.get("/pools/hot").await;
+    assert_eq!(info["stats"]["total_assignments"], json!(3200));
     let min = stored.values().min().copied().unwrap_or(0);
     let max = stored.values().max().copied().unwrap_or(0);
     assert!(max - min <= 1, "counts differ by more than one: {stored:?}");
@@ -108,7 +110,30 @@ async fn enables_racing_with_assigns_never_lose_or_double_count(app: TestApp) {
     // assignments; the pool's own total is, and it must match the 200s exactly.
     let (_, info) = app.get("/pools/race").await;
     assert_eq!(info["stats"]["total_assignments"], json!(1920));
-    assert_eq!(handed_out.values().sum::<u64>(), 1920);
+    // a and b were eligible throughout, so they were handed out; the last toggle took c
+    // and d out again.
+    assert!(
+        handed_out.contains_key("a") && handed_out.contains_key("b"),
+        "{handed_out:?}"
+    );
+    let states: Vec<(String, String)> = app
+        .counts("race")
+        .await
+        .into_iter()
+        .map(|(member, _, state)| (member, state))
+        .collect();
+    let mut states = states;
+    states.sort();
+    assert_eq!(
+        states,
+        [
+            ("a", "eligible"),
+            ("b", "eligible"),
+            ("c", "ineligible"),
+            ("d", "ineligible")
+        ]
+        .map(|(m, s)| (m.to_owned(), s.to_owned()))
+    );
 }
 
 async fn deleting_a_pool_while_assigns_run_yields_only_200_204_or_404(app: TestApp) {
@@ -138,15 +163,22 @@ async fn deleting_a_pool_while_assigns_run_yields_only_200_204_or_404(app: TestA
             }
         })
     };
-    let (statuses, _) = hammer(&app, "doomed", 40).await;
+    let (statuses, handed_out) = hammer(&app, "doomed", 40).await;
     deleter.await.expect("deleter finished");
-    assert_eq!(statuses.values().sum::<u64>(), 1280);
     for status in statuses.keys() {
         assert!(
             matches!(status, 200 | 204 | 404),
             "unexpected status {status}: {statuses:?}"
         );
     }
+    // Only members the pool ever had were handed out.
+    for proxy in handed_out.keys() {
+        assert!(proxy == "a" || proxy == "b", "{proxy}: {handed_out:?}");
+    }
+    // The last round deleted the pool: it is gone, and so is everything it held.
+    assert_eq!(app.assign("doomed").await.0, StatusCode::NOT_FOUND);
+    let (_, pools) = app.get("/pools").await;
+    assert_eq!(pools["pools"], json!([]));
 }
 
 for_each_store!(

@@ -475,7 +475,8 @@ async fn enabling_into_a_pool_with_no_eligible_member_keeps_the_count(app: TestA
 
 async fn remove_forgets_members_with_their_history(app: TestApp) {
     app.create_pool("p", json!({})).await;
-    app.seed("p", &["a", "b", "c"], Some(5)).await;
+    app.seed("p", &["a", "b"], Some(9)).await;
+    app.seed("p", &["c"], Some(5)).await;
     app.post_json("/pools/p/members/disable", json!({"members": ["b"]}))
         .await;
     let (status, body) = app
@@ -490,9 +491,17 @@ async fn remove_forgets_members_with_their_history(app: TestApp) {
         json!({"pool": "p", "removed": ["a", "b"], "unknown": ["zz"], "rejected": []})
     );
     assert_eq!(app.counts("p").await, [("c".into(), 5, "eligible".into())]);
-    // Added again, b is a new member: it starts at the minimum, not at its old count.
+    // Added again, b is a new member: it starts at the minimum (c's 5), not at its old 9.
     let body = app.seed("p", &["b"], None).await;
     assert_eq!(body["added"], json!(["b"]));
+    assert_eq!(body["start_assignments"], json!(5));
+    assert_eq!(
+        app.counts("p").await,
+        [
+            ("b".into(), 5, "eligible".into()),
+            ("c".into(), 5, "eligible".into())
+        ]
+    );
 }
 
 async fn member_routes_on_a_missing_pool_answer_404(app: TestApp) {

@@ -100,12 +100,6 @@ async fn the_dashboard_loads_nothing_from_another_origin() {
         ["data:,"],
         "the only reference is the empty icon"
     );
-    for external in ["http://", "https://", "//"] {
-        assert!(
-            !references.iter().any(|r| r.starts_with(external)),
-            "{references:?}"
-        );
-    }
     // Nor from style sheets or scripts: no `@import`, no `url(` but local fragments, and
     // `fetch` only ever gets paths of this origin.
     assert!(!html.contains("@import"));
