@@ -134,10 +134,18 @@ pub fn error_body(code: &str, message: &str) -> serde_json::Value {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = error_body(self.code(), &self.to_string());
+        self.respond(error_body(self.code(), &self.to_string()))
+    }
+}
+
+impl ApiError {
+    /// This error's answer with `body` (the one error shape, or the readiness probe's
+    /// extension of it): its status, its headers (`Retry-After` on a 503), and for the
+    /// request log its code and internal detail.
+    pub fn respond(&self, body: serde_json::Value) -> Response {
         let mut response = (self.status(), axum::Json(body)).into_response();
         let headers = response.headers_mut();
-        match &self {
+        match self {
             Self::StoreUnavailable(_) => {
                 headers.insert(
                     header::RETRY_AFTER,
@@ -149,7 +157,7 @@ impl IntoResponse for ApiError {
             }
             _ => {}
         }
-        if let Self::StoreUnavailable(source) = &self {
+        if let Self::StoreUnavailable(source) = self {
             response
                 .extensions_mut()
                 .insert(ErrorDetail(source.to_string()));

@@ -2,19 +2,19 @@
 //! and `GET /openapi.yaml`.
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::AppState;
-use super::error::{ApiError, ErrorDetail, error_body};
+use super::error::{ApiError, error_body};
 
 /// 200 while the process serves requests.
 pub async fn livez() -> Response {
     axum::Json(json!({ "status": "ok" })).into_response()
 }
 
-/// 200 when the store answers within its timeout, else 503 with the reason.
+/// 200 when the store answers within its timeout, else 503 with the reason and
+/// `Retry-After`.
 pub async fn readyz(State(state): State<AppState>) -> Response {
     match state.store.status().await {
         Ok(status) => {
@@ -32,14 +32,12 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
             axum::Json(body).into_response()
         }
         Err(error) => {
-            let detail = error.to_string();
+            // Like any 503: `Retry-After`, and the code and detail on the request's log line.
             let api = ApiError::from(error);
             let mut body = error_body(api.code(), &api.to_string());
             body["status"] = json!("unavailable");
             body["store"] = json!(state.store.name());
-            let mut response = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
-            response.extensions_mut().insert(ErrorDetail(detail));
-            response
+            api.respond(body)
         }
     }
 }

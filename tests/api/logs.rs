@@ -153,3 +153,43 @@ async fn credentials_inside_proxy_urls_never_reach_the_log() {
         .collect();
     assert_eq!(leaked, Vec::<String>::new());
 }
+
+#[tokio::test]
+async fn a_readiness_probe_that_finds_no_store_is_logged_as_store_unavailable() {
+    // Nothing listens on port 9 of the loopback: every store call fails at once.
+    let service = ServiceProcess::start(&[
+        ("RUST_LOG", "info".to_owned()),
+        ("REDIS_URL", "redis://127.0.0.1:9".to_owned()),
+        ("STORE_TIMEOUT_MS", "300".to_owned()),
+    ]);
+    let response = Client::new()
+        .get(format!("{}/readyz", service.base))
+        .header("x-request-id", "probe-1")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(response.headers()["retry-after"], "1");
+
+    let lines = service.wait_lines("probe-1", 1);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let mut line = without_times(parse(&lines[0]));
+    let error = line
+        .as_object_mut()
+        .and_then(|fields| fields.remove("error"))
+        .expect("the internal detail of the failure");
+    assert!(error.as_str().is_some_and(|e| !e.is_empty()), "{error}");
+    assert_eq!(
+        line,
+        json!({
+            "level": "WARN",
+            "target": "proxy_allocator::http::log",
+            "message": "request failed",
+            "method": "GET",
+            "route": "/readyz",
+            "status": 503,
+            "outcome": "store_unavailable",
+            "request_id": "probe-1",
+        })
+    );
+}

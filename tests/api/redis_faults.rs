@@ -123,11 +123,21 @@ async fn with_redis_down_requests_answer_503_within_the_timeout_and_recover_with
             started.elapsed()
         );
     }
-    let (status, body) = app.probe("/readyz").await;
+    let response = app
+        .anonymous(Method::GET, "/readyz")
+        .send()
+        .await
+        .expect("sent");
+    let retry_after = response.headers().get("retry-after").cloned();
+    let (status, body) = read(response).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(body["status"], json!("unavailable"));
-    assert_eq!(body["store"], json!("redis"));
-    assert_eq!(body["error"]["code"], json!("store_unavailable"));
+    assert_eq!(
+        body,
+        json!({"status": "unavailable", "store": "redis",
+               "error": {"code": "store_unavailable",
+                         "message": "the pool store is unavailable; retry shortly"}})
+    );
+    assert_eq!(retry_after.as_ref().map(|v| v.as_bytes()), Some(&b"1"[..]));
 
     // Same port, empty data (no AOF): the pool is gone, which proves the service reached
     // the new process rather than answering from a cache.
