@@ -65,7 +65,8 @@ pub async fn log_request(
     let mut response = crate::telemetry::serving_request(id.clone(), async {
         let response = next.run(request).await;
         let elapsed = started.elapsed();
-        let latency_ms = elapsed.as_secs_f64() * 1000.0;
+        // Whole microseconds, in milliseconds: 0.332, never 0.33225000000000005.
+        let latency_ms = elapsed.as_micros() as f64 / 1000.0;
         let status = response.status().as_u16();
         let code = response.extensions().get::<ErrorCode>().map(|c| c.0);
         let outcome = response

@@ -193,3 +193,30 @@ async fn a_readiness_probe_that_finds_no_store_is_logged_as_store_unavailable() 
         })
     );
 }
+
+#[tokio::test]
+async fn latency_is_logged_in_milliseconds_with_at_most_three_decimals() {
+    let service = start();
+    let client = Client::new();
+    pool_with(&client, &service, "web", "http://p1.example.net:3128").await;
+    for i in 0..20 {
+        let response = assign_as(&client, &service, "web", &format!("timed-{i:02}")).await;
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    let lines = service.wait_lines("timed-", 20);
+    assert_eq!(lines.len(), 20, "{lines:?}");
+    for line in &lines {
+        // The number as written, not as parsed back: float noise shows in the text only.
+        let written = line
+            .split_once("\"latency_ms\":")
+            .and_then(|(_, rest)| rest.split([',', '}']).next())
+            .unwrap_or_else(|| panic!("a latency_ms field in {line}"));
+        let decimals = written
+            .split_once('.')
+            .map_or(0, |(_, fraction)| fraction.len());
+        assert!(
+            written.parse::<f64>().is_ok() && decimals <= 3,
+            "latency_ms written as {written} in {line}"
+        );
+    }
+}
