@@ -296,9 +296,11 @@ pub struct MemberView {
     pub since: Option<Timestamp>,
     /// Failures reported in a row since its last success (or its last return).
     pub consecutive_failures: u64,
-    /// The cooldown of its last trip, while the backoff is in effect (until a success).
+    /// How long its last cooldown was, in milliseconds, while the backoff is in effect
+    /// (until a success). Not the time left: that is [`MemberView::returns_at`], which only
+    /// a member cooling down has.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cooldown_ms: Option<u64>,
+    pub last_cooldown_ms: Option<u64>,
     /// When it comes back by itself (members cooling down only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub returns_at: Option<Timestamp>,

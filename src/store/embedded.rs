@@ -328,7 +328,7 @@ impl Pool {
     fn with_health(&self, mut view: MemberView) -> MemberView {
         let health = self.health_of(&view.member);
         view.consecutive_failures = health.streak;
-        view.cooldown_ms = (health.trips > 0).then_some(health.cooldown_ms);
+        view.last_cooldown_ms = (health.trips > 0).then_some(health.cooldown_ms);
         view.returns_at = self.return_at.get(&view.member).copied();
         view.last_check = self.checks.get(&view.member).cloned();
         view
@@ -477,7 +477,7 @@ impl Pool {
             reason,
             since,
             consecutive_failures: 0,
-            cooldown_ms: None,
+            last_cooldown_ms: None,
             returns_at: None,
             last_check: None,
         })
@@ -738,7 +738,7 @@ impl Store for EmbeddedStore {
                             reason: None,
                             since: None,
                             consecutive_failures: 0,
-                            cooldown_ms: None,
+                            last_cooldown_ms: None,
                             returns_at: None,
                             last_check: None,
                         })

@@ -650,7 +650,7 @@ fn member_views(page: SetPage, infos: Option<Vec<Value>>) -> Result<Vec<MemberVi
             reason,
             since,
             consecutive_failures: health.streak,
-            cooldown_ms: (health.trips > 0).then_some(health.cooldown_ms),
+            last_cooldown_ms: (health.trips > 0).then_some(health.cooldown_ms),
             returns_at,
             last_check: parse_last_check(checks.next().unwrap_or(Value::Nil))?,
         });

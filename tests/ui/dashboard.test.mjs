@@ -333,21 +333,46 @@ describe('the operator dashboard in Chromium', () => {
     await page.screenshot({ path: path.join(SHOTS, 'dashboard-390-full.png'), fullPage: true });
   });
 
-  it('shows when an ineligible member comes back, once the listing says so', async () => {
-    // Health checking adds `next_return` to ineligible members; until this service has it,
-    // the listing is given the field on its way to the page.
-    const back = Date.now() + 90_000;
-    await page.route(/\/pools\/edge\/members\?/, async (route) => {
-      const response = await route.fetch();
-      const body = await response.json();
-      for (const m of body.members) if (m.state === 'ineligible') m.next_return = new Date(back).toISOString();
-      await route.fulfill({ response, json: body });
-    });
-    const details = rowOf('socks5://9.9.9.9:1080').locator('td').nth(4);
-    await eventually(async () => /· back in 1 min [23]\d s$/.test(await details.textContent()), 'the time left in the table');
-    assert.match(await page.locator('#chart g[data-member="socks5://9.9.9.9:1080"] .bar-value').textContent(),
-                 /^2 · off · back in 1 min [23]\d s$/);
-    await page.unroute(/\/pools\/edge\/members\?/);
+  it('shows when a tripped member comes back, from the returns_at the service lists, and nothing for a disabled one', async () => {
+    // Two members trip on a reported failure; an operator then disables one of them, which
+    // cancels its return but leaves the length of its last cooldown in the listing.
+    await call('PUT', '/pools/health', { health: { max_consecutive_failures: 1, cooldown_ms: 8000, jitter_percent: 0 } });
+    await call('POST', '/pools/health/members', { members: ['cooling-1', 'disabled-1'] });
+    const reported = await call('POST', '/pools/health/outcomes', [
+      { proxy: 'cooling-1', result: 'failed', status: 502 },
+      { proxy: 'disabled-1', result: 'failed' },
+    ]);
+    assert.deepEqual(reported.outcomes.map((o) => o.effect), ['tripped', 'tripped']);
+    await call('POST', '/pools/health/members/disable', { members: ['disabled-1'], reason: 'retired' });
+    const disabled = await member('health', 'disabled-1');
+    assert.equal(disabled.returns_at, undefined, 'a disabled member never returns by itself');
+    assert.equal(disabled.last_cooldown_ms, 8000);
+    const back = Date.parse((await member('health', 'cooling-1')).returns_at);
+    assert.ok(Number.isFinite(back), 'a member cooling down has returns_at');
+
+    await page.locator('#pool-list button', { hasText: 'health' }).click();
+    const details = rowOf('cooling-1').locator('td').nth(4);
+    const text = await eventually(async () => {
+      const t = await details.textContent();
+      return /^reason: unhealthy · off for \d+ s · back in \d+ s$/.test(t) && t;
+    }, 'the time left in the table');
+    // Drawn at the page's last refresh (every 3 s) from returns_at, rounded to seconds.
+    const shown = Number(/back in (\d+) s$/.exec(text)[1]);
+    const left = (back - Date.now()) / 1000;
+    assert.ok(shown >= left - 1 && shown <= left + 4, `shown ${shown} s, ${left.toFixed(1)} s left`);
+    assert.match(await page.locator('#chart g[data-member="cooling-1"] .bar-value').textContent(),
+                 /^0 · off · back in \d+ s$/);
+    assert.match(await rowOf('disabled-1').locator('td').nth(4).textContent(),
+                 /^reason: retired · off for \d+ s$/);
+    assert.equal(await page.locator('#chart g[data-member="disabled-1"] .bar-value').textContent(), '0 · off');
+
+    // The cooldown ends and the service returns the member: the page follows.
+    await eventually(async () => (await rowOf('cooling-1').getAttribute('data-state')) === 'eligible',
+                     'the cooled-down member to come back', 20_000);
+    assert.equal(await rowOf('cooling-1').locator('td').nth(4).textContent(), '');
+    assert.equal(await page.locator('#chart g[data-member="cooling-1"] .bar-value').textContent(), '0');
+    assert.match(await rowOf('disabled-1').locator('td').nth(4).textContent(),
+                 /^reason: retired · off for \d+ s$/);
   });
 
   it('loaded nothing from elsewhere and logged no error', () => {
