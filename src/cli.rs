@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::builder::PossibleValuesParser;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde_json::{Value, json};
 
 use self::render::Report;
@@ -55,11 +55,47 @@ pub struct Cli {
 }
 
 impl Cli {
+    /// Parses the process's arguments; on a usage error prints clap's message and exits
+    /// with 2.
+    pub fn parse_args() -> Self {
+        let matches = plain_usage_lines(Self::command()).get_matches();
+        Self::from_arg_matches(&matches).unwrap_or_else(|error| error.exit())
+    }
+
     /// The command to run: the one given, or `serve` with the top-level options.
     pub fn into_command(self) -> Command {
         self.command
             .unwrap_or_else(|| Command::Serve(Box::new(self.serve)))
     }
+}
+
+/// Gives every command without subcommands of its own the usage line clap writes when no
+/// option is used, fixed in advance. clap's error messages otherwise show the options the
+/// invocation used, and one set through its environment variable counts as used: with
+/// `ADMIN_TOKEN` set, `members add` without arguments printed `Usage: proxy-allocator
+/// members add --admin-token <ADMIN_TOKEN> <POOL> <MEMBERS>...`, as if the flag were
+/// required.
+fn plain_usage_lines(mut command: clap::Command) -> clap::Command {
+    command.build();
+    plain_usage_below(command)
+}
+
+fn plain_usage_below(mut command: clap::Command) -> clap::Command {
+    let children: Vec<String> = command
+        .get_subcommands()
+        .map(|child| child.get_name().to_owned())
+        .collect();
+    if children.is_empty() {
+        let rendered = command.render_usage().to_string();
+        let line = rendered
+            .strip_prefix("Usage: ")
+            .unwrap_or(&rendered)
+            .to_owned();
+        return command.override_usage(line);
+    }
+    children.into_iter().fold(command, |command, child| {
+        command.mut_subcommand(child, plain_usage_below)
+    })
 }
 
 /// A subcommand.
@@ -263,9 +299,9 @@ pub enum MembersCommand {
         /// Member ids.
         #[arg(required = true)]
         members: Vec<String>,
-        /// Why, recorded with each member (1 to 256 bytes).
+        /// Why, recorded with each member (1 to 256 bytes) [service default: disabled].
         #[arg(long)]
-        reason: String,
+        reason: Option<String>,
     },
     /// Return members to the eligible set under the pool's restore policy, or --restore.
     Enable {
@@ -477,7 +513,10 @@ async fn run_members(remote: &Remote, command: MembersCommand) -> Result<(), Fai
             members,
             reason,
         } => {
-            let body = json!({ "members": members, "reason": reason });
+            let mut body = json!({ "members": members });
+            if let Some(reason) = reason {
+                body["reason"] = json!(reason);
+            }
             let answer = service
                 .post(&format!("/pools/{pool}/members/disable"), body)
                 .await?;

@@ -4,7 +4,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use proxy_allocator::cli::{self, Cli, Command};
 use proxy_allocator::config::Config;
 use proxy_allocator::startup::{Application, shutdown_signal};
@@ -18,7 +17,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match Cli::parse().into_command() {
+    match Cli::parse_args().into_command() {
         Command::Serve(config) => serve(*config).await,
         Command::Pools(args) => cli::pools(args).await,
         Command::Members(args) => cli::members(args).await,

@@ -239,6 +239,7 @@ fn member_report(
     mut lines: Vec<(String, String)>,
     counts: &[(usize, &str)],
 ) -> Report {
+    let applied = lines.len();
     let unknown = ids(answer, "unknown");
     lines.extend(unknown.iter().map(|id| (id.clone(), "unknown".to_owned())));
     let rejected: Vec<(String, String)> = answer["rejected"]
@@ -279,10 +280,12 @@ fn member_report(
         missed.push(format!("{rejected_count} rejected"));
     }
     let partial = (!missed.is_empty()).then(|| {
-        format!(
-            "{} of the members named; the others were applied",
-            missed.join(" and ")
-        )
+        let rest = if applied == 0 {
+            "nothing was applied"
+        } else {
+            "the others were applied"
+        };
+        format!("{} of the members named; {rest}", missed.join(" and "))
     });
     Report { text, partial }
 }
@@ -472,6 +475,21 @@ mod tests {
                         .to_owned()
                 ),
             }
+        );
+    }
+
+    #[test]
+    fn a_call_whose_every_member_was_unknown_or_rejected_says_nothing_was_applied() {
+        let answer = json!({
+            "pool": "web",
+            "disabled": [],
+            "already_ineligible": [],
+            "unknown": ["http://p9:1"],
+            "rejected": [{"member": "", "reason": "empty"}],
+        });
+        assert_eq!(
+            disabled(&answer).partial.as_deref(),
+            Some("1 unknown and 1 rejected of the members named; nothing was applied")
         );
     }
 

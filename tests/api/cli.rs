@@ -298,6 +298,79 @@ async fn a_command_naming_unknown_or_invalid_members_applies_the_rest_and_exits_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_disable_without_a_reason_records_the_services_default_like_the_api() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    app.create_pool("web", json!({})).await;
+    app.seed("web", &[P1], None).await;
+    assert_eq!(
+        run(&app, &["members", "disable", "web", P1]).await,
+        Run::ok(&format!(
+            "MEMBER                      RESULT\n\
+             {P1}  disabled\n\
+             1 disabled, 0 already ineligible, 0 unknown, 0 rejected\n"
+        ))
+    );
+    assert_eq!(app.members("web").await[0]["reason"], json!("disabled"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_whose_every_member_is_unknown_exits_4_and_says_nothing_was_applied() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    app.create_pool("web", json!({})).await;
+    assert_eq!(
+        run(&app, &["members", "enable", "web", P2]).await,
+        Run {
+            code: 4,
+            stdout: format!(
+                "MEMBER                      RESULT\n\
+                 {P2}  unknown\n\
+                 0 enabled, 0 already eligible, 1 unknown, 0 rejected\n\
+                 restore policy: minimum\n"
+            ),
+            stderr: "error: 1 unknown of the members named; nothing was applied\n".to_owned(),
+        }
+    );
+}
+
+/// With the token and the URL in the environment (as the README sets them), a usage error
+/// shows the command's own usage line, not `--admin-token` and `--url` as if required.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_errors_do_not_show_options_given_through_the_environment_as_required() {
+    let run = run_with("http://127.0.0.1:9", &["members", "add", "web"], &[], b"").await;
+    assert_eq!(
+        run,
+        Run::failed(
+            2,
+            "error: the following required arguments were not provided:\n  \
+             <MEMBERS>...\n\n\
+             Usage: proxy-allocator members add [OPTIONS] <POOL> <MEMBERS>...\n\n\
+             For more information, try '--help'.\n"
+        )
+    );
+}
+
+/// The operator options belong to `pools` and `members`: given before them, they are
+/// refused, with clap's pointer to where they go (the README says so too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_options_before_the_command_are_refused_with_a_pointer_to_their_place() {
+    let run = run_with(
+        "http://127.0.0.1:9",
+        &["--url", "http://127.0.0.1:9", "pools", "list"],
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr.starts_with(
+            "error: unexpected argument '--url' found\n\n  tip: 'pools --url' exists\n"
+        ),
+        "{}",
+        run.stderr
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_exit_non_zero_with_the_services_message_on_stderr() {
     let app = TestApp::spawn(Backend::Embedded).await;
     assert_eq!(
