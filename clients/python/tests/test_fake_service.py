@@ -1,30 +1,32 @@
-"""The client against a small fake of the service, for what the real one cannot show yet.
-
-``POST /pools/{pool}/outcomes`` (outcome reports) is specified but not served by this
-version of the service: the fake records what the client sends so that the tests check the
-request against the contract, ``{"proxy", "result", "status"?}``. The fake also answers
-with shapes the real service never gives (a load balancer's 502).
+"""The client against a small fake of the service, for what the real one cannot show on
+demand: the exact requests the client sends (the fake records them, so that the tests check
+them against the contract), and answers the real service never gives (a load balancer's
+502). Where the fake answers as the service would, it answers as the service does: outcome
+reports get a 200 with what each report did, the shape ``test_service.py`` checks against
+the real service.
 """
 
 import json
 import threading
 import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from proxy_allocator import Client, ProxyAllocatorError, Unavailable
+from proxy_allocator import Client, Outcome, ProxyAllocatorError, Unavailable
 
 P1 = "http://user:pw@p1.example.net:3128"
 LEASE_ID = "63eb31054be20f83cbec30683a17781f"
 
 #: (status, headers, body) the fake answers per (method, path); 404 for anything else.
 Answer = Tuple[int, Dict[str, str], bytes]
+#: An answer, or how to make one from the JSON body of the request.
+Answering = Union[Answer, Callable[[Any], Answer]]
 
 
 class FakeService:
     """An HTTP server on a free loopback port that records every request."""
 
-    def __init__(self, answers: Dict[Tuple[str, str], Answer]) -> None:
+    def __init__(self, answers: Dict[Tuple[str, str], Answering]) -> None:
         self.requests: List[Dict[str, Any]] = []
         fake = self
 
@@ -32,14 +34,16 @@ class FakeService:
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
+                sent = json.loads(raw) if raw else None
                 fake.requests.append({
                     "method": "POST",
                     "path": self.path,
                     "authorization": self.headers.get("Authorization"),
                     "content_type": self.headers.get("Content-Type"),
-                    "body": json.loads(raw) if raw else None,
+                    "body": sent,
                 })
-                status, headers, body = answers.get(("POST", self.path), (404, {}, b""))
+                answer = answers.get(("POST", self.path), (404, {}, b""))
+                status, headers, body = answer(sent) if callable(answer) else answer
                 self.send_response(status)
                 for name, value in headers.items():
                     self.send_header(name, value)
@@ -81,6 +85,21 @@ NO_CONTENT: Answer = (204, {}, b"")
 RELEASE = "/pools/browsers/leases/{}/release".format(LEASE_ID)
 
 
+def reported(pool: str) -> Callable[[Any], Answer]:
+    """The service's answer to one outcome report about a known, eligible member that has
+    not failed before: counted, with a streak of 1 after a failure and 0 after a success."""
+    def answer(report: Any) -> Answer:
+        failures = 0 if report["result"] == "ok" else 1
+        return json_answer(200, {
+            "pool": pool,
+            "outcomes": [{"proxy": report["proxy"], "result": report["result"],
+                          "effect": "counted", "consecutive_failures": failures}],
+            "unknown": [],
+            "rejected": [],
+        })
+    return answer
+
+
 class Reports(unittest.TestCase):
     """Outcome reports, alone and at the end of a lease."""
 
@@ -88,14 +107,16 @@ class Reports(unittest.TestCase):
         self.fake = FakeService({
             ("POST", "/pools/browsers/assign"): LEASED,
             ("POST", RELEASE): NO_CONTENT,
-            ("POST", "/pools/browsers/outcomes"): NO_CONTENT,
-            ("POST", "/pools/web/outcomes"): NO_CONTENT,
+            ("POST", "/pools/browsers/outcomes"): reported("browsers"),
+            ("POST", "/pools/web/outcomes"): reported("web"),
         })
         self.addCleanup(self.fake.stop)
         self.client = Client(self.fake.base, token="worker-token")
 
     def test_report_posts_the_proxy_the_result_and_the_status_as_json(self) -> None:
-        self.client.report("web", P1, "blocked", status=403)
+        self.assertEqual(self.client.report("web", P1, "blocked", status=403),
+                         Outcome(proxy=P1, result="blocked", effect="counted",
+                                 consecutive_failures=1))
         self.assertEqual(self.fake.requests, [{
             "method": "POST",
             "path": "/pools/web/outcomes",
@@ -117,6 +138,8 @@ class Reports(unittest.TestCase):
     def test_a_lease_with_report_releases_then_reports_ok_when_the_block_ends(self) -> None:
         with self.client.lease("browsers", report=True) as leased:
             self.assertEqual((leased.proxy, leased.assignments), (P1, 7))
+        self.assertEqual(leased.reported, Outcome(proxy=P1, result="ok", effect="counted",
+                                                  consecutive_failures=0))
         self.assertEqual(self.fake.calls(), [
             ("/pools/browsers/assign", None),
             (RELEASE, None),

@@ -12,6 +12,7 @@ from proxy_allocator import (
     Lease,
     NoProxyAvailable,
     NotFound,
+    Outcome,
     ProxyAllocatorError,
     Unauthorized,
     Unavailable,
@@ -120,12 +121,39 @@ class ClientBehaviour(unittest.TestCase):
             {"health": {"max_consecutive_failures": 2, "jitter_percent": 0}})
         self.service.seed(pool, [P1, P2])
         client = self.service.client()
-        client.report(pool, P1, "failed", status=502)
+        self.assertEqual(client.report(pool, P1, "failed", status=502),
+                         Outcome(proxy=P1, result="failed", effect="counted",
+                                 consecutive_failures=1))
         self.assertEqual(self.member_states(pool)[P1], ("eligible", None))
-        client.report(pool, P1, "failed")
+        self.assertEqual(client.report(pool, P1, "failed"),
+                         Outcome(proxy=P1, result="failed", effect="tripped",
+                                 consecutive_failures=2))
         self.assertEqual(self.member_states(pool)[P1], ("ineligible", "unhealthy"))
         # Reports never change counts: P2 (0) is next, then P2 again, since P1 is out.
         self.assertEqual([client.assign(pool).proxy for _ in range(2)], [P2, P2])
+
+    def test_report_returns_what_the_service_did_with_the_report(self) -> None:
+        pool = self.service.create_pool(
+            {"health": {"max_consecutive_failures": 1, "jitter_percent": 0}})
+        self.service.seed(pool, [P1, P2])
+        client = self.service.client()
+        # Written as a list would have it; the answer names the member as the pool has it.
+        self.assertEqual(client.report(pool, "p2.example.net:3128", "ok"),
+                         Outcome(proxy=P2, result="ok", effect="counted",
+                                 consecutive_failures=0))
+        self.assertEqual(client.report(pool, P1, "blocked", status=403),
+                         Outcome(proxy=P1, result="blocked", effect="tripped",
+                                 consecutive_failures=1))
+        # Out of the eligible set, P1's later reports change nothing.
+        self.assertEqual(client.report(pool, P1, "ok"),
+                         Outcome(proxy=P1, result="ok", effect="ignored",
+                                 consecutive_failures=1))
+        self.assertEqual(client.report(pool, "http://p9.example.net:3128", "failed"),
+                         Outcome(proxy="http://p9.example.net:3128", result="failed",
+                                 effect="unknown", consecutive_failures=None))
+        self.assertEqual(client.report(pool, "bad id", "failed"),
+                         Outcome(proxy="bad id", result="failed", effect="rejected",
+                                 consecutive_failures=None, reason="invalid_characters"))
 
     def test_a_lease_that_reports_marks_the_proxy_failed_when_the_block_raises(self) -> None:
         pool = self.leasing_pool(health={"max_consecutive_failures": 1, "jitter_percent": 0})
@@ -134,6 +162,8 @@ class ClientBehaviour(unittest.TestCase):
             with self.service.client().lease(pool, report=True) as leased:
                 self.assertEqual(leased.proxy, P1)
                 raise RuntimeError("connection reset by the target")
+        self.assertEqual(leased.reported, Outcome(proxy=P1, result="failed", effect="tripped",
+                                                  consecutive_failures=1))
         self.assertEqual(self.member_states(pool)[P1], ("ineligible", "unhealthy"))
         self.assertEqual(self.service.stats(pool)["in_flight"], 0)
 

@@ -5,7 +5,16 @@ has none (``assign`` returns ``None``), and on least-in-flight pools hold a leas
 length of the request (``with client.lease(pool) as leased:``).
 """
 
-from .client import DEFAULT_TIMEOUT, RESULTS, Assignment, Client, Lease, Leased, LeaseScope
+from .client import (
+    DEFAULT_TIMEOUT,
+    RESULTS,
+    Assignment,
+    Client,
+    Lease,
+    Leased,
+    LeaseScope,
+    Outcome,
+)
 from .errors import (
     Forbidden,
     NoProxyAvailable,
@@ -26,6 +35,7 @@ __all__ = [
     "Leased",
     "NoProxyAvailable",
     "NotFound",
+    "Outcome",
     "ProxyAllocatorError",
     "RESULTS",
     "Unauthorized",

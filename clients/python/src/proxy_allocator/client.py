@@ -79,16 +79,58 @@ class Assignment:
 
 
 @dataclass
+class Outcome:
+    """What the service did with one outcome report.
+
+    ``proxy`` is the member as the pool stores it (its canonical id), ``result`` the result
+    reported. ``effect`` is ``counted`` (the member's failure streak was extended or
+    cleared), ``tripped`` (the report took the member out to cool down), ``ignored`` (the
+    member was not eligible, so the report changed nothing), ``unknown`` (the pool has no
+    such member) or ``rejected`` (not a valid member id; ``reason`` says why).
+    ``consecutive_failures`` is the member's failure streak after the report, ``None`` for
+    ``unknown`` and ``rejected``.
+    """
+
+    proxy: str
+    result: str
+    effect: str
+    consecutive_failures: Optional[int]
+    reason: Optional[str] = None
+
+    @classmethod
+    def from_answer(cls, result: str, data: Mapping[str, Any]) -> "Outcome":
+        """The outcome of the one report of a call, from the service's answer
+        (``{"outcomes", "unknown", "rejected"}``)."""
+        applied = data.get("outcomes") or []
+        unknown = data.get("unknown") or []
+        rejected = data.get("rejected") or []
+        if applied:
+            return cls(proxy=applied[0]["proxy"], result=applied[0]["result"],
+                       effect=applied[0]["effect"],
+                       consecutive_failures=int(applied[0]["consecutive_failures"]))
+        if unknown:
+            return cls(proxy=unknown[0], result=result, effect="unknown",
+                       consecutive_failures=None)
+        if rejected:
+            return cls(proxy=rejected[0]["member"], result=result, effect="rejected",
+                       consecutive_failures=None, reason=rejected[0]["reason"])
+        raise ProxyAllocatorError(200, "unexpected_answer",
+                                  "the service's answer names no outcome: {!r}".format(data))
+
+
+@dataclass
 class Leased(Assignment):
     """What ``with client.lease(...)`` yields: an assignment whose lease the block holds.
 
     ``renewals`` counts the background renewals so far; ``lost`` is set when a renewal
     found the lease gone (expired and reclaimed, or its member removed): the proxy may
-    then be someone else's.
+    then be someone else's. With ``report=True``, ``reported`` is what the service did with
+    the report sent when the block ended.
     """
 
     renewals: int = 0
     lost: Optional[ProxyAllocatorError] = None
+    reported: Optional[Outcome] = None
     _outcome: Optional[Tuple[str, Optional[int]]] = field(default=None, repr=False)
 
     def report_as(self, result: str, status: Optional[int] = None) -> None:
@@ -179,15 +221,19 @@ class Client:
             _segment(pool), _segment(lease_id)), body)
         return Lease.from_json(_expect(data)["lease"])
 
-    def report(self, pool: str, proxy: str, result: str, status: Optional[int] = None) -> None:
+    def report(self, pool: str, proxy: str, result: str,
+               status: Optional[int] = None) -> Outcome:
         """Reports how a request through ``proxy`` went: ``ok``, ``failed`` or ``blocked``,
         with the target's HTTP ``status`` when there was one
-        (``POST /pools/{pool}/outcomes``)."""
+        (``POST /pools/{pool}/outcomes``). Returns what the service did with it: its
+        ``effect`` (``tripped`` when this report took the proxy out) and the proxy's
+        ``consecutive_failures``."""
         _check_result(result)
         body: Dict[str, Any] = {"proxy": proxy, "result": result}
         if status is not None:
             body["status"] = int(status)
-        self._call("POST", "/pools/{}/outcomes".format(_segment(pool)), body)
+        _, data = self._call("POST", "/pools/{}/outcomes".format(_segment(pool)), body)
+        return Outcome.from_answer(result, _expect(data))
 
     def lease(self, pool: str, ttl_ms: Optional[int] = None, renew: bool = False,
               report: bool = False) -> "LeaseScope":
@@ -342,6 +388,6 @@ class LeaseScope:
         else:
             return
         try:
-            self._client.report(leased.pool, leased.proxy, result, status)
+            leased.reported = self._client.report(leased.pool, leased.proxy, result, status)
         except ProxyAllocatorError as error:
             logger.warning("outcome report failed: %s", error, extra={"pool": leased.pool})
