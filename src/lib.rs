@@ -24,8 +24,10 @@
 //!   Redis implementation (scripts in `src/store/scripts/*.lua`; one server, a Redis
 //!   Cluster or Sentinel's primary, reached through `src/store/redis/connection.rs`) and
 //!   the embedded one.
-//! - [`http`]: the route table, handlers per resource (assign, outcomes, leases, pools,
-//!   members, the import with its own body limit, probes), auth, extractors, the error type.
+//! - [`http`]: the route table (each route with its method, who may call it and what body
+//!   it reads; the router is built from it and the tests walk it), handlers per resource
+//!   (assign, outcomes, leases, pools, members, the import with its own body limit,
+//!   probes), auth, extractors, the error type.
 //! - [`reaper`]: the background sweep that reclaims expired leases and returns members
 //!   whose cooldown has ended, in every pool.
 //! - [`checker`]: the background task that runs active checks of pools that have them (one

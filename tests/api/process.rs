@@ -19,8 +19,15 @@ pub struct ServiceProcess {
 impl ServiceProcess {
     /// Starts the binary on a free port with `env` on top of a clean test environment.
     pub fn start(env: &[(&str, String)]) -> Self {
+        Self::start_in(&std::env::current_dir().expect("a working directory"), env)
+    }
+
+    /// [`ServiceProcess::start`] in the working directory `dir`, where relative paths of
+    /// its settings lead.
+    pub fn start_in(dir: &std::path::Path, env: &[(&str, String)]) -> Self {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_proxy-allocator"));
-        cmd.env_clear()
+        cmd.current_dir(dir)
+            .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("LISTEN_ADDR", "127.0.0.1:0")
             .env("ADMIN_TOKEN", ADMIN)

@@ -72,20 +72,23 @@ class RedisServer:
 
 
 class Service:
-    """The service binary on a free port, with the test tokens and a fast lease reaper."""
+    """The service binary on a free port, with the test tokens (``worker_token=None``
+    leaves worker routes open) and a fast lease reaper."""
 
-    def __init__(self, redis_url: Optional[str] = None) -> None:
+    def __init__(self, redis_url: Optional[str] = None,
+                 worker_token: Optional[str] = WORKER) -> None:
         env = {
             "PATH": os.environ.get("PATH", ""),
             "LISTEN_ADDR": "127.0.0.1:0",
             "ADMIN_TOKEN": ADMIN,
-            "WORKER_TOKEN": WORKER,
             "KEY_PREFIX": "py" + secrets.token_hex(6),
             "REAP_INTERVAL_MS": "100",
             "STORE_TIMEOUT_MS": "500",
             "LOG_FORMAT": "json",
             "RUST_LOG": "warn,proxy_allocator::startup=info",
         }
+        if worker_token is not None:
+            env["WORKER_TOKEN"] = worker_token
         if redis_url is not None:
             env["REDIS_URL"] = redis_url
         self._process = subprocess.Popen([binary()], env=env, stdout=subprocess.PIPE,

@@ -1,0 +1,452 @@
+//! The README's sessions, replayed: every ```` ```console ```` block of `README.md`, top to
+//! bottom, in one shell, against the service started as the README says, and each command's
+//! output compared with what the README shows. A README that uses something before it
+//! introduces it fails here as well as one whose outputs went stale.
+//!
+//! The README's "Development" section is the manual of this test; in short:
+//!
+//! - `$ ` starts a command, `> ` continues it (a here-document, a long pipeline); the lines
+//!   up to the next `$ ` are its output, standard output and error together. Every command
+//!   must exit with 0: a block that shows a failure ends its command with `; echo "exit $?"`.
+//! - In an output, `[..]` stands for any text within a line, `...` on a line of its own for
+//!   any lines, `[TIMESTAMP]` for an RFC 3339 time of the API (`2026-11-30T10:17:19.384Z`) and
+//!   `[ID]` for 32 hexadecimal digits (lease and request ids).
+//! - `<!-- replay: start NAME=value ... -->` on the line before a block (re)starts the
+//!   service with those settings, on the same address, before the block runs. The first block
+//!   needs one.
+//! - The service listens on a free port, which the test writes wherever a command says
+//!   `127.0.0.1:8080` or `localhost:8080` (and reads back as 8080 in outputs);
+//!   `PROXY_ALLOCATOR_URL` points the operator commands at it. The shell runs in a directory
+//!   of its own, with `set -o pipefail`, the binary under test first on `PATH`, and standard
+//!   input closed.
+
+#[expect(
+    dead_code,
+    reason = "the harness is shared with the API suite; this test uses its service process"
+)]
+#[path = "api/helpers.rs"]
+mod helpers;
+#[expect(
+    dead_code,
+    reason = "shared with the API suite, which reads the log and sends signals"
+)]
+#[path = "api/process.rs"]
+mod process;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+use process::ServiceProcess;
+
+/// The address the README's commands are written for.
+const README_ADDRESSES: [&str; 2] = ["127.0.0.1:8080", "localhost:8080"];
+
+/// Longest a single command may take.
+const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One command of a block and the output the README shows for it.
+#[derive(Debug)]
+struct Step {
+    /// 1-based line of README.md where the command starts.
+    line: usize,
+    command: String,
+    expected: String,
+    /// 0-based lines of README.md that hold the output, and their indentation.
+    output_lines: std::ops::Range<usize>,
+    indent: usize,
+}
+
+/// One ```` ```console ```` block.
+#[derive(Debug)]
+struct Block {
+    /// 1-based line of README.md of the opening fence.
+    line: usize,
+    /// Service settings from a `<!-- replay: start ... -->` line right before the block.
+    start: Option<Vec<(String, String)>>,
+    steps: Vec<Step>,
+}
+
+/// The settings of a `<!-- replay: start NAME=value ... -->` line, when `line` is one.
+fn start_directive(line: &str, number: usize) -> Option<Vec<(String, String)>> {
+    let inner = line
+        .trim()
+        .strip_prefix("<!--")?
+        .strip_suffix("-->")?
+        .trim()
+        .strip_prefix("replay:")?
+        .trim();
+    let rest = inner
+        .strip_prefix("start")
+        .unwrap_or_else(|| panic!("README.md:{number}: unknown replay directive {inner:?}"));
+    Some(
+        rest.split_whitespace()
+            .map(|setting| {
+                let (name, value) = setting
+                    .split_once('=')
+                    .unwrap_or_else(|| panic!("README.md:{number}: {setting:?} is not NAME=value"));
+                (name.to_owned(), value.to_owned())
+            })
+            .collect(),
+    )
+}
+
+/// Every console block of `text`, with its commands and outputs.
+fn console_blocks(text: &str) -> Vec<Block> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut blocks = Vec::new();
+    let mut at = 0;
+    while at < lines.len() {
+        let fence = lines[at];
+        let indent = fence.len() - fence.trim_start().len();
+        if fence.trim_start() != "```console" {
+            at += 1;
+            continue;
+        }
+        let start = at
+            .checked_sub(1)
+            .and_then(|before| start_directive(lines[before], before + 1));
+        let mut block = Block {
+            line: at + 1,
+            start,
+            steps: Vec::new(),
+        };
+        at += 1;
+        let mut body = Vec::new();
+        while at < lines.len() && lines[at].trim_start() != "```" {
+            // Blocks inside list items are indented like their fence.
+            body.push((at, lines[at].get(indent..).unwrap_or("")));
+            at += 1;
+        }
+        assert!(at < lines.len(), "README.md:{}: unclosed block", block.line);
+        at += 1;
+        let mut body = body.into_iter().peekable();
+        while let Some((index, line)) = body.next() {
+            let number = index + 1;
+            let Some(first) = line.strip_prefix("$ ") else {
+                panic!("README.md:{number}: output before any command: {line:?}");
+            };
+            let mut command = first.to_owned();
+            let mut last = index;
+            while let Some((more_at, more)) =
+                body.next_if(|(_, l)| l.starts_with("> ") || *l == ">")
+            {
+                command.push('\n');
+                command.push_str(more.strip_prefix("> ").unwrap_or(""));
+                last = more_at;
+            }
+            let mut expected = Vec::new();
+            while let Some((output_at, output)) = body.next_if(|(_, l)| !l.starts_with("$ ")) {
+                expected.push(output);
+                last = output_at;
+            }
+            block.steps.push(Step {
+                line: number,
+                command,
+                output_lines: last + 1 - expected.len()..last + 1,
+                expected: expected.join("\n"),
+                indent,
+            });
+        }
+        blocks.push(block);
+    }
+    blocks
+}
+
+/// A `bash` that runs the steps one after another, keeping its variables and directory.
+struct Shell {
+    child: Child,
+    input: ChildStdin,
+    output: Receiver<String>,
+    marker: String,
+}
+
+impl Shell {
+    fn start(dir: &Path, bin_dir: &Path, service_url: &str) -> Self {
+        let path = format!(
+            "{}:{}",
+            bin_dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut child = Command::new("bash")
+            .args(["--noprofile", "--norc"])
+            .current_dir(dir)
+            .env_clear()
+            .env("PATH", path)
+            .env("HOME", dir)
+            .env("LANG", "C.UTF-8")
+            .env("TERM", "dumb")
+            .env("PROXY_ALLOCATOR_URL", service_url)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("bash starts");
+        let input = child.stdin.take().expect("stdin");
+        let stdout = child.stdout.take().expect("stdout");
+        let (lines, output) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if lines.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut shell = Self {
+            child,
+            input,
+            output,
+            marker: format!("__replay_step_done_{:016x}__", rand::random::<u64>()),
+        };
+        shell.send("exec 2>&1; set -o pipefail\n");
+        shell
+    }
+
+    fn send(&mut self, text: &str) {
+        self.input
+            .write_all(text.as_bytes())
+            .and_then(|()| self.input.flush())
+            .expect("bash reads its input");
+    }
+
+    /// Runs `command`; its output (standard error included) and exit status.
+    fn run(&mut self, command: &str) -> Result<(String, i32), String> {
+        let marker = self.marker.clone();
+        // Standard input is closed for the command: a command that reads it would
+        // otherwise read the steps that follow.
+        self.send(&format!(
+            "{{ {command}\n}} </dev/null; printf '\\n%s %d\\n' {marker} $?\n"
+        ));
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        let mut lines: Vec<String> = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.output.recv_timeout(left) {
+                Ok(line) => match line.strip_prefix(&format!("{marker} ")) {
+                    Some(status) => {
+                        // The marker's own leading newline ends the output.
+                        if lines.last().is_some_and(String::is_empty) {
+                            lines.pop();
+                        }
+                        let status = status.parse().expect("an exit status");
+                        return Ok((lines.join("\n"), status));
+                    }
+                    None => lines.push(line),
+                },
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(format!(
+                        "no end within {STEP_TIMEOUT:?}; output so far:\n{}",
+                        lines.join("\n")
+                    ));
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(format!("the shell exited; output:\n{}", lines.join("\n")));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Shell {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What stands for what varies from one run to the next.
+fn redactions() -> snapbox::Redactions {
+    let mut redactions = snapbox::Redactions::new();
+    redactions
+        .insert(
+            "[TIMESTAMP]",
+            regex::Regex::new(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z").expect("a regex"),
+        )
+        .expect("a placeholder");
+    redactions
+        .insert("[ID]", regex::Regex::new(r"[0-9a-f]{32}").expect("a regex"))
+        .expect("a placeholder");
+    redactions
+}
+
+/// A directory of the test's own, removed when dropped.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn require(tool: &str, install: &str) {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    assert!(
+        found,
+        "the README's sessions use {tool}, which is not on PATH: {install}"
+    );
+}
+
+#[test]
+fn every_console_session_of_the_readme_replays_as_printed() {
+    require("curl", "apt-get install curl");
+    require("jq", "apt-get install jq");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md at the crate root");
+    let blocks = console_blocks(&readme);
+    assert!(!blocks.is_empty(), "no console block in README.md");
+
+    let scratch =
+        Scratch(std::env::temp_dir().join(format!("pa-readme-{:016x}", rand::random::<u64>())));
+    std::fs::create_dir_all(&scratch.0).expect("a scratch directory");
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_proxy-allocator"));
+    let bin_dir = binary.parent().expect("the binary's directory");
+
+    // The first start picks a free port; later ones take the same address, so that what
+    // the session wrote down (`U=...`) stays true.
+    let mut address = "127.0.0.1:0".to_owned();
+    let mut service: Option<ServiceProcess> = None;
+    let mut shell: Option<Shell> = None;
+    let assert = snapbox::Assert::new()
+        .redact_with(redactions())
+        .normalize_paths(false);
+    // With README_REPLAY=overwrite, outputs that differ are written into README.md instead
+    // (what varies already replaced by its placeholder), for the author to read in the diff.
+    let overwrite = std::env::var("README_REPLAY").is_ok_and(|mode| mode == "overwrite");
+    let mut rewrites: Vec<(std::ops::Range<usize>, usize, String)> = Vec::new();
+    for block in &blocks {
+        if let Some(settings) = &block.start {
+            if let Some(mut running) = service.take() {
+                running.terminate();
+                running.wait_exit(Duration::from_secs(10));
+            }
+            let mut env: Vec<(&str, String)> = vec![("LISTEN_ADDR", address.clone())];
+            env.extend(settings.iter().map(|(k, v)| (k.as_str(), v.clone())));
+            let started = ServiceProcess::start_in(&scratch.0, &env);
+            address = started.base.trim_start_matches("http://").to_owned();
+            service = Some(started);
+        }
+        assert!(
+            service.is_some(),
+            "README.md:{}: the first console block needs a `<!-- replay: start ... -->` line \
+             before it",
+            block.line
+        );
+        let shell = shell
+            .get_or_insert_with(|| Shell::start(&scratch.0, bin_dir, &format!("http://{address}")));
+        for step in &block.steps {
+            let mut command = step.command.clone();
+            for written in README_ADDRESSES {
+                command = command.replace(written, &address);
+            }
+            let (output, status) = shell.run(&command).unwrap_or_else(|problem| {
+                panic!("README.md:{}: `{}`: {problem}", step.line, step.command)
+            });
+            let output = output.replace(&address, "127.0.0.1:8080");
+            assert!(
+                status == 0,
+                "README.md:{}: `{}` exited with {status}; output:\n{output}",
+                step.line,
+                step.command
+            );
+            let name = format!("the output of README.md:{} `{}`", step.line, step.command);
+            if let Err(mismatch) = assert.try_eq(
+                Some(&name),
+                snapbox::Data::text(output.clone()),
+                snapbox::Data::text(step.expected.clone()),
+            ) {
+                if !overwrite {
+                    panic!(
+                        "{mismatch}\n(README_REPLAY=overwrite cargo test --test readme writes \
+                         the outputs into README.md)"
+                    );
+                }
+                let redacted = redactions().redact(&output);
+                rewrites.push((step.output_lines.clone(), step.indent, redacted));
+            }
+        }
+    }
+    if !rewrites.is_empty() {
+        let mut lines: Vec<String> = readme.lines().map(str::to_owned).collect();
+        for (range, indent, output) in rewrites.into_iter().rev() {
+            let written = output
+                .lines()
+                .map(|line| format!("{}{line}", " ".repeat(indent)));
+            lines.splice(range, written);
+        }
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+        std::fs::write(path, lines.join("\n") + "\n").expect("README.md written");
+        panic!("outputs were rewritten in README.md: read the diff before keeping it");
+    }
+}
+
+#[test]
+fn blocks_commands_continuations_outputs_and_directives_are_read_as_documented() {
+    let text = "intro\n\
+                <!-- replay: start ADMIN_TOKEN=s3cret RUST_LOG=warn -->\n\
+                ```console\n\
+                $ echo one\n\
+                one\n\
+                $ cat <<'EOF'\n\
+                > a\n\
+                >\n\
+                > b\n\
+                > EOF\n\
+                a\n\
+                \n\
+                b\n\
+                $ true\n\
+                ```\n\
+                - item\n\
+                \x20 ```console\n\
+                \x20 $ echo two\n\
+                \x20 two\n\
+                \x20 ```\n\
+                ```text\n\
+                $ not replayed\n\
+                ```\n";
+    let blocks = console_blocks(text);
+    assert_eq!(blocks.len(), 2);
+    assert_eq!(
+        blocks[0].start,
+        Some(vec![
+            ("ADMIN_TOKEN".to_owned(), "s3cret".to_owned()),
+            ("RUST_LOG".to_owned(), "warn".to_owned())
+        ])
+    );
+    let steps: Vec<(usize, &str, &str, std::ops::Range<usize>)> = blocks[0]
+        .steps
+        .iter()
+        .map(|s| {
+            (
+                s.line,
+                s.command.as_str(),
+                s.expected.as_str(),
+                s.output_lines.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            (4, "echo one", "one", 4..5),
+            (6, "cat <<'EOF'\na\n\nb\nEOF", "a\n\nb", 10..13),
+            (14, "true", "", 14..14)
+        ]
+    );
+    assert_eq!((blocks[1].line, &blocks[1].start), (17, &None));
+    assert_eq!(blocks[1].steps[0].command, "echo two");
+    assert_eq!(blocks[1].steps[0].expected, "two");
+    assert_eq!(
+        (
+            blocks[1].steps[0].output_lines.clone(),
+            blocks[1].steps[0].indent
+        ),
+        (18..19, 2)
+    );
+}
