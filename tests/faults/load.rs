@@ -1,7 +1,7 @@
 //! Workers that assign in a loop and record every answer.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// One answer as a worker saw it.
@@ -24,6 +24,7 @@ pub struct Answer {
 /// A running load; `stop` ends it and returns every answer.
 pub struct Load {
     stop: Arc<AtomicBool>,
+    answered: Arc<AtomicUsize>,
     workers: Vec<tokio::task::JoinHandle<Vec<Answer>>>,
     /// When the load started.
     pub started: Instant,
@@ -34,11 +35,13 @@ impl Load {
     /// services at `bases` (worker `i` uses `bases[i % bases.len()]`).
     pub fn start(bases: &[String], pool: &str, clients: usize) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
+        let answered = Arc::new(AtomicUsize::new(0));
         let started = Instant::now();
         let workers = (0..clients)
             .map(|i| {
                 let url = format!("{}/pools/{pool}/assign", bases[i % bases.len()]);
                 let stop = Arc::clone(&stop);
+                let answered = Arc::clone(&answered);
                 tokio::spawn(async move {
                     let client = reqwest::Client::builder()
                         .timeout(Duration::from_secs(10))
@@ -52,6 +55,7 @@ impl Load {
                             tokio::time::sleep(Duration::from_millis(10)).await;
                         }
                         answers.push(answer);
+                        answered.fetch_add(1, Ordering::Relaxed);
                     }
                     answers
                 })
@@ -59,8 +63,22 @@ impl Load {
             .collect();
         Self {
             stop,
+            answered,
             workers,
             started,
+        }
+    }
+
+    /// Waits until `count` answers (of any kind) have come back; fails after `limit`.
+    pub async fn await_answers(&self, count: usize, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.answered.load(Ordering::Relaxed) < count {
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {count} answers within {limit:?}",
+                self.answered.load(Ordering::Relaxed)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
