@@ -21,9 +21,11 @@
 //!   `CheckConfig`, `OutcomeResult`), the proxy candidate parser that gives every address
 //!   one canonical id (`Candidate`), and a pool's eligibility `Rules`.
 //! - [`store`]: the [`store::Store`] trait, the only code that touches pool state, with its
-//!   Redis implementation (scripts in `src/store/scripts/*.lua`; one server, a Redis
-//!   Cluster or Sentinel's primary, reached through `src/store/redis/connection.rs`) and
-//!   the embedded one.
+//!   Redis implementation and the embedded one. The Redis one (`src/store/redis/`) keeps
+//!   the key layout, running a script with its retries, decoding each script's reply into
+//!   one type, and the operations in modules of their own; the scripts are
+//!   `src/store/scripts/*.lua`; one server, a Redis Cluster or Sentinel's primary is
+//!   reached through `src/store/redis/connection.rs`.
 //! - [`http`]: the route table, handlers per resource (assign, outcomes, leases, pools,
 //!   members, the import with its own body limit, probes), auth, extractors, the error type.
 //! - [`reaper`]: the background sweep that reclaims expired leases and returns members

@@ -4,7 +4,7 @@
 //! - `keys.rs`: the key layout, one hash tag per pool.
 //! - `scripts.rs`: the scripts (`src/store/scripts/*.lua`), one per operation.
 //! - `run.rs`: checkout, the store timeout, and which failed calls are sent again.
-//! - `reply.rs`: decoding the scripts' replies.
+//! - `reply.rs`: every script's reply, decoded into one type per script.
 //! - `operations.rs`: the `Store` trait, one script per operation.
 //! - `connection.rs`: reaching a standalone server, a Redis Cluster or Sentinel's primary.
 //!

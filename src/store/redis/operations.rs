@@ -7,13 +7,17 @@ use async_trait::async_trait;
 use redis::{Script, Value};
 
 use super::RedisStore;
-use super::reply::{self, SetPage, lease_found, lease_times, member_views, unexpected};
-use crate::domain::{LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy, Timestamp};
+use super::reply::{
+    self, AssignReply, ClaimCheckReply, DeletePoolReply, DisableOutcome, DisableReply,
+    EnableOutcome, EnableReply, MembersReply, OutcomesReply, PoolInfoReply, PutPoolReply,
+    ReleaseReply, RemoveReply, RenewReply, SeedOutcome, SeedReply, SweepReply,
+};
+use crate::domain::{LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy};
 use crate::store::{
-    Assignment, CheckRound, Cursor, DisableReport, Effect, EnableReport, Lease,
-    MAX_PROBES_PER_ROUND, MemberPage, PoolInfo, PoolStats, PutPool, REAP_BATCH, REAP_ON_ASSIGN,
-    RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored, Seed,
-    SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
+    Assignment, CheckRound, Cursor, DisableReport, EnableReport, Lease, MAX_PROBES_PER_ROUND,
+    MemberPage, PoolInfo, PutPool, REAP_BATCH, REAP_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport,
+    Renewed, Report, ReportSource, ReportSummary, Restored, Seed, SeedReport, StateFilter, Store,
+    StoreError, StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
@@ -29,14 +33,7 @@ impl RedisStore {
     async fn pool_ids(&self) -> Result<Vec<PoolId>, StoreError> {
         let mut smembers = redis::cmd("SMEMBERS");
         smembers.arg(self.registry_key());
-        let ids = reply::array(self.command(smembers).await?)?;
-        let mut ids: Vec<PoolId> = ids
-            .into_iter()
-            .filter_map(|v| reply::string(v).ok())
-            .filter_map(|s| PoolId::parse(&s).ok())
-            .collect();
-        ids.sort();
-        Ok(ids)
+        reply::pool_ids(self.command(smembers).await?)
     }
 
     /// Sweep steps on one pool until it has no expired lease and no due return left (or
@@ -48,39 +45,32 @@ impl RedisStore {
             let value = self
                 .eval(&self.scripts.reap, pool, &[batch.as_bytes()])
                 .await?;
-            let (reclaimed, returned) = match reply::pool_status(value) {
-                Ok(mut items) => (
-                    reply::count(&reply::next(&mut items)?)?,
-                    reply::count(&reply::next(&mut items)?)?,
-                ),
+            let step = match SweepReply::decode(value) {
+                Ok(SweepReply(step)) => step,
                 // Deleted between the listing and the step.
-                Err(StoreError::PoolNotFound) => (0, 0),
+                Err(StoreError::PoolNotFound) => Swept::default(),
                 Err(e) => return Err(e),
             };
-            swept = swept
-                + Swept {
-                    reclaimed,
-                    returned,
-                };
-            if reclaimed < REAP_BATCH && returned < REAP_BATCH {
+            swept = swept + step;
+            if step.reclaimed < REAP_BATCH && step.returned < REAP_BATCH {
                 break;
             }
         }
         Ok(swept)
     }
 
+    /// Runs a script whose arguments are one value, then member ids.
     async fn member_script(
         &self,
         script: &Script,
         pool: &PoolId,
         first: &[u8],
         members: &[MemberId],
-    ) -> Result<std::vec::IntoIter<Value>, StoreError> {
+    ) -> Result<Value, StoreError> {
         let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() + 1);
         args.push(first);
         args.extend(members.iter().map(|m| m.as_str().as_bytes()));
-        let value = self.eval(script, pool, &args).await?;
-        reply::pool_status(value)
+        self.eval(script, pool, &args).await
     }
 }
 
@@ -108,38 +98,30 @@ impl Store for RedisStore {
             returns.as_bytes(),
         ];
         let value = self.eval(&self.scripts.assign, pool, &args).await?;
-        let mut items = reply::array(value)?.into_iter();
-        let status = reply::int(&reply::next(&mut items)?)?;
-        if status == -1 {
-            return Err(StoreError::PoolNotFound);
-        }
-        if status == 0 {
-            // The wait can be 0 or below when more members are due than one assign returns.
-            let next_return = items
-                .next()
-                .map(|ms| reply::int(&ms))
-                .transpose()?
-                .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
-            return Ok(Assignment::Empty { next_return });
-        }
-        let member = MemberId::from_stored(reply::string(reply::next(&mut items)?)?);
-        let assignments = reply::count(&reply::next(&mut items)?)?;
-        if status == 1 {
-            return Ok(Assignment::Assigned {
+        Ok(match AssignReply::decode(value)? {
+            AssignReply::Empty { next_return } => Assignment::Empty { next_return },
+            AssignReply::Assigned {
                 member,
                 assignments,
-            });
-        }
-        let in_flight = reply::count(&reply::next(&mut items)?)?;
-        let (expires_at, ttl_ms) = lease_times(&mut items)?;
-        Ok(Assignment::Leased {
-            member,
-            assignments,
-            in_flight,
-            lease: Lease {
-                id,
+            } => Assignment::Assigned {
+                member,
+                assignments,
+            },
+            AssignReply::Leased {
+                member,
+                assignments,
+                in_flight,
                 expires_at,
                 ttl_ms,
+            } => Assignment::Leased {
+                member,
+                assignments,
+                in_flight,
+                lease: Lease {
+                    id,
+                    expires_at,
+                    ttl_ms,
+                },
             },
         })
     }
@@ -148,8 +130,10 @@ impl Store for RedisStore {
         let value = self
             .eval(&self.scripts.release, pool, &[lease.as_str().as_bytes()])
             .await?;
-        let mut items = reply::pool_status(value)?;
-        lease_found(&mut items)
+        match ReleaseReply::decode(value)? {
+            ReleaseReply { released: true } => Ok(()),
+            ReleaseReply { released: false } => Err(StoreError::LeaseNotFound),
+        }
     }
 
     async fn renew(
@@ -161,16 +145,14 @@ impl Store for RedisStore {
         let ttl_arg = ttl.map(|t| t.as_millis().to_string()).unwrap_or_default();
         let args: [&[u8]; 2] = [lease.as_str().as_bytes(), ttl_arg.as_bytes()];
         let value = self.eval(&self.scripts.renew, pool, &args).await?;
-        let mut items = reply::pool_status(value)?;
-        lease_found(&mut items)?;
-        let member = MemberId::from_stored(reply::string(reply::next(&mut items)?)?);
-        let (expires_at, ttl_ms) = lease_times(&mut items)?;
+        let RenewReply(renewal) = RenewReply::decode(value)?;
+        let renewal = renewal.ok_or(StoreError::LeaseNotFound)?;
         Ok(Renewed {
-            member,
+            member: renewal.member,
             lease: Lease {
                 id: lease.clone(),
-                expires_at,
-                ttl_ms,
+                expires_at: renewal.expires_at,
+                ttl_ms: renewal.ttl_ms,
             },
         })
     }
@@ -201,29 +183,17 @@ impl Store for RedisStore {
             args.push(report.detail.as_bytes());
         }
         let value = self.eval(&self.scripts.outcomes, pool, &args).await?;
-        let mut items = reply::pool_status(value)?;
-        let outcomes = reply::array(reply::next(&mut items)?)?;
+        let OutcomesReply(outcomes) = OutcomesReply::decode(value, reports.len())?;
         let mut summary = ReportSummary::default();
-        for (report, outcome) in reports.iter().zip(outcomes.chunks(2)) {
-            let [effect, streak] = outcome else {
-                return Err(unexpected("outcome too short"));
-            };
-            let effect = match reply::int(effect)? {
-                0 => {
-                    summary.unknown.push(report.member.clone());
-                    continue;
+        for (report, outcome) in reports.iter().zip(outcomes) {
+            match outcome {
+                Some((effect, streak)) => {
+                    summary
+                        .applied
+                        .push((report.member.clone(), report.result, effect, streak));
                 }
-                1 => Effect::Counted,
-                2 => Effect::Tripped,
-                3 => Effect::Ignored,
-                _ => Effect::Returned,
-            };
-            summary.applied.push((
-                report.member.clone(),
-                report.result,
-                effect,
-                reply::count(streak)?,
-            ));
+                None => summary.unknown.push(report.member.clone()),
+            }
         }
         Ok(summary)
     }
@@ -242,20 +212,8 @@ impl Store for RedisStore {
                 &[ms.as_bytes(), limit.as_bytes()],
             )
             .await?;
-        let mut items = reply::pool_status(value)?;
-        if reply::int(&reply::next(&mut items)?)? == 0 {
-            return Ok(None);
-        }
-        let members = |value: Value| -> Result<Vec<MemberId>, StoreError> {
-            reply::array(value)?
-                .into_iter()
-                .map(|m| reply::string(m).map(MemberId::from_stored))
-                .collect()
-        };
-        Ok(Some(CheckRound {
-            eligible: members(reply::next(&mut items)?)?,
-            cooling: members(reply::next(&mut items)?)?,
-        }))
+        let ClaimCheckReply(round) = ClaimCheckReply::decode(value)?;
+        Ok(round)
     }
 
     async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError> {
@@ -286,9 +244,12 @@ impl Store for RedisStore {
             health.as_bytes(),
         ];
         let value = self.eval(&self.scripts.put_pool, pool, &args).await?;
-        let created = match reply::int(&value)? {
-            -2 => return Err(StoreError::PolicyChangeRequiresEmptyPool),
-            status => status == 1,
+        let created = match PutPoolReply::decode(value)? {
+            PutPoolReply::PolicyChangeRefused => {
+                return Err(StoreError::PolicyChangeRequiresEmptyPool);
+            }
+            PutPoolReply::Created => true,
+            PutPoolReply::Updated => false,
         };
         // The registry lives in another hash slot, so it is updated after the pool script.
         // A crash in between leaves a pool that `pools()` does not list until its next PUT.
@@ -304,35 +265,12 @@ impl Store for RedisStore {
 
     async fn pool(&self, pool: &PoolId) -> Result<PoolInfo, StoreError> {
         let value = self.eval(&self.scripts.pool_info, pool, &[]).await?;
-        let mut items = reply::pool_status(value)?;
-        let config_json = reply::string(reply::next(&mut items)?)?;
-        let config: PoolConfig = serde_json::from_str(&config_json)
-            .map_err(|_| unexpected("pool configuration is not valid JSON"))?;
-        let created_ms = reply::optional_count(&reply::next(&mut items)?)?.unwrap_or(0);
-        let total_assignments = reply::optional_count(&reply::next(&mut items)?)?.unwrap_or(0);
-        let eligible = reply::count(&reply::next(&mut items)?)?;
-        let ineligible = reply::count(&reply::next(&mut items)?)?;
-        let min_assignments = reply::optional_count(&reply::next(&mut items)?)?;
-        let max_assignments = reply::optional_count(&reply::next(&mut items)?)?;
-        let in_flight = reply::count(&reply::next(&mut items)?)?;
-        let abandoned = reply::optional_count(&reply::next(&mut items)?)?.unwrap_or(0);
-        let tripped = reply::optional_count(&reply::next(&mut items)?)?.unwrap_or(0);
-        let recovered = reply::optional_count(&reply::next(&mut items)?)?.unwrap_or(0);
+        let info = PoolInfoReply::decode(value)?;
         Ok(PoolInfo {
             pool: pool.clone(),
-            config,
-            created_at: Timestamp(created_ms),
-            stats: PoolStats {
-                eligible,
-                ineligible,
-                min_assignments,
-                max_assignments,
-                total_assignments,
-                in_flight,
-                abandoned,
-                tripped,
-                recovered,
-            },
+            config: info.config,
+            created_at: info.created_at,
+            stats: info.stats,
         })
     }
 
@@ -357,10 +295,9 @@ impl Store for RedisStore {
         let mut srem = redis::cmd("SREM");
         srem.arg(self.registry_key()).arg(pool.as_str());
         self.command(srem).await?;
-        if reply::int(&value)? == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::PoolNotFound)
+        match DeletePoolReply::decode(value)? {
+            DeletePoolReply { existed: true } => Ok(()),
+            DeletePoolReply { existed: false } => Err(StoreError::PoolNotFound),
         }
     }
 
@@ -375,20 +312,18 @@ impl Store for RedisStore {
         args.push(pending.as_bytes());
         args.extend(seed.members.iter().map(|m| m.as_str().as_bytes()));
         let value = self.eval(&self.scripts.seed, pool, &args).await?;
-        let mut items = reply::pool_status(value)?;
-        let start_assignments = reply::count(&reply::next(&mut items)?)?;
-        let flags = reply::array(reply::next(&mut items)?)?;
+        let reply = SeedReply::decode(value, seed.members.len())?;
         let mut report = SeedReport {
             added: Vec::new(),
             existing: Vec::new(),
             full: Vec::new(),
-            start_assignments,
+            start_assignments: reply.start_assignments,
         };
-        for (member, flag) in seed.members.iter().zip(flags) {
-            match reply::int(&flag)? {
-                1 => report.added.push(member.clone()),
-                2 => report.full.push(member.clone()),
-                _ => report.existing.push(member.clone()),
+        for (member, outcome) in seed.members.iter().zip(reply.outcomes) {
+            match outcome {
+                SeedOutcome::Added => report.added.push(member.clone()),
+                SeedOutcome::Full => report.full.push(member.clone()),
+                SeedOutcome::Existing => report.existing.push(member.clone()),
             }
         }
         Ok(report)
@@ -416,36 +351,12 @@ impl Store for RedisStore {
             ineligible_count.as_bytes(),
         ];
         let value = self.eval(&self.scripts.members, pool, &args).await?;
-        let mut items = reply::pool_status(value)?;
-        let mut next = || reply::next(&mut items);
-        let (eligible_pairs, ineligible_pairs) = (next()?, next()?);
-        let infos = reply::array(next()?)?;
-        let (eligible_live, ineligible_live) = (next()?, next()?);
-        let (eligible_health, ineligible_health) = (next()?, next()?);
-        let returns = next()?;
-        let (eligible_checks, ineligible_checks) = (next()?, next()?);
-        let eligible = member_views(
-            SetPage {
-                pairs: eligible_pairs,
-                live: eligible_live,
-                health: eligible_health,
-                returns: None,
-                checks: eligible_checks,
-            },
-            None,
-        )?;
-        let ineligible = member_views(
-            SetPage {
-                pairs: ineligible_pairs,
-                live: ineligible_live,
-                health: ineligible_health,
-                returns: Some(returns),
-                checks: ineligible_checks,
-            },
-            Some(infos),
-        )?;
+        let page = MembersReply::decode(value)?;
         Ok(crate::store::merge_page(
-            eligible, ineligible, limit, cursor,
+            page.eligible,
+            page.ineligible,
+            limit,
+            cursor,
         ))
     }
 
@@ -455,16 +366,16 @@ impl Store for RedisStore {
         members: &[MemberId],
         reason: &str,
     ) -> Result<DisableReport, StoreError> {
-        let mut items = self
+        let value = self
             .member_script(&self.scripts.disable, pool, reason.as_bytes(), members)
             .await?;
-        let outcomes = reply::array(reply::next(&mut items)?)?;
+        let DisableReply(outcomes) = DisableReply::decode(value, members.len())?;
         let mut report = DisableReport::default();
         for (member, outcome) in members.iter().zip(outcomes) {
-            match reply::int(&outcome)? {
-                1 => report.disabled.push(member.clone()),
-                2 => report.already_ineligible.push(member.clone()),
-                _ => report.unknown.push(member.clone()),
+            match outcome {
+                DisableOutcome::Disabled => report.disabled.push(member.clone()),
+                DisableOutcome::AlreadyIneligible => report.already_ineligible.push(member.clone()),
+                DisableOutcome::Unknown => report.unknown.push(member.clone()),
             }
         }
         Ok(report)
@@ -477,31 +388,28 @@ impl Store for RedisStore {
         restore: Option<RestorePolicy>,
     ) -> Result<EnableReport, StoreError> {
         let policy = restore.map(RestorePolicy::as_str).unwrap_or("");
-        let mut items = self
+        let value = self
             .member_script(&self.scripts.enable, pool, policy.as_bytes(), members)
             .await?;
-        let applied = reply::string(reply::next(&mut items)?)?;
-        let restore = RestorePolicy::from_name(&applied)
-            .ok_or_else(|| unexpected("unknown restore policy"))?;
-        let outcomes = reply::array(reply::next(&mut items)?)?;
+        let reply = EnableReply::decode(value, members.len())?;
         let mut report = EnableReport {
-            restore,
+            restore: reply.restore,
             enabled: Vec::new(),
             already_eligible: Vec::new(),
             unknown: Vec::new(),
         };
-        for (member, outcome) in members.iter().zip(outcomes.chunks(3)) {
-            let [status, kept, restored] = outcome else {
-                return Err(unexpected("enable outcome too short"));
-            };
-            match reply::int(status)? {
-                1 => report.enabled.push(Restored {
+        for (member, outcome) in members.iter().zip(reply.outcomes) {
+            match outcome {
+                EnableOutcome::Enabled {
+                    kept_assignments,
+                    assignments,
+                } => report.enabled.push(Restored {
                     member: member.clone(),
-                    kept_assignments: reply::count(kept)?,
-                    assignments: reply::count(restored)?,
+                    kept_assignments,
+                    assignments,
                 }),
-                2 => report.already_eligible.push(member.clone()),
-                _ => report.unknown.push(member.clone()),
+                EnableOutcome::AlreadyEligible => report.already_eligible.push(member.clone()),
+                EnableOutcome::Unknown => report.unknown.push(member.clone()),
             }
         }
         Ok(report)
@@ -515,11 +423,10 @@ impl Store for RedisStore {
         let mut args: Vec<&[u8]> = Vec::with_capacity(members.len());
         args.extend(members.iter().map(|m| m.as_str().as_bytes()));
         let value = self.eval(&self.scripts.remove, pool, &args).await?;
-        let mut items = reply::pool_status(value)?;
-        let outcomes = reply::array(reply::next(&mut items)?)?;
+        let RemoveReply(removed) = RemoveReply::decode(value, members.len())?;
         let mut report = RemoveReport::default();
-        for (member, outcome) in members.iter().zip(outcomes) {
-            if reply::int(&outcome)? == 1 {
+        for (member, removed) in members.iter().zip(removed) {
+            if removed {
                 report.removed.push(member.clone());
             } else {
                 report.unknown.push(member.clone());
