@@ -7,6 +7,7 @@
 //! - `reply.rs`: every script's reply, decoded into one type per script.
 //! - `operations.rs`: the `Store` trait, one script per operation.
 //! - `connection.rs`: reaching a standalone server, a Redis Cluster or Sentinel's primary.
+//! - `tests.rs`: every script run on a real Redis, each of its replies decoded.
 //!
 //! # Connections
 //! `connection.rs` reaches a standalone server, a Redis Cluster or Sentinel's primary; the
@@ -39,6 +40,8 @@ mod operations;
 mod reply;
 mod run;
 mod scripts;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,7 +113,7 @@ impl RedisStore {
     /// Loads every script into Redis's script cache, so the first requests need no retry.
     async fn load_scripts(&self) -> Result<(), StoreError> {
         let conn = self.checkout().await?;
-        for script in self.scripts.all() {
+        for (_, script) in self.scripts.all() {
             let mut connection = conn.connection.clone();
             script.load_async(&mut connection).await.map_err(|e| {
                 conn.retire_if_failed(&e);

@@ -9,6 +9,7 @@
 //! replies read in one piece by an operator or a page (`pool_info.lua`, `members.lua`) name
 //! each of their values, and the decoders check the names; the others are short and
 //! positional, and `assign.lua` stays positional because every assign carries it.
+//! `tests.rs` runs every script on a real Redis and decodes each shape of its reply.
 
 use std::borrow::Cow;
 use std::time::Duration;

@@ -1,72 +1,61 @@
 //! The Lua scripts, one per operation, each loaded once and run by its hash.
+//!
+//! The table below is the one list of scripts: it declares the fields of [`Scripts`] and
+//! [`Scripts::all`], from which the startup load and the reply tests (`tests.rs`, one per
+//! script) take their list. Each name is its file's, in `src/store/scripts/`.
 
 use redis::Script;
 
-/// A script with the shared helpers of `scripts/leases.lua` and `scripts/health.lua` in
-/// front of it.
-macro_rules! with_helpers {
-    ($file:literal) => {
+/// Declares [`Scripts`] from `name: source` lines, where the source is `plain` (the file
+/// alone) or `with_helpers` (the file with `leases.lua` and `health.lua` in front of it).
+macro_rules! scripts {
+    ($($name:ident: $source:ident,)*) => {
+        /// Every script of the store.
+        pub(super) struct Scripts {
+            $(
+                #[doc = concat!("`", stringify!($name), ".lua`.")]
+                pub(super) $name: Script,
+            )*
+        }
+
+        impl Scripts {
+            pub(super) fn new() -> Self {
+                Self {
+                    $($name: scripts!(@$source $name),)*
+                }
+            }
+
+            /// Every script with its name.
+            pub(super) fn all(&self) -> impl Iterator<Item = (&'static str, &Script)> {
+                [$((stringify!($name), &self.$name)),*].into_iter()
+            }
+        }
+    };
+    (@plain $name:ident) => {
+        Script::new(include_str!(concat!("../scripts/", stringify!($name), ".lua")))
+    };
+    (@with_helpers $name:ident) => {
         Script::new(concat!(
             include_str!("../scripts/leases.lua"),
             include_str!("../scripts/health.lua"),
-            include_str!(concat!("../", $file))
+            include_str!(concat!("../scripts/", stringify!($name), ".lua"))
         ))
     };
 }
 
-pub(super) struct Scripts {
-    pub(super) assign: Script,
-    pub(super) put_pool: Script,
-    pub(super) pool_info: Script,
-    pub(super) delete_pool: Script,
-    pub(super) seed: Script,
-    pub(super) members: Script,
-    pub(super) disable: Script,
-    pub(super) enable: Script,
-    pub(super) remove: Script,
-    pub(super) release: Script,
-    pub(super) renew: Script,
-    pub(super) reap: Script,
-    pub(super) outcomes: Script,
-    pub(super) claim_check: Script,
-}
-
-impl Scripts {
-    pub(super) fn new() -> Self {
-        Self {
-            assign: with_helpers!("scripts/assign.lua"),
-            put_pool: Script::new(include_str!("../scripts/put_pool.lua")),
-            pool_info: Script::new(include_str!("../scripts/pool_info.lua")),
-            delete_pool: Script::new(include_str!("../scripts/delete_pool.lua")),
-            seed: with_helpers!("scripts/seed.lua"),
-            members: Script::new(include_str!("../scripts/members.lua")),
-            disable: with_helpers!("scripts/disable.lua"),
-            enable: with_helpers!("scripts/enable.lua"),
-            remove: with_helpers!("scripts/remove.lua"),
-            release: with_helpers!("scripts/release.lua"),
-            renew: with_helpers!("scripts/renew.lua"),
-            reap: with_helpers!("scripts/reap.lua"),
-            outcomes: with_helpers!("scripts/outcomes.lua"),
-            claim_check: Script::new(include_str!("../scripts/claim_check.lua")),
-        }
-    }
-
-    pub(super) fn all(&self) -> [&Script; 14] {
-        [
-            &self.assign,
-            &self.put_pool,
-            &self.pool_info,
-            &self.delete_pool,
-            &self.seed,
-            &self.members,
-            &self.disable,
-            &self.enable,
-            &self.remove,
-            &self.release,
-            &self.renew,
-            &self.reap,
-            &self.outcomes,
-            &self.claim_check,
-        ]
-    }
+scripts! {
+    assign: with_helpers,
+    put_pool: plain,
+    pool_info: plain,
+    delete_pool: plain,
+    seed: with_helpers,
+    members: plain,
+    disable: with_helpers,
+    enable: with_helpers,
+    remove: with_helpers,
+    release: with_helpers,
+    renew: with_helpers,
+    reap: with_helpers,
+    outcomes: with_helpers,
+    claim_check: plain,
 }
