@@ -28,7 +28,7 @@
 //!   reached through `src/store/redis/connection.rs`.
 //! - [`http`]: the route table, handlers per resource (assign, outcomes, leases, pools,
 //!   members, the import with its own body limit, probes), auth, extractors, the error type.
-//! - [`reaper`]: the background sweep that reclaims expired leases and returns members
+//! - [`sweep`]: the background sweep that reclaims expired leases and returns members
 //!   whose cooldown has ended, in every pool.
 //! - [`checker`]: the background task that runs active checks of pools that have them (one
 //!   replica per pool and interval) and feeds their results into the health rules.
@@ -43,7 +43,7 @@ pub mod config;
 pub mod domain;
 pub mod http;
 pub mod monitoring;
-pub mod reaper;
 pub mod startup;
 pub mod store;
+pub mod sweep;
 pub mod telemetry;

@@ -16,9 +16,9 @@ use tokio::task::JoinHandle;
 /// The admin token every test app is started with.
 pub const ADMIN: &str = "test-admin-token";
 
-/// How often test apps run the lease reaper, in milliseconds: short, so that tests of
+/// How often test apps run the background sweep, in milliseconds: short, so that tests of
 /// reclaiming wait little.
-pub const REAP_INTERVAL_MS: u64 = 100;
+pub const SWEEP_INTERVAL_MS: u64 = 100;
 
 /// How often test apps look for due check rounds, in milliseconds.
 pub const CHECK_TICK_MS: u64 = 50;
@@ -144,7 +144,7 @@ pub fn test_config(redis_url: Option<String>) -> Config {
     config.store_timeout_ms = 1000;
     config.shutdown_timeout_ms = 5000;
     config.body_limit_bytes = 1024 * 1024;
-    config.reap_interval_ms = REAP_INTERVAL_MS;
+    config.sweep_interval_ms = SWEEP_INTERVAL_MS;
     config.import_body_limit_bytes = 32 * 1024 * 1024;
     config.check_tick_ms = CHECK_TICK_MS;
     config
@@ -182,7 +182,7 @@ pub const NEVER_PER_ASSIGN: [&str; 12] = [
 /// hour apart, for tests that count the commands Redis receives: theirs are not part of
 /// any request.
 pub fn without_background_traffic(config: &mut Config) {
-    config.reap_interval_ms = 3_600_000;
+    config.sweep_interval_ms = 3_600_000;
     config.check_tick_ms = 3_600_000;
     config.metrics_refresh_ms = 3_600_000;
 }

@@ -15,18 +15,18 @@ use super::reply::{
 use crate::domain::{LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy};
 use crate::store::{
     Assignment, CheckRound, Cursor, DisableReport, EnableReport, Lease, MAX_PROBES_PER_ROUND,
-    MemberPage, PoolInfo, PutPool, REAP_BATCH, REAP_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport,
-    Renewed, Report, ReportSource, ReportSummary, Restored, Seed, SeedReport, StateFilter, Store,
-    StoreError, StoreStatus, Swept,
+    MemberPage, PoolInfo, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed,
+    Report, ReportSource, ReportSummary, Restored, SWEEP_BATCH, Seed, SeedReport, StateFilter,
+    Store, StoreError, StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
 /// every call of the hot path.
 static ASSIGN_BATCHES: std::sync::LazyLock<[String; 2]> =
-    std::sync::LazyLock::new(|| [REAP_ON_ASSIGN.to_string(), RETURN_ON_ASSIGN.to_string()]);
+    std::sync::LazyLock::new(|| [RECLAIM_ON_ASSIGN.to_string(), RETURN_ON_ASSIGN.to_string()]);
 
-/// Most reaper steps one sweep runs on one pool, so that a sweep always ends.
-const MAX_REAP_STEPS: u64 = 64;
+/// Most steps one sweep runs on one pool, so that a sweep always ends.
+const MAX_SWEEP_STEPS: u64 = 64;
 
 impl RedisStore {
     /// Every registered pool id, in id order.
@@ -39,11 +39,11 @@ impl RedisStore {
     /// Sweep steps on one pool until it has no expired lease and no due return left (or
     /// the step budget is spent; the next sweep goes on).
     async fn sweep_pool(&self, pool: &PoolId) -> Result<Swept, StoreError> {
-        let batch = REAP_BATCH.to_string();
+        let batch = SWEEP_BATCH.to_string();
         let mut swept = Swept::default();
-        for _ in 0..MAX_REAP_STEPS {
+        for _ in 0..MAX_SWEEP_STEPS {
             let value = self
-                .eval(&self.scripts.reap, pool, &[batch.as_bytes()])
+                .eval(&self.scripts.sweep, pool, &[batch.as_bytes()])
                 .await?;
             let step = match SweepReply::decode(value) {
                 Ok(SweepReply(step)) => step,
@@ -52,7 +52,7 @@ impl RedisStore {
                 Err(e) => return Err(e),
             };
             swept = swept + step;
-            if step.reclaimed < REAP_BATCH && step.returned < REAP_BATCH {
+            if step.reclaimed < SWEEP_BATCH && step.returned < SWEEP_BATCH {
                 break;
             }
         }
@@ -90,11 +90,11 @@ impl Store for RedisStore {
         // here would need the pool's policy, which only the script reads.
         let id = LeaseId::random();
         let ttl_arg = ttl.map(|t| t.as_millis().to_string()).unwrap_or_default();
-        let [reap, returns] = &*ASSIGN_BATCHES;
+        let [reclaim, returns] = &*ASSIGN_BATCHES;
         let args: [&[u8]; 4] = [
             id.as_str().as_bytes(),
             ttl_arg.as_bytes(),
-            reap.as_bytes(),
+            reclaim.as_bytes(),
             returns.as_bytes(),
         ];
         let value = self.eval(&self.scripts.assign, pool, &args).await?;

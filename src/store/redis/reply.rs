@@ -615,14 +615,14 @@ impl RenewReply {
     }
 }
 
-/// `reap.lua`: what one sweep step did in one pool.
+/// `sweep.lua`: what one sweep step did in one pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct SweepReply(pub(super) Swept);
 
 impl SweepReply {
     /// Decodes `{-1}` or `{1, reclaimed, returned}`.
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
-        decode("reap.lua", value, |value| {
+        decode("sweep.lua", value, |value| {
             let mut items = Items::of_pool(value)?;
             let swept = Swept {
                 reclaimed: items.count()?,

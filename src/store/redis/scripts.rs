@@ -55,7 +55,7 @@ scripts! {
     remove: with_helpers,
     release: with_helpers,
     renew: with_helpers,
-    reap: with_helpers,
+    sweep: with_helpers,
     outcomes: with_helpers,
     claim_check: plain,
 }

@@ -191,7 +191,7 @@ async fn every_script_s_replies_decode_from_a_real_redis() {
             "remove" => remove(&redis).await,
             "release" => release(&redis).await,
             "renew" => renew(&redis).await,
-            "reap" => reap(&redis).await,
+            "sweep" => sweep(&redis).await,
             "outcomes" => outcomes(&redis).await,
             "claim_check" => claim_check(&redis).await,
             other => panic!("{other}.lua has no reply test: add its case to this match"),
@@ -640,9 +640,9 @@ async fn renew(redis: &TestRedis) {
     }
 }
 
-async fn reap(redis: &TestRedis) {
-    let id = pool("reap");
-    let run = || redis.eval("reap", &id, &["256"]);
+async fn sweep(redis: &TestRedis) {
+    let id = pool("sweep");
+    let run = || redis.eval("sweep", &id, &["256"]);
     assert_pool_not_found(SweepReply::decode(run().await));
     redis
         .create(

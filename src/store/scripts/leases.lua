@@ -68,7 +68,7 @@ local function end_lease(id)
 end
 
 -- Reclaims up to `limit` leases expired at `now`, counting them as abandoned.
-local function reap(now, limit)
+local function reclaim_expired(now, limit)
     local expired = redis.call('ZRANGE', KEYS[8], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
     local reclaimed = 0
     for _, id in ipairs(expired) do
