@@ -58,7 +58,7 @@ async fn sigterm_answers_every_accepted_request_refuses_new_connections_and_exit
         ("STORE_TIMEOUT_MS", "5000".to_owned()),
         ("SHUTDOWN_TIMEOUT_MS", "3000".to_owned()),
         // No background work through the proxy: every EVALSHA it sees is a request's.
-        ("REAP_INTERVAL_MS", "3600000".to_owned()),
+        ("SWEEP_INTERVAL_MS", "3600000".to_owned()),
         ("CHECK_TICK_MS", "3600000".to_owned()),
         ("METRICS_REFRESH_MS", "3600000".to_owned()),
     ]);

@@ -73,7 +73,7 @@ class RedisServer:
 
 class Service:
     """The service binary on a free port, with the test tokens (``worker_token=None``
-    leaves worker routes open) and a fast lease reaper."""
+    leaves worker routes open) and a fast background sweep."""
 
     def __init__(self, redis_url: Optional[str] = None,
                  worker_token: Optional[str] = WORKER) -> None:
@@ -82,7 +82,7 @@ class Service:
             "LISTEN_ADDR": "127.0.0.1:0",
             "ADMIN_TOKEN": ADMIN,
             "KEY_PREFIX": "py" + secrets.token_hex(6),
-            "REAP_INTERVAL_MS": "100",
+            "SWEEP_INTERVAL_MS": "100",
             "STORE_TIMEOUT_MS": "500",
             "LOG_FORMAT": "json",
             "RUST_LOG": "warn,proxy_allocator::startup=info",
