@@ -159,10 +159,19 @@ async fn sigterm_answers_every_accepted_request_refuses_new_connections_and_exit
         BTreeMap::from([(Outcome::Status(200), WORKERS)]),
         "{report}"
     );
-    // Each worker's next request met the closed listener.
+    // After the signal nothing is answered any more: each worker goes on until its
+    // connection is refused by the closed listener, once. A request that went out on a
+    // kept-alive connection as the service was closing it fails without an answer; that
+    // request was sent after the signal, so it may (and it is counted apart).
+    assert!(
+        after_signal
+            .keys()
+            .all(|outcome| !matches!(outcome, Outcome::Status(_))),
+        "an answer after the signal: {report}"
+    );
     assert_eq!(
-        after_signal,
-        BTreeMap::from([(Outcome::Refused, WORKERS)]),
+        after_signal.get(&Outcome::Refused),
+        Some(&WORKERS),
         "{report}"
     );
     assert!(
