@@ -69,6 +69,11 @@ impl Load {
         }
     }
 
+    /// How many answers (of any kind) have come back so far.
+    pub fn answered(&self) -> usize {
+        self.answered.load(Ordering::Relaxed)
+    }
+
     /// Waits until `count` answers (of any kind) have come back; fails after `limit`.
     pub async fn await_answers(&self, count: usize, limit: Duration) {
         let deadline = Instant::now() + limit;

@@ -209,13 +209,22 @@ async fn connections_cut_in_the_middle_of_requests_fail_only_those_requests() {
     let app = app_on(proxy.url(), STORE_TIMEOUT).await;
     seeded(&app, &["a", "b", "c"]).await;
     let load = Load::start(std::slice::from_ref(&app.base), "p", 32);
+    // After each cut (and before the first), the next cut waits until 25 requests sent at
+    // least 100 ms after it have been answered: the answers after a moment include at most
+    // one request per client sent before it, so 32 more are waited for on top.
+    let settled = async |load: &Load| {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let answered = load.answered();
+        load.await_answers(answered + 32 + 25, Duration::from_secs(30))
+            .await;
+    };
     let mut cuts = Vec::new();
     for _ in 0..5 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        settled(&load).await;
         cuts.push(load.started.elapsed());
         proxy.cut();
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    settled(&load).await;
     let answers = load.stop().await;
     let counts = tally(&answers);
     assert!(
