@@ -19,7 +19,21 @@ pub struct ServiceProcess {
 impl ServiceProcess {
     /// Starts the binary on a free port with `env` on top of a clean test environment.
     pub fn start(env: &[(&str, String)]) -> Self {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_proxy-allocator"));
+        Self::start_via(&[], env)
+    }
+
+    /// Starts the binary as [`ServiceProcess::start`] does, run by the command `wrapper`
+    /// (`prlimit --nofile=...`, to start it with other limits) when it is not empty.
+    pub fn start_via(wrapper: &[&str], env: &[(&str, String)]) -> Self {
+        let binary = env!("CARGO_BIN_EXE_proxy-allocator");
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(binary);
+                cmd
+            }
+            None => Command::new(binary),
+        };
         cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("LISTEN_ADDR", "127.0.0.1:0")
