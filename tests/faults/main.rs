@@ -13,10 +13,6 @@ mod helpers;
 mod chaos;
 mod connections;
 mod load;
-#[expect(
-    dead_code,
-    reason = "shared with the API suite, which also reads the log"
-)]
 #[path = "../api/process.rs"]
 mod process;
 
