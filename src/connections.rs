@@ -34,7 +34,7 @@ use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -68,6 +68,12 @@ const QUIET: Duration = Duration::from_secs(1);
 /// How long `accept` waits before trying again after an error that is not about one
 /// connection (out of file descriptors, out of memory): retrying at once would spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
+
+/// Connections the kernel keeps waiting for `accept` (capped by `net.core.somaxconn`).
+/// More than the usual 1,024: during a burst, a connection beyond the backlog has its SYN
+/// dropped and its client waits a second or more to retry, where one in the backlog is
+/// accepted, and refused at the cap if need be, within milliseconds.
+const BACKLOG: u32 = 4096;
 
 /// The answer to a connection refused at the cap whose request had already arrived: the
 /// API's error shape, so clients treat it as any other 503.
@@ -168,7 +174,15 @@ impl GuardedListener {
     /// # Errors
     /// The bind error.
     pub async fn bind(name: &'static str, addr: SocketAddr, limits: Limits) -> io::Result<Self> {
-        Ok(Self::new(name, TcpListener::bind(addr).await?, limits))
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        // As the standard library's listeners do: a restarted service rebinds at once.
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        Ok(Self::new(name, socket.listen(BACKLOG)?, limits))
     }
 
     /// Guards a bound listener.
@@ -217,7 +231,7 @@ impl GuardedListener {
                 tracing::warn!(
                     listener = self.name,
                     errors,
-                    lasted_ms = lasted.as_millis(),
+                    lasted_ms = u64::try_from(lasted.as_millis()).unwrap_or(u64::MAX),
                     "accepting connections again"
                 );
             }
@@ -237,7 +251,7 @@ impl GuardedListener {
                 tracing::info!(
                     listener = self.name,
                     refused,
-                    lasted_ms = lasted.as_millis(),
+                    lasted_ms = u64::try_from(lasted.as_millis()).unwrap_or(u64::MAX),
                     "below the connection cap again"
                 );
             }
