@@ -153,8 +153,9 @@ async fn seed_pool(base: &str) {
 }
 
 /// Opens `n` connections one after another that never send anything; each task answers
-/// how long after its own connect the service closed it, or `None` if it was still open
-/// after `bound`.
+/// how long after its connect began the service closed it, or `None` if it was still open
+/// after `bound`. Timed from before the connect, so that the time is never shorter than
+/// the service's own from accept, however late this task runs.
 async fn idle_connections(
     addr: &str,
     n: usize,
@@ -162,12 +163,12 @@ async fn idle_connections(
 ) -> Vec<JoinHandle<Option<Duration>>> {
     let mut tasks = Vec::with_capacity(n);
     for _ in 0..n {
+        let connecting = Instant::now();
         let mut stream = TcpStream::connect(addr).await.expect("connected");
-        let connected = Instant::now();
         tasks.push(tokio::spawn(async move {
             let mut byte = [0u8; 1];
             let closed = tokio::time::timeout(bound, stream.read(&mut byte)).await;
-            closed.ok().map(|_| connected.elapsed())
+            closed.ok().map(|_| connecting.elapsed())
         }));
     }
     tasks
@@ -216,7 +217,7 @@ async fn idle_connections_are_closed_at_the_header_timeout_and_those_over_the_ca
             .expect("joined")
             .expect("closed within the bound");
         // A connection under the cap cannot be closed before its header timeout, which the
-        // service counts from accept, after the test's connect: whatever closed sooner was
+        // service counts from accept, after the connect began: whatever closed sooner was
         // refused at the cap.
         if closed < header_timeout {
             refused.push(closed);
