@@ -336,20 +336,22 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout_an
     seed_pool(&service.base).await;
     let mut idle = RawClient::connect(&api).await;
     let mut started = RawClient::connect(&api).await;
-    assert_eq!(idle.send(ASSIGN).await.expect("answered").status, 200);
+    // Every time is taken before the event the service times from, so that it is never
+    // shorter than the service's own, however late this test's task runs.
     let idle_since = Instant::now();
-    assert_eq!(started.send(ASSIGN).await.expect("answered").status, 200);
+    assert_eq!(idle.send(ASSIGN).await.expect("answered").status, 200);
     let started_since = Instant::now();
+    assert_eq!(started.send(ASSIGN).await.expect("answered").status, 200);
     // The next request's first bytes come 1.5 s into the idle time (once the deadline from
     // accept has passed and the keep-alive one is set), and never the rest of the head.
     let trickle = async {
         tokio::time::sleep(Duration::from_millis(1500)).await;
+        let first_byte = Instant::now();
         started
             .stream
             .write_all(b"POST /pools/p/as")
             .await
             .expect("sent");
-        let first_byte = Instant::now();
         closed_after(&mut started, first_byte).await
     };
     let (idle_closed, trickle_closed) = tokio::join!(closed_after(&mut idle, idle_since), trickle);
