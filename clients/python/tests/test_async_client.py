@@ -250,6 +250,17 @@ class AgainstTheFake(unittest.IsolatedAsyncioTestCase):
                          {"Bearer worker-token"})
         self.assertEqual(len(set(self.fake.ports)), 1)
 
+    async def test_a_connection_idle_for_longer_than_idle_timeout_is_not_reused(self) -> None:
+        async with AsyncClient(self.fake.base, idle_timeout=0.2) as client:
+            await client.assign("browsers")
+            await client.assign("browsers")
+            # Time passing is what is tested: longer idle than the client keeps connections.
+            await asyncio.sleep(0.5)
+            await client.assign("browsers")
+        first, second, third = self.fake.ports
+        self.assertEqual(first, second)
+        self.assertNotEqual(second, third)
+
     async def test_a_503_carries_its_retry_after_and_a_502_keeps_its_status(self) -> None:
         with self.assertRaises(Unavailable) as busy:
             await self.client.assign("busy")

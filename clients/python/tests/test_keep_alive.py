@@ -2,6 +2,7 @@
 when the other side closes it."""
 
 import threading
+import time
 import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, List
@@ -57,6 +58,17 @@ class KeepAlive(unittest.TestCase):
         first, second, third = self.fake.ports
         self.assertNotEqual(first, second)
         self.assertEqual(second, third)
+
+    def test_a_connection_idle_for_longer_than_idle_timeout_is_not_reused(self) -> None:
+        with Client(self.fake.base, idle_timeout=0.2) as client:
+            client.assign("web")
+            client.assign("web")
+            # Time passing is what is tested: longer idle than the client keeps connections.
+            time.sleep(0.3)
+            client.assign("web")
+        first, second, third = self.fake.ports
+        self.assertEqual(first, second)
+        self.assertNotEqual(second, third)
 
     def test_close_closes_the_connection_and_a_later_call_opens_a_new_one(self) -> None:
         client = Client(self.fake.base)

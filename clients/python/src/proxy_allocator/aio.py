@@ -17,6 +17,7 @@ import aiohttp
 from yarl import URL
 
 from .client import (
+    DEFAULT_IDLE_TIMEOUT,
     DEFAULT_TIMEOUT,
     Assignment,
     Lease,
@@ -44,17 +45,20 @@ class AsyncClient:
 
     ``token`` is sent as ``Authorization: Bearer <token>``. Each call waits at most
     ``timeout`` seconds, including the wait for one of ``max_connections`` kept-alive
-    connections. The connections are opened on first use, in the running event loop, and
-    belong to it. Use it as ``async with AsyncClient(...) as client:`` or call
+    connections, each reused while it was idle less than ``idle_timeout`` seconds (below
+    the service's ``HEADER_READ_TIMEOUT_MS``, after which it closes idle connections). The
+    connections are opened on first use, in the running event loop, and belong to it. Use it as ``async with AsyncClient(...) as client:`` or call
     :meth:`aclose`. Proxy settings of the environment are ignored for calls to the service.
     """
 
     def __init__(self, base_url: str, token: Optional[str] = None,
                  timeout: float = DEFAULT_TIMEOUT,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.max_connections = max_connections
+        self.idle_timeout = idle_timeout
         self._headers = {"Accept": "application/json"}
         if token:
             self._headers["Authorization"] = "Bearer " + token
@@ -82,7 +86,8 @@ class AsyncClient:
             self._session = aiohttp.ClientSession(
                 headers=self._headers, trust_env=False,
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
-                connector=aiohttp.TCPConnector(limit=self.max_connections))
+                connector=aiohttp.TCPConnector(limit=self.max_connections,
+                                               keepalive_timeout=self.idle_timeout))
         return self._session
 
     async def assign(self, pool: str, ttl_ms: Optional[int] = None, *,

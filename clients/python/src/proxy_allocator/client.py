@@ -7,6 +7,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 import weakref
 from dataclasses import dataclass, field
@@ -30,6 +31,11 @@ RESULTS = ("ok", "failed", "blocked")
 
 #: Seconds a call may take before it fails with :class:`Unreachable`.
 DEFAULT_TIMEOUT = 10.0
+
+#: Seconds a kept-alive connection may stay idle and still be reused. Below the service's
+#: own limit (``HEADER_READ_TIMEOUT_MS``, 5 s by default, after which it closes an idle
+#: connection), so that a call never races the service closing its connection.
+DEFAULT_IDLE_TIMEOUT = 4.0
 
 
 @dataclass
@@ -186,17 +192,19 @@ class Client:
     ``token`` is sent as ``Authorization: Bearer <token>`` (the worker token, or none when
     the service's worker routes are open). Each call makes one HTTP request and waits at
     most ``timeout`` seconds. Calls reuse one kept-alive connection per thread, so a
-    client may be shared by threads; ``close()`` (or ``with Client(...) as client:``)
-    closes them. Proxy settings of the environment (``HTTP_PROXY``...) are ignored for
+    client may be shared by threads, for as long as it was idle less than
+    ``idle_timeout`` seconds (keep it below the service's ``HEADER_READ_TIMEOUT_MS``);
+    ``close()`` (or ``with Client(...) as client:``) closes them. Proxy settings of the environment (``HTTP_PROXY``...) are ignored for
     calls to the service: they are meant for the worker's own traffic.
     """
 
     def __init__(self, base_url: str, token: Optional[str] = None,
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
+                 timeout: float = DEFAULT_TIMEOUT,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._token = token
-        self._connections = _Connections(self.base_url, timeout)
+        self._connections = _Connections(self.base_url, timeout, idle_timeout)
 
     def __enter__(self) -> "Client":
         return self
@@ -299,6 +307,8 @@ class Client:
                 self.base_url, failure)) from failure
         if response.will_close:
             self._connections.drop(connection)
+        else:
+            self._connections.idle()
         return _answer(status, raw, retry_after)
 
 
@@ -314,12 +324,13 @@ def _assigned(pool: str, answer: _Answer, raise_if_empty: bool) -> Optional[Assi
 class _Connections:
     """One kept-alive connection to the service per thread, and all of them for ``close``.
 
-    A connection the service (or a load balancer) closed while it was idle is noticed
-    before it is reused, so an idle timeout on the other side costs a reconnect, not a
-    failed call.
+    A connection idle for ``idle_timeout`` seconds is not reused: the service closes idle
+    connections after its own timeout, and a call sent just as it does would fail. One the
+    service (or a load balancer) closed anyway is noticed before it is reused. Either way
+    the cost is a reconnect, not a failed call.
     """
 
-    def __init__(self, base_url: str, timeout: float) -> None:
+    def __init__(self, base_url: str, timeout: float, idle_timeout: float) -> None:
         parts = urllib.parse.urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("base_url is http:// or https:// with a host, not {!r}".format(
@@ -329,6 +340,7 @@ class _Connections:
         self._host = parts.hostname
         self._port = parts.port
         self._timeout = timeout
+        self._idle_timeout = idle_timeout
         self._local = threading.local()
         self._lock = threading.Lock()
         # Weak: a thread that ends takes its connection with it (its socket closes when it
@@ -339,9 +351,11 @@ class _Connections:
         """This thread's connection, a new one if it has none or the other side closed it."""
         connection: Optional[http.client.HTTPConnection] = getattr(self._local, "connection",
                                                                    None)
-        if connection is not None and _closed_by_peer(connection):
-            self.drop(connection)
-            connection = None
+        if connection is not None:
+            idle = time.monotonic() - getattr(self._local, "idle_since", 0.0)
+            if idle >= self._idle_timeout or _closed_by_peer(connection):
+                self.drop(connection)
+                connection = None
         if connection is None:
             if self._https:
                 connection = http.client.HTTPSConnection(
@@ -354,6 +368,10 @@ class _Connections:
             with self._lock:
                 self._open.add(connection)
         return connection
+
+    def idle(self) -> None:
+        """Notes that this thread's connection is idle from now."""
+        self._local.idle_since = time.monotonic()
 
     def close_current(self) -> None:
         """Closes this thread's connection, for a thread that is done calling."""
