@@ -20,9 +20,10 @@ from datetime import date
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BINARY = os.path.join(ROOT, "target", "release", "proxy-allocator")
 SCRIPTS = os.path.join(ROOT, "src", "store", "scripts")
-# The service sends the shared helpers in front of the assign script (`with_helpers!` in
-# src/store/redis.rs) with every key of the pool (`POOL_KEY_PARTS`); redis-benchmark must
-# run exactly that script with exactly those keys to be a fair yardstick.
+# The service sends the shared helpers in front of the assign script (`with_helpers` in
+# src/store/redis/scripts.rs) with every key of the pool (`POOL_KEY_PARTS` in
+# src/store/redis/keys.rs); redis-benchmark must run exactly that script with exactly those
+# keys to be a fair yardstick.
 SCRIPT_PARTS = ["leases.lua", "health.lua", "assign.lua"]
 KEY_PARTS = ["meta", "eligible", "ineligible", "taken_out", "by_in_flight", "in_flight",
              "leases", "lease_expiry", "health", "returns", "checks", "check_round"]
@@ -181,7 +182,7 @@ def main():
                     seed(base, pool, size)
                     keys = [f"{PREFIX}:{{{pool}}}:{part}" for part in KEY_PARTS]
                     # ARGV as the service sends them: a lease id (unused on a
-                    # least-used pool), no ttl, and the reap and return batch sizes.
+                    # least-used pool), no ttl, and the reclaim and return batch sizes.
                     args = ["0123456789abcdef0123456789abcdef", "", "16", "16"]
                     service, yardstick, two_threads = [], [], []
                     compare_threads = store == "redis" and size == SIZES[len(SIZES) // 2] \

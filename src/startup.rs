@@ -19,7 +19,7 @@ use crate::config::{Config, RedisSettingsError};
 use crate::http::{self, AppState, Limits, Tokens};
 use crate::monitoring::PoolSnapshot;
 use crate::store::{EmbeddedStore, RedisStore, RedisStoreOptions, Store, StoreError};
-use crate::{checker, reaper};
+use crate::{checker, sweep};
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -153,9 +153,9 @@ impl Application {
             }
         };
         let tasks = [
-            tokio::spawn(reaper::run(
+            tokio::spawn(sweep::run(
                 Arc::clone(&self.store),
-                self.config.reap_interval(),
+                self.config.sweep_interval(),
                 stopped(),
             )),
             tokio::spawn(checker::run(
