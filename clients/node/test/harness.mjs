@@ -87,7 +87,7 @@ export async function startService(redisUrl) {
         ADMIN_TOKEN: ADMIN,
         WORKER_TOKEN: WORKER,
         KEY_PREFIX: `js${randomBytes(6).toString('hex')}`,
-        REAP_INTERVAL_MS: '100',
+        SWEEP_INTERVAL_MS: '100',
         STORE_TIMEOUT_MS: '500',
         LOG_FORMAT: 'json',
         RUST_LOG: 'warn,proxy_allocator::startup=info',
