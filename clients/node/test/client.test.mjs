@@ -94,7 +94,7 @@ for (const store of ['redis', 'embedded']) {
             const leaseId = await client.lease(
                 pool,
                 async (leased) => {
-                    // Time passing is what is tested: three ttls, the reaper runs every 100 ms.
+                    // Time passing is what is tested: three ttls, the sweep runs every 100 ms.
                     await new Promise((done) => setTimeout(done, 1800));
                     const stats = await service.stats(pool);
                     assert.deepEqual([stats.in_flight, stats.abandoned], [1, 0]);

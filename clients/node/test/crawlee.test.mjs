@@ -101,7 +101,7 @@ for (const store of ['redis', 'embedded']) {
                 [dead]: ['ineligible', 'unhealthy'],
             });
 
-            // Every lease released, none left to the reaper.
+            // Every lease released, none left to the sweep.
             assert.equal(stats.released, stats.assigned);
             const poolStats = await service.stats(pool);
             assert.deepEqual([poolStats.in_flight, poolStats.abandoned], [0, 0]);

@@ -79,7 +79,7 @@ function stopChild(child) {
     });
 }
 
-/** The service on a free port with the test tokens and a fast reaper. */
+/** The service on a free port with the test tokens and a fast sweep. */
 export async function startService(redisUrl) {
     const env = {
         PATH: process.env.PATH ?? '',

@@ -150,7 +150,7 @@ class AsyncBehaviour(unittest.IsolatedAsyncioTestCase):
         pool = self.leasing_pool()
         self.service.seed(pool, [P1])
         async with self.client.lease(pool, ttl_ms=600, renew=True) as leased:
-            # Time passing is what is tested: three ttls, the reaper runs every 100 ms.
+            # Time passing is what is tested: three ttls, the sweep runs every 100 ms.
             await asyncio.sleep(1.8)
             stats = self.service.stats(pool)
             self.assertEqual((stats["in_flight"], stats["abandoned"]), (1, 0))

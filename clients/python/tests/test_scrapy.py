@@ -120,7 +120,7 @@ class CrawlBehaviour(unittest.TestCase):
                           self.blocked.url: ("ineligible", "blocked"),
                           dead: ("ineligible", "unhealthy")})
 
-        # Every lease released, none left to the reaper.
+        # Every lease released, none left to the sweep.
         self.assertEqual(stats["proxy_allocator/released"], stats["proxy_allocator/assigned"])
         pool_stats = self.service.stats(pool)
         self.assertEqual((pool_stats["in_flight"], pool_stats["abandoned"]), (0, 0))
