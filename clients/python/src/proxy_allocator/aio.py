@@ -23,6 +23,7 @@ from .client import (
     Lease,
     Leased,
     _Answer,
+    _Scope,
     _answer,
     _assigned,
     _exit_outcome,
@@ -150,17 +151,13 @@ class AsyncClient:
         return _answer(status, raw, retry_after)
 
 
-class AsyncLeaseScope:
+class AsyncLeaseScope(_Scope):
     """The async context manager returned by :meth:`AsyncClient.lease`."""
 
     def __init__(self, client: AsyncClient, pool: str, ttl_ms: Optional[int], renew: bool,
                  report: bool) -> None:
+        super().__init__(pool, ttl_ms, renew, report)
         self._client = client
-        self._pool = pool
-        self._ttl_ms = ttl_ms
-        self._renew = renew
-        self._report = report
-        self._leased: Optional[Leased] = None
         self._renewer: Optional["asyncio.Task[None]"] = None
 
     async def __aenter__(self) -> Leased:

@@ -477,17 +477,24 @@ def _leased(pool: str, assigned: Assignment) -> Leased:
                   in_flight=assigned.in_flight, lease=assigned.lease)
 
 
-class LeaseScope:
-    """The context manager returned by :meth:`Client.lease`."""
+class _Scope:
+    """What a lease block (blocking or asyncio) was asked for, and the lease it holds."""
 
-    def __init__(self, client: Client, pool: str, ttl_ms: Optional[int], renew: bool,
-                 report: bool) -> None:
-        self._client = client
+    def __init__(self, pool: str, ttl_ms: Optional[int], renew: bool, report: bool) -> None:
         self._pool = pool
         self._ttl_ms = ttl_ms
         self._renew = renew
         self._report = report
         self._leased: Optional[Leased] = None
+
+
+class LeaseScope(_Scope):
+    """The context manager returned by :meth:`Client.lease`."""
+
+    def __init__(self, client: Client, pool: str, ttl_ms: Optional[int], renew: bool,
+                 report: bool) -> None:
+        super().__init__(pool, ttl_ms, renew, report)
+        self._client = client
         self._renewer: Optional[_Renewer] = None
 
     def __enter__(self) -> Leased:
