@@ -404,6 +404,11 @@ def _closed_by_peer(connection: http.client.HTTPConnection) -> bool:
     if sock is None:
         return False
     try:
+        if hasattr(select, "poll"):
+            # poll, unlike select, takes descriptors above 1023 (busy workers have them).
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            return bool(poller.poll(0))
         readable, _, _ = select.select([sock], [], [], 0)
     except (OSError, ValueError):
         return True
