@@ -19,10 +19,13 @@ from harness import free_port
 
 class Site:
     """An HTTP site on a free loopback port: ``/page/N`` answers a small HTML page, or 429
-    to a blocked client address. ``hits`` records (client address, path, status)."""
+    to a blocked client address; ``/slow`` the same after ``slow_seconds``. ``hits``
+    records (client address, path, status)."""
 
     def __init__(self, blocked: Set[str]) -> None:
         self.hits: List[Tuple[str, str, int]] = []
+        #: How long ``/slow`` takes to answer.
+        self.slow_seconds = 5.0
         site = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -30,14 +33,27 @@ class Site:
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 client = self.client_address[0]
+                if self.path.startswith("/slow"):
+                    # A page that takes its time: a download still running when the crawl
+                    # is closed.
+                    time.sleep(site.slow_seconds)
                 status = 429 if client in blocked else 200
                 body = "<html><body>{}</body></html>".format(self.path).encode()
                 site.hits.append((client, self.path, status))
-                self.send_response(status)
-                self.send_header("Content-Type", "text/html")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "text/html")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up on a slow page: nobody to answer
+
+            def handle(self) -> None:
+                try:
+                    super().handle()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

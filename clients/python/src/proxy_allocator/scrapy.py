@@ -20,7 +20,7 @@ turns the proxy's credentials into a ``Proxy-Authorization`` header, and after
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, Optional, Union
+from typing import Dict, FrozenSet, Optional
 
 from scrapy import Request, Spider, signals
 from scrapy.crawler import Crawler
@@ -125,7 +125,7 @@ class ProxyAllocatorMiddleware:
         """Scrapy's constructor hook."""
         return cls(crawler)
 
-    def _inc(self, key: str, count: Union[int, float] = 1) -> None:
+    def _inc(self, key: str, count: int = 1) -> None:
         assert self.stats is not None
         self.stats.inc_value("proxy_allocator/" + key, count)
 
@@ -159,7 +159,7 @@ class ProxyAllocatorMiddleware:
                 raise IgnoreRequest("no proxy in pool {!r} within {} s".format(
                     pool, self.max_wait))
             self._inc("waits")
-            self._inc("waited_seconds", wait)
+            self._inc("waited_ms", round(wait * 1000))
             await asyncio.sleep(wait)
             waited += wait
         assert assigned is not None
@@ -222,5 +222,6 @@ class ProxyAllocatorMiddleware:
     async def spider_closed(self, spider: Spider) -> None:
         """Releases the leases of downloads that never came back, then closes the client."""
         for used in list(self._live.values()):
+            self._inc("released_at_close")
             await self._finish(used, None, None)
         await self.client.aclose()
