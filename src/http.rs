@@ -16,6 +16,7 @@ mod probes;
 mod ui;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
 use axum::handler::Handler;
@@ -48,6 +49,10 @@ pub struct Limits {
     pub body_bytes: usize,
     /// Largest list the import route accepts, in bytes.
     pub import_body_bytes: usize,
+    /// Longest time a request body may take to arrive, on every route but the import.
+    pub body_read_timeout: Duration,
+    /// Longest time the import route's list may take to arrive.
+    pub import_body_read_timeout: Duration,
 }
 
 /// Who may call a route. Declared in the route table, enforced by the handler's first
@@ -58,7 +63,8 @@ pub enum Access {
     /// No token needed: probes, metrics, the contract and the dashboard page.
     Open,
     /// The worker token when one is configured (the admin token is accepted too); open
-    /// when none is.
+    /// when none is, which the service allows on a loopback address only (or with
+    /// `ALLOW_ANONYMOUS_WORKERS`).
     Worker,
     /// The admin token.
     Admin,
@@ -91,6 +97,8 @@ pub struct Route {
     pub access: Access,
     /// What it reads from the body.
     pub body: RouteBody,
+    /// Whether the probe port (`PROBE_LISTEN`) serves the route too.
+    pub probe: bool,
     handler: MethodRouter<AppState>,
 }
 
@@ -113,7 +121,20 @@ where
         method,
         access,
         body,
+        probe: false,
         handler: on(filter, handler),
+    }
+}
+
+/// An open `GET` route without a body that the probe port serves too.
+fn probe_route<H, T>(path: &'static str, handler: H) -> Route
+where
+    H: Handler<T, AppState>,
+    T: 'static,
+{
+    Route {
+        probe: true,
+        ..route(path, Method::GET, Access::Open, RouteBody::Ignored, handler)
     }
 }
 
@@ -122,9 +143,9 @@ pub fn routes() -> Vec<Route> {
     use Access::{Admin, Open, Worker};
     use RouteBody::{Ignored, Json, List, OptionalJson};
     vec![
-        route("/livez", Method::GET, Open, Ignored, probes::livez),
-        route("/readyz", Method::GET, Open, Ignored, probes::readyz),
-        route("/metrics", Method::GET, Open, Ignored, probes::metrics),
+        probe_route("/livez", probes::livez),
+        probe_route("/readyz", probes::readyz),
+        probe_route("/metrics", probes::metrics),
         route("/openapi.yaml", Method::GET, Open, Ignored, probes::openapi),
         route("/ui", Method::GET, Open, Ignored, ui::page),
         route("/pools", Method::GET, Admin, Ignored, pools::list_pools),
@@ -218,13 +239,27 @@ pub fn routes() -> Vec<Route> {
 
 /// The whole application as a `Router`, ready to serve or to drive with `oneshot` in tests.
 pub fn app(state: AppState, limits: Limits) -> Router {
+    router(routes(), state, limits)
+}
+
+/// The probe port's application: the routes marked [`Route::probe`] only, so a flood of
+/// the API port, which is refused at its cap, never reaches the orchestrator's probes.
+pub fn probe_app(state: AppState, limits: Limits) -> Router {
+    router(
+        routes().into_iter().filter(|route| route.probe).collect(),
+        state,
+        limits,
+    )
+}
+
+fn router(routes: Vec<Route>, state: AppState, limits: Limits) -> Router {
     let mut router = Router::new();
     for Route {
         path,
         handler,
         body,
         ..
-    } in routes()
+    } in routes
     {
         // Layers on the route run after the router-wide ones below, so this limit (and the
         // limit the 413 message names) replaces the small one for this route only.
@@ -233,9 +268,10 @@ pub fn app(state: AppState, limits: Limits) -> Router {
                 .layer::<_, std::convert::Infallible>(DefaultBodyLimit::max(
                     limits.import_body_bytes,
                 ))
-                .layer::<_, std::convert::Infallible>(Extension(BodyLimit(
-                    limits.import_body_bytes,
-                )))
+                .layer::<_, std::convert::Infallible>(Extension(BodyLimit {
+                    bytes: limits.import_body_bytes,
+                    read_timeout: limits.import_body_read_timeout,
+                }))
         } else {
             handler
         };
@@ -245,7 +281,10 @@ pub fn app(state: AppState, limits: Limits) -> Router {
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limits.body_bytes))
-        .layer(Extension(BodyLimit(limits.body_bytes)))
+        .layer(Extension(BodyLimit {
+            bytes: limits.body_bytes,
+            read_timeout: limits.body_read_timeout,
+        }))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             log::log_request,

@@ -19,15 +19,35 @@ pub struct ServiceProcess {
 impl ServiceProcess {
     /// Starts the binary on a free port with `env` on top of a clean test environment.
     pub fn start(env: &[(&str, String)]) -> Self {
-        Self::start_in(&std::env::current_dir().expect("a working directory"), env)
+        Self::launch(&[], None, env)
+    }
+
+    /// Starts the binary as [`ServiceProcess::start`] does, run by the command `wrapper`
+    /// (`prlimit --nofile=...`, to start it with other limits) when it is not empty.
+    pub fn start_via(wrapper: &[&str], env: &[(&str, String)]) -> Self {
+        Self::launch(wrapper, None, env)
     }
 
     /// [`ServiceProcess::start`] in the working directory `dir`, where relative paths of
     /// its settings lead.
     pub fn start_in(dir: &std::path::Path, env: &[(&str, String)]) -> Self {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_proxy-allocator"));
-        cmd.current_dir(dir)
-            .env_clear()
+        Self::launch(&[], Some(dir), env)
+    }
+
+    fn launch(wrapper: &[&str], dir: Option<&std::path::Path>, env: &[(&str, String)]) -> Self {
+        let binary = env!("CARGO_BIN_EXE_proxy-allocator");
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(binary);
+                cmd
+            }
+            None => Command::new(binary),
+        };
+        if let Some(dir) = dir {
+            cmd.current_dir(dir);
+        }
+        cmd.env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("LISTEN_ADDR", "127.0.0.1:0")
             .env("ADMIN_TOKEN", ADMIN)

@@ -19,9 +19,10 @@ P2 = "http://p2.example.net:3128"
 
 
 def worker_examples() -> List[str]:
-    """The ``python`` blocks of the README's "A worker in Python" section, in order."""
+    """The ``python`` blocks of the README's "Workers: Python" section, in order."""
     text = (REPOSITORY / "README.md").read_text(encoding="utf-8")
-    section = text.split("\n## A worker in Python\n", 1)[1].split("\n## ", 1)[0]
+    workers = text.split("\n## Workers\n", 1)[1].split("\n## ", 1)[0]
+    section = workers.split("\n### Python\n", 1)[1].split("\n### ", 1)[0]
     blocks = [part.split("\n```", 1)[0] for part in section.split("```python\n")[1:]]
     if len(blocks) != 2:
         raise AssertionError("expected the worker loop and the lease example, found "
