@@ -218,8 +218,8 @@ pub(super) struct Disk {
         expect(dead_code, reason = "tests start compactions themselves")
     )]
     options: DataDirOptions,
-    /// Held until the store is dropped; released after the threads have stopped.
-    _lock: File,
+    /// Held until the store is closed; released after the threads have stopped.
+    lock: Mutex<Option<File>>,
 }
 
 impl Disk {
@@ -287,7 +287,7 @@ impl Disk {
             fsync_every_answer: options.fsync_interval.is_zero(),
             timeout: options.timeout,
             options,
-            _lock: lock,
+            lock: Mutex::new(Some(lock)),
         })
     }
 
@@ -346,8 +346,8 @@ impl Disk {
             .expect("not stopped")
     }
 
-    /// Refuses further operations, writes and fsyncs everything recorded so far, and stops
-    /// the threads. Idempotent.
+    /// Refuses further operations, writes and fsyncs everything recorded so far, stops
+    /// the threads and lets go of the directory. Idempotent.
     pub(super) fn close(&self, inner: &Mutex<Inner>) {
         {
             let mut inner = lock_inner(inner);
@@ -367,6 +367,13 @@ impl Disk {
         for thread in threads {
             let _ = thread.join();
         }
+        // Nothing more will be written: another process may have the directory now.
+        drop(
+            self.lock
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
     }
 }
 
