@@ -16,22 +16,57 @@ pub struct ServiceProcess {
     lines: Arc<Mutex<Vec<String>>>,
 }
 
+/// The service binary with `env` on top of a clean test environment, its standard output
+/// piped.
+fn command(env: &[(&str, String)]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_proxy-allocator"));
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("LISTEN_ADDR", "127.0.0.1:0")
+        .env("ADMIN_TOKEN", ADMIN)
+        .env("LOG_FORMAT", "json")
+        .env("RUST_LOG", "warn,proxy_allocator::startup=info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    for (key, value) in env {
+        cmd.env(key, value);
+    }
+    cmd
+}
+
+/// Runs the binary with `env` until it exits by itself (within 10 s, or it is killed):
+/// its exit code and every line it wrote. For starts that must fail.
+pub fn run_to_exit(env: &[(&str, String)]) -> (Option<i32>, Vec<String>) {
+    let mut child = command(env).spawn().expect("the service binary starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<String>>()
+    });
+    let started = Instant::now();
+    let code = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break status.code();
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (
+        code,
+        reader.join().expect("the reader ends with the process"),
+    )
+}
+
 impl ServiceProcess {
     /// Starts the binary on a free port with `env` on top of a clean test environment.
     pub fn start(env: &[(&str, String)]) -> Self {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_proxy-allocator"));
-        cmd.env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("LISTEN_ADDR", "127.0.0.1:0")
-            .env("ADMIN_TOKEN", ADMIN)
-            .env("LOG_FORMAT", "json")
-            .env("RUST_LOG", "warn,proxy_allocator::startup=info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        for (key, value) in env {
-            cmd.env(key, value);
-        }
-        let mut child = cmd.spawn().expect("the service binary starts");
+        let mut child = command(env).spawn().expect("the service binary starts");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         let lines = Arc::new(Mutex::new(Vec::new()));
@@ -94,6 +129,14 @@ impl ServiceProcess {
                 .status()
                 .expect("kill runs");
             assert!(status.success());
+        }
+    }
+
+    /// Kills the process with SIGKILL, as a crash would, and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 

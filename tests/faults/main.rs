@@ -10,6 +10,7 @@
 mod helpers;
 
 mod chaos;
+mod durable;
 mod load;
 #[expect(
     dead_code,
