@@ -1,6 +1,7 @@
 //! The fault suite: Redis killed, flushed, slowed and cut off; the service stopped under
-//! load; several service processes on one Redis; hostile requests. Everything runs on
-//! loopback, is bounded in time, and stops what it starts.
+//! load; the embedded store's data directory after SIGTERM, SIGKILL and damage; several
+//! service processes on one Redis; hostile requests. Everything runs on loopback, is
+//! bounded in time, and stops what it starts.
 
 #[expect(
     dead_code,
@@ -12,10 +13,6 @@ mod helpers;
 mod chaos;
 mod durable;
 mod load;
-#[expect(
-    dead_code,
-    reason = "shared with the API suite, which also reads the log"
-)]
 #[path = "../api/process.rs"]
 mod process;
 
