@@ -518,3 +518,95 @@ fn a_data_directory_with_a_redis_setting_refuses_to_start() {
     );
     assert!(!dir.0.exists(), "the directory is not even created");
 }
+
+/// The commands of the first `console` block after `heading` in the README, each with the
+/// lines it prints.
+fn console_block(readme: &str, heading: &str) -> Vec<(String, Vec<String>)> {
+    let section = &readme[readme
+        .find(heading)
+        .unwrap_or_else(|| panic!("{heading} in the README"))..];
+    let start = section.find("```console\n").expect("a console block") + "```console\n".len();
+    let block = &section[start..];
+    let block = &block[..block.find("```").expect("the block's end")];
+    let mut commands: Vec<(String, Vec<String>)> = Vec::new();
+    for line in block.lines() {
+        match line.strip_prefix("$ ") {
+            Some(command) => commands.push((command.to_owned(), Vec::new())),
+            None => commands
+                .last_mut()
+                .expect("output after a command")
+                .1
+                .push(line.to_owned()),
+        }
+    }
+    commands
+}
+
+/// Runs one README command in `cwd` with the walkthrough's variables (its first line,
+/// pointed at `base`); the lines it printed.
+fn shell(cwd: &Path, variables: &str, base: &str, command: &str) -> Vec<String> {
+    let variables = variables.replace("http://127.0.0.1:8080", base);
+    let output = std::process::Command::new("bash")
+        .args(["-c", &format!("{variables}\n{command}")])
+        .current_dir(cwd)
+        .output()
+        .expect("bash runs (with curl and jq on PATH)");
+    assert!(output.status.success(), "{command}: {output:?}");
+    String::from_utf8(output.stdout)
+        .expect("UTF-8")
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_restart_after_the_walkthrough_replays_as_printed() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("the README");
+    let walkthrough = console_block(&readme, "## Operator walkthrough");
+    let restart = console_block(&readme, "### The embedded store on disk");
+    let (variables, none) = &walkthrough[0];
+    assert!(
+        variables.starts_with("T=") && none.is_empty(),
+        "{variables}"
+    );
+
+    let cwd = DataDir(fresh_data_dir());
+    std::fs::create_dir_all(&cwd.0).expect("a directory");
+    // The README's `DATA_DIR=./data`, relative to where its commands run.
+    let start = |line: &str| {
+        let (assignments, rest) = line.split_once(" cargo run --release").expect("a start");
+        assert_eq!(rest.trim(), "&", "{line}");
+        let env: Vec<(&'static str, String)> = assignments
+            .split(' ')
+            .map(|pair| match pair.split_once('=') {
+                Some(("DATA_DIR", "./data")) => {
+                    ("DATA_DIR", cwd.0.join("data").display().to_string())
+                }
+                Some(("ADMIN_TOKEN", token)) => ("ADMIN_TOKEN", token.to_owned()),
+                _ => panic!("unexpected {pair} in {line}"),
+            })
+            .collect();
+        ServiceProcess::start(&env)
+    };
+    let mut service = start("DATA_DIR=./data ADMIN_TOKEN=s3cret cargo run --release &");
+    let mut replayed = 0;
+    for (command, printed) in walkthrough[1..].iter().chain(&restart) {
+        if command.starts_with("kill -TERM %1") {
+            terminate(&mut service);
+            assert!(printed.is_empty());
+        } else if command.starts_with("DATA_DIR=") {
+            service = start(command);
+            assert!(printed.is_empty());
+        } else {
+            let output = shell(&cwd.0, variables, &service.base, command);
+            assert_eq!(&output, printed, "{command}");
+        }
+        replayed += 1;
+    }
+    assert_eq!(replayed, walkthrough.len() - 1 + restart.len());
+    assert!(
+        restart.len() >= 6,
+        "the restart block is there: {restart:?}"
+    );
+}
