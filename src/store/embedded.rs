@@ -84,22 +84,23 @@ pub struct DataDirOptions {
     pub fsync_interval: Duration,
     /// Longest time an operation waits for its fsync before answering 503.
     pub timeout: Duration,
-    /// A compaction starts once the current log is larger than this and than the last
-    /// snapshot.
+    /// A compaction starts once the current log is larger than this and than half the
+    /// last snapshot: replaying a log costs more per record than loading a snapshot, so the
+    /// log is kept smaller than the snapshot to keep recovery short.
     pub compact_min_log_bytes: u64,
     /// Pools, members and leases one turn of the lock copies into a snapshot.
     pub snapshot_chunk: usize,
 }
 
 impl DataDirOptions {
-    /// `dir` with the service's defaults: fsync every second, compaction past 64 MiB of
-    /// log, 4,096 entries per turn of the lock.
+    /// `dir` with the service's defaults: fsync every second, compaction past 8 MiB of
+    /// log (and half the snapshot), 4,096 entries per turn of the lock.
     pub fn new(dir: PathBuf) -> Self {
         Self {
             dir,
             fsync_interval: Duration::from_secs(1),
             timeout: Duration::from_secs(1),
-            compact_min_log_bytes: 64 << 20,
+            compact_min_log_bytes: 8 << 20,
             snapshot_chunk: 4096,
         }
     }
@@ -226,6 +227,13 @@ impl Ranked {
                 self.order.insert((count, member));
             }
         }
+    }
+
+    /// Adds a member known not to be here: one hash instead of two (recovery inserts a
+    /// million of them).
+    fn insert_absent(&mut self, member: MemberId, count: u64) {
+        self.counts.insert(member.clone(), count);
+        self.order.insert((count, member));
     }
 
     /// Adds one to the count of the first member (fewest, then lowest id) and returns it
@@ -546,6 +554,11 @@ impl Pool {
 
     /// Takes the member out of the choosing order, before its numbers change.
     fn unplace(&mut self, member: &MemberId) {
+        // Only least-in-flight pools have the order (a policy changes only while the pool
+        // is empty), and building a key costs a copy of the id.
+        if self.config.policy != Policy::LeastInFlight {
+            return;
+        }
         if let Some(key) = self.order_key(member) {
             self.order.remove(&key);
         }

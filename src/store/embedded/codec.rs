@@ -55,30 +55,31 @@ pub(super) struct MemberImage<'a> {
     pub last_check: Option<Cow<'a, LastCheck>>,
 }
 
-/// One decoded record.
+/// One decoded record. Ids that only name something to look up stay text borrowed from
+/// the frame, so that replaying a count update allocates nothing for them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Record {
+pub(super) enum Record<'a> {
     /// A pool with these settings and numbers exists (created or changed).
     Pool(PoolId, PoolImage<'static>),
     /// The pool and everything it held are gone.
-    PoolDeleted(PoolId),
+    PoolDeleted(&'a str),
     /// The member is in the pool, exactly like this.
-    Member(PoolId, MemberId, MemberImage<'static>),
+    Member(&'a str, MemberId, MemberImage<'static>),
     /// The member is not in the pool (its leases are records of their own).
-    MemberRemoved(PoolId, MemberId),
+    MemberRemoved(&'a str, &'a str),
     /// The lease is live on `member` until `expires_at`.
     Lease {
-        pool: PoolId,
+        pool: &'a str,
         id: LeaseId,
         member: MemberId,
         expires_at: Timestamp,
     },
     /// The lease has ended.
-    LeaseEnded(PoolId, LeaseId),
+    LeaseEnded(&'a str, &'a str),
     /// An assign: the member's count and the pool's total after it.
     Assigned {
-        pool: PoolId,
-        member: MemberId,
+        pool: &'a str,
+        member: &'a str,
         assignments: u64,
         total_assignments: u64,
     },
@@ -312,7 +313,7 @@ impl<'a> Reader<'a> {
     }
 
     /// The next record, or `None` at the end of the frame.
-    pub(super) fn next_record(&mut self) -> Result<Option<Record>, DecodeError> {
+    pub(super) fn next_record(&mut self) -> Result<Option<Record<'a>>, DecodeError> {
         if self.at == self.data.len() {
             return Ok(None);
         }
@@ -335,9 +336,9 @@ impl<'a> Reader<'a> {
                     },
                 )
             }
-            POOL_DELETED => Record::PoolDeleted(self.pool_id()?),
+            POOL_DELETED => Record::PoolDeleted(self.text()?),
             MEMBER => {
-                let pool = self.pool_id()?;
+                let pool = self.text()?;
                 let member = self.member_id()?;
                 let eligible = self.flag()?;
                 let assignments = self.varint()?;
@@ -375,17 +376,17 @@ impl<'a> Reader<'a> {
                     },
                 )
             }
-            MEMBER_REMOVED => Record::MemberRemoved(self.pool_id()?, self.member_id()?),
+            MEMBER_REMOVED => Record::MemberRemoved(self.text()?, self.text()?),
             LEASE => Record::Lease {
-                pool: self.pool_id()?,
+                pool: self.text()?,
                 id: self.lease_id()?,
                 member: self.member_id()?,
                 expires_at: self.time()?,
             },
-            LEASE_ENDED => Record::LeaseEnded(self.pool_id()?, self.lease_id()?),
+            LEASE_ENDED => Record::LeaseEnded(self.text()?, self.text()?),
             ASSIGNED => Record::Assigned {
-                pool: self.pool_id()?,
-                member: self.member_id()?,
+                pool: self.text()?,
+                member: self.text()?,
                 assignments: self.varint()?,
                 total_assignments: self.varint()?,
             },
@@ -415,7 +416,7 @@ mod tests {
         MemberId::parse(text).expect("a member id")
     }
 
-    fn decode_all(buf: &[u8]) -> Vec<Record> {
+    fn decode_all(buf: &[u8]) -> Vec<Record<'_>> {
         let mut reader = Reader::new(buf);
         std::iter::from_fn(|| reader.next_record().expect("decodes")).collect()
     }
@@ -471,28 +472,28 @@ mod tests {
             [
                 Record::Pool(pool_id(), image),
                 Record::Member(
-                    pool_id(),
+                    "web",
                     member_id("http://u:p@h:1"),
                     MemberImage {
                         taken_out: Some((Cow::Owned("unhealthy".to_owned()), Timestamp(9))),
                         ..cooling
                     }
                 ),
-                Record::MemberRemoved(pool_id(), member_id("gone")),
+                Record::MemberRemoved("web", "gone"),
                 Record::Lease {
-                    pool: pool_id(),
+                    pool: "web",
                     id: lease.clone(),
                     member: member_id("a"),
                     expires_at: Timestamp(77)
                 },
-                Record::LeaseEnded(pool_id(), lease),
+                Record::LeaseEnded("web", lease.as_str()),
                 Record::Assigned {
-                    pool: pool_id(),
-                    member: member_id("a"),
+                    pool: "web",
+                    member: "a",
                     assignments: 128,
                     total_assignments: 1 << 40
                 },
-                Record::PoolDeleted(pool_id()),
+                Record::PoolDeleted("web"),
                 Record::SnapshotEnd {
                     generation: 3,
                     records: 6

@@ -16,7 +16,8 @@ use std::time::Instant;
 use super::codec::{MemberImage, PoolImage, Reader, Record};
 use super::journal::{LogFile, Recovered as ForDisk};
 use super::{DataDirOptions, OpenError, Pool, files};
-use crate::domain::{Policy, PoolId};
+use crate::domain::{MemberId, Policy, PoolId};
+use crate::store::Health;
 
 /// The state found, and the open files to go on with.
 pub(super) struct Recovered {
@@ -240,6 +241,12 @@ fn load_snapshot(
                         }
                         ended = true;
                     }
+                    Some(Record::Member(id, member, image)) => {
+                        records += 1;
+                        if let Some(pool) = pools.get_mut(id) {
+                            pool.load_member(member, image);
+                        }
+                    }
                     Some(record) => {
                         records += 1;
                         apply(pools, record);
@@ -290,23 +297,20 @@ fn apply_frame(
 
 /// Sets what `record` names to the value it holds. Records of pools that do not exist are
 /// skipped: under a fuzzy snapshot they describe a pool deleted later (see `snapshot.rs`).
-pub(super) fn apply(pools: &mut BTreeMap<PoolId, Pool>, record: Record) {
+pub(super) fn apply(pools: &mut BTreeMap<PoolId, Pool>, record: Record<'_>) {
     match record {
         Record::Pool(id, image) => set_pool(pools, id, image),
         Record::PoolDeleted(id) => {
-            pools.remove(&id);
+            pools.remove(id);
         }
         Record::Member(id, member, image) => {
-            if let Some(pool) = pools.get_mut(&id) {
-                pool.forget_member(&member);
-                pool.set_member(&member, image);
-                pool.changes.clear();
+            if let Some(pool) = pools.get_mut(id) {
+                pool.replace_member(member, image);
             }
         }
         Record::MemberRemoved(id, member) => {
-            if let Some(pool) = pools.get_mut(&id) {
-                pool.forget_member(&member);
-                pool.changes.clear();
+            if let Some(pool) = pools.get_mut(id) {
+                pool.forget_member(member);
             }
         }
         Record::Lease {
@@ -315,7 +319,7 @@ pub(super) fn apply(pools: &mut BTreeMap<PoolId, Pool>, record: Record) {
             member,
             expires_at,
         } => {
-            if let Some(pool) = pools.get_mut(&pool) {
+            if let Some(pool) = pools.get_mut(pool) {
                 pool.end_lease(&id);
                 pool.unplace(&member);
                 *pool.in_flight.entry(member.clone()).or_insert(0) += 1;
@@ -326,7 +330,9 @@ pub(super) fn apply(pools: &mut BTreeMap<PoolId, Pool>, record: Record) {
             }
         }
         Record::LeaseEnded(pool, id) => {
-            if let Some(pool) = pools.get_mut(&pool) {
+            if let Some(pool) = pools.get_mut(pool)
+                && let Some(id) = pool.leases.get_key_value(id).map(|(id, _)| id.clone())
+            {
                 pool.end_lease(&id);
                 pool.changes.clear();
             }
@@ -337,15 +343,9 @@ pub(super) fn apply(pools: &mut BTreeMap<PoolId, Pool>, record: Record) {
             assignments,
             total_assignments,
         } => {
-            if let Some(pool) = pools.get_mut(&pool) {
+            if let Some(pool) = pools.get_mut(pool) {
                 pool.total_assignments = total_assignments;
-                pool.unplace(&member);
-                if pool.eligible.get(&member).is_some() {
-                    pool.eligible.set(member.clone(), assignments);
-                } else if pool.ineligible.get(&member).is_some() {
-                    pool.ineligible.set(member.clone(), assignments);
-                }
-                pool.place(&member);
+                pool.set_count(member, assignments);
             }
         }
         Record::SnapshotEnd { .. } => {}
@@ -378,18 +378,31 @@ fn set_pool(pools: &mut BTreeMap<PoolId, Pool>, id: PoolId, image: PoolImage<'st
 
 impl Pool {
     /// Removes everything the pool keeps about `member` except its leases.
-    fn forget_member(&mut self, member: &super::MemberId) {
-        self.unplace(member);
-        self.eligible.remove(member);
-        self.ineligible.remove(member);
-        self.taken_out.remove(member);
-        self.health.remove(member);
-        self.cancel_return(member);
-        self.checks.remove(member);
+    fn forget_member(&mut self, member: &str) {
+        // Only members of one of the two sets have anything else recorded about them.
+        let Some(member) = self
+            .eligible
+            .counts
+            .get_key_value(member)
+            .or_else(|| self.ineligible.counts.get_key_value(member))
+            .map(|(id, _)| id.clone())
+        else {
+            return;
+        };
+        self.unplace(&member);
+        self.eligible.remove(&member);
+        self.ineligible.remove(&member);
+        self.taken_out.remove(&member);
+        self.health.remove(&member);
+        if let Some(at) = self.return_at.remove(&member) {
+            self.returns.remove(&(at, member.clone()));
+        }
+        self.checks.remove(&member);
     }
 
-    /// Puts `member` in the pool as `image` says (after [`Pool::forget_member`]).
-    fn set_member(&mut self, member: &super::MemberId, image: MemberImage<'static>) {
+    /// Puts `member` in the pool exactly as `image` says.
+    fn replace_member(&mut self, member: MemberId, image: MemberImage<'static>) {
+        self.forget_member(member.as_str());
         let MemberImage {
             eligible,
             assignments,
@@ -398,22 +411,108 @@ impl Pool {
             returns_at,
             last_check,
         } = image;
-        if eligible {
-            self.eligible.set(member.clone(), assignments);
-        } else {
-            self.ineligible.set(member.clone(), assignments);
-        }
         if let Some((reason, since)) = taken_out {
             self.taken_out
                 .insert(member.clone(), (reason.into_owned(), since));
         }
-        self.set_health(member, health);
+        if health != Health::default() {
+            self.health.insert(member.clone(), health);
+        }
         if let Some(at) = returns_at {
-            self.schedule_return(member, at);
+            self.return_at.insert(member.clone(), at);
+            self.returns.insert((at, member.clone()));
         }
         if let Some(check) = last_check {
             self.checks.insert(member.clone(), check.into_owned());
         }
-        self.place(member);
+        let ranked = if eligible {
+            &mut self.eligible
+        } else {
+            &mut self.ineligible
+        };
+        if self.config.policy == Policy::LeastInFlight {
+            ranked.insert_absent(member.clone(), assignments);
+            self.place(&member);
+        } else {
+            ranked.insert_absent(member, assignments);
+        }
+    }
+
+    /// Puts a member read from a snapshot in the pool: as [`Pool::replace_member`], with
+    /// fewer lookups. A snapshot copies a pool's eligible members before its ineligible
+    /// ones, and holds a member twice only when it moved while being copied (the later copy
+    /// wins), so an eligible member can only have been seen before in the eligible set.
+    /// (A member that changed sets while being copied also has its whole image in the log
+    /// that follows; dropping its earlier copy here keeps the snapshot alone consistent.)
+    fn load_member(&mut self, member: MemberId, image: MemberImage<'static>) {
+        if self.config.policy == Policy::LeastInFlight {
+            return self.replace_member(member, image);
+        }
+        let (target, other) = if image.eligible {
+            (&mut self.eligible, &mut self.ineligible)
+        } else {
+            (&mut self.ineligible, &mut self.eligible)
+        };
+        let seen = match target.counts.insert(member.clone(), image.assignments) {
+            Some(old) => {
+                target.order.remove(&(old, member.clone()));
+                true
+            }
+            None => !image.eligible && other.remove(&member).is_some(),
+        };
+        target.order.insert((image.assignments, member.clone()));
+        if seen {
+            self.taken_out.remove(&member);
+            self.health.remove(&member);
+            if let Some(at) = self.return_at.remove(&member) {
+                self.returns.remove(&(at, member.clone()));
+            }
+            self.checks.remove(&member);
+        }
+        let MemberImage {
+            taken_out,
+            health,
+            returns_at,
+            last_check,
+            ..
+        } = image;
+        if let Some((reason, since)) = taken_out {
+            self.taken_out
+                .insert(member.clone(), (reason.into_owned(), since));
+        }
+        if health != Health::default() {
+            self.health.insert(member.clone(), health);
+        }
+        if let Some(at) = returns_at {
+            self.return_at.insert(member.clone(), at);
+            self.returns.insert((at, member.clone()));
+        }
+        if let Some(check) = last_check {
+            self.checks.insert(member, check.into_owned());
+        }
+    }
+
+    /// Sets the count of `member`, in whichever set it is; a member the pool does not
+    /// have is left alone.
+    fn set_count(&mut self, member: &str, assignments: u64) {
+        let (member, eligible) = if let Some((id, _)) = self.eligible.counts.get_key_value(member) {
+            (id.clone(), true)
+        } else if let Some((id, _)) = self.ineligible.counts.get_key_value(member) {
+            (id.clone(), false)
+        } else {
+            return;
+        };
+        self.unplace(&member);
+        let ranked = if eligible {
+            &mut self.eligible
+        } else {
+            &mut self.ineligible
+        };
+        if self.config.policy == Policy::LeastInFlight {
+            ranked.set(member.clone(), assignments);
+            self.place(&member);
+        } else {
+            ranked.set(member, assignments);
+        }
     }
 }

@@ -150,8 +150,8 @@ pub(super) fn describe(pools: &std::collections::BTreeMap<PoolId, Pool>) -> Vec<
     lines
 }
 
-/// Compacts whenever the log has grown past the larger of the options' minimum and the
-/// last snapshot, until the store stops.
+/// Compacts whenever the log has grown past the larger of the options' minimum and half
+/// the last snapshot, until the store stops.
 pub(super) fn compact_loop(
     inner: &Arc<Mutex<Inner>>,
     shared: &Shared,
@@ -161,7 +161,8 @@ pub(super) fn compact_loop(
     while !shared.stopping() {
         std::thread::park_timeout(LOOK_EVERY);
         let log_bytes = shared.log_bytes.load(Ordering::SeqCst);
-        if shared.stopping() || log_bytes <= options.compact_min_log_bytes.max(snapshot_bytes) {
+        let threshold = options.compact_min_log_bytes.max(snapshot_bytes / 2);
+        if shared.stopping() || log_bytes <= threshold {
             continue;
         }
         match compact(inner, shared, options) {
