@@ -25,9 +25,10 @@ from datetime import date
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BINARY = os.path.join(ROOT, "target", "release", "proxy-allocator")
 SCRIPTS = os.path.join(ROOT, "src", "store", "scripts")
-# The service sends the shared helpers in front of the assign script (`with_helpers!` in
-# src/store/redis.rs) with every key of the pool (`POOL_KEY_PARTS`); redis-benchmark must
-# run exactly that script with exactly those keys to be a fair yardstick.
+# The service sends the shared helpers in front of the assign script (`with_helpers` in
+# src/store/redis/scripts.rs) with every key of the pool (`POOL_KEY_PARTS` in
+# src/store/redis/keys.rs); redis-benchmark must run exactly that script with exactly those
+# keys to be a fair yardstick.
 SCRIPT_PARTS = ["leases.lua", "health.lua", "assign.lua"]
 KEY_PARTS = ["meta", "eligible", "ineligible", "taken_out", "by_in_flight", "in_flight",
              "leases", "lease_expiry", "health", "returns", "checks", "check_round"]
@@ -229,6 +230,11 @@ def recover(data_dir):
     started = time.time()
     proc, _ = start_service(None, data_dir=data_dir, log_to=log)
     listening = time.time() - started
+    # CPU the process used to get there (recovery, mostly): on a busy machine the wall
+    # time says more about the neighbours.
+    with open(f"/proc/{proc.pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     took_ms = None
     deadline = time.time() + 10
     while took_ms is None and time.time() < deadline:
@@ -239,7 +245,7 @@ def recover(data_dir):
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
-    return listening, took_ms
+    return listening, took_ms, cpu
 
 
 def durable_rows():
@@ -285,9 +291,10 @@ def durable_rows():
                      f"{c['log_after'] / 1e6:,.1f} MB after, snapshot {c['snapshot'] / 1e6:,.1f} MB")
     extra.append(f"at shutdown: log {logs / 1e6:,.1f} MB, snapshot {snapshot / 1e6:,.1f} MB")
     for attempt in (1, 2):
-        listening, took_ms = recover(data_dir)
+        listening, took_ms, cpu = recover(data_dir)
         extra.append(f"restart {attempt} on the directory (pools of {', '.join(f'{s:,}' for s in DURABLE_SIZES)} "
-                     f"members): recovery {took_ms} ms, listening after {listening:.2f} s")
+                     f"members): recovery {took_ms} ms, listening after {listening:.2f} s, "
+                     f"{cpu:.2f} s of CPU until then; load average {os.getloadavg()[0]:.1f}")
     subprocess.run(["rm", "-rf", data_dir], check=False)
     return rows, extra
 
@@ -326,7 +333,7 @@ def redis_and_embedded_rows():
                     seed(base, pool, size)
                     keys = [f"{PREFIX}:{{{pool}}}:{part}" for part in KEY_PARTS]
                     # ARGV as the service sends them: a lease id (unused on a
-                    # least-used pool), no ttl, and the reap and return batch sizes.
+                    # least-used pool), no ttl, and the reclaim and return batch sizes.
                     args = ["0123456789abcdef0123456789abcdef", "", "16", "16"]
                     service, yardstick, two_threads = [], [], []
                     compare_threads = store == "redis" and size == SIZES[len(SIZES) // 2] \

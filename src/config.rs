@@ -110,8 +110,13 @@ pub struct Config {
     /// pool). A crashed worker's lease is back within its ttl plus this interval, and a
     /// cooled-down member within its cooldown plus this interval, even in a pool nobody
     /// assigns from.
-    #[arg(long, env = "REAP_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
-    pub reap_interval_ms: u64,
+    #[arg(long, env = "SWEEP_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub sweep_interval_ms: u64,
+
+    /// The sweep interval's former name, refused with a pointer to the new one: a
+    /// deployment that still sets it must not run on the default interval unawares.
+    #[arg(long = "reap-interval-ms", env = "REAP_INTERVAL_MS", hide = true, value_parser = renamed_to_sweep_interval)]
+    renamed_reap_interval: Option<String>,
 
     /// How often, in milliseconds, the per-pool gauges of `/metrics` are refreshed.
     #[arg(long, env = "METRICS_REFRESH_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..))]
@@ -142,9 +147,9 @@ impl Config {
         Duration::from_millis(self.header_read_timeout_ms)
     }
 
-    /// The reaper interval as a duration.
-    pub fn reap_interval(&self) -> Duration {
-        Duration::from_millis(self.reap_interval_ms)
+    /// The background sweep's interval as a duration.
+    pub fn sweep_interval(&self) -> Duration {
+        Duration::from_millis(self.sweep_interval_ms)
     }
 
     /// The metrics refresh interval as a duration.
@@ -250,6 +255,11 @@ pub enum RedisSettingsError {
     SentinelMasterAlone,
 }
 
+/// Refuses `REAP_INTERVAL_MS` / `--reap-interval-ms`, whatever its value.
+fn renamed_to_sweep_interval(_: &str) -> Result<String, String> {
+    Err("this setting is now SWEEP_INTERVAL_MS (--sweep-interval-ms)".to_owned())
+}
+
 /// Key prefixes may not hold `{` or `}` (they would move keys out of their pool's hash slot)
 /// nor white space.
 fn parse_key_prefix(text: &str) -> Result<String, String> {
@@ -276,6 +286,21 @@ mod tests {
         }
         let config = Config::parse_from(["proxy-allocator", "--import-body-limit-bytes", "4096"]);
         assert_eq!(config.import_body_limit_bytes, 4096);
+    }
+
+    #[test]
+    fn the_sweep_interval_is_set_by_its_flag_and_its_former_name_is_refused_naming_the_new() {
+        let config = Config::parse_from(["proxy-allocator", "--sweep-interval-ms", "250"]);
+        assert_eq!(config.sweep_interval(), Duration::from_millis(250));
+        let refused = Config::try_parse_from(["proxy-allocator", "--reap-interval-ms", "250"])
+            .expect_err("the former flag is refused");
+        assert_eq!(refused.kind(), clap::error::ErrorKind::ValueValidation);
+        assert!(
+            refused
+                .to_string()
+                .contains("this setting is now SWEEP_INTERVAL_MS (--sweep-interval-ms)"),
+            "{refused}"
+        );
     }
 
     fn redis_settings(args: &[&str]) -> Result<Option<RedisTopology>, RedisSettingsError> {

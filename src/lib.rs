@@ -21,12 +21,18 @@
 //!   `CheckConfig`, `OutcomeResult`), the proxy candidate parser that gives every address
 //!   one canonical id (`Candidate`), and a pool's eligibility `Rules`.
 //! - [`store`]: the [`store::Store`] trait, the only code that touches pool state, with its
-//!   Redis implementation (scripts in `src/store/scripts/*.lua`; one server, a Redis
-//!   Cluster or Sentinel's primary, reached through `src/store/redis/connection.rs`) and
-//!   the embedded one.
+//!   Redis implementation and the embedded one. The Redis one (`src/store/redis/`) keeps
+//!   the key layout, running a script with its retries, decoding each script's reply into
+//!   one type, and the operations in modules of their own; the scripts are
+//!   `src/store/scripts/*.lua`; one server, a Redis Cluster or Sentinel's primary is
+//!   reached through `src/store/redis/connection.rs`. The embedded one (`src/store/embedded/`) keeps
+//!   its pools in memory and, with a data directory, on disk: the records of what each
+//!   operation changed (`codec.rs`), their checksummed files (`files.rs`), the writer that
+//!   group-commits them (`journal.rs`), snapshots written while operations go on
+//!   (`snapshot.rs`) and recovery (`recovery.rs`).
 //! - [`http`]: the route table, handlers per resource (assign, outcomes, leases, pools,
 //!   members, the import with its own body limit, probes), auth, extractors, the error type.
-//! - [`reaper`]: the background sweep that reclaims expired leases and returns members
+//! - [`sweep`]: the background sweep that reclaims expired leases and returns members
 //!   whose cooldown has ended, in every pool.
 //! - [`checker`]: the background task that runs active checks of pools that have them (one
 //!   replica per pool and interval) and feeds their results into the health rules.
@@ -41,7 +47,7 @@ pub mod config;
 pub mod domain;
 pub mod http;
 pub mod monitoring;
-pub mod reaper;
 pub mod startup;
 pub mod store;
+pub mod sweep;
 pub mod telemetry;

@@ -78,7 +78,7 @@ fn describe() {
     );
     describe_counter!(
         "pa_leases_reclaimed_total",
-        "Expired leases reclaimed by this replica's reaper."
+        "Expired leases reclaimed by this replica's background sweep."
     );
 }
 

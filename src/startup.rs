@@ -21,7 +21,7 @@ use crate::monitoring::PoolSnapshot;
 use crate::store::{
     DataDirOptions, EmbeddedStore, OpenError, RedisStore, RedisStoreOptions, Store, StoreError,
 };
-use crate::{checker, reaper};
+use crate::{checker, sweep};
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -155,9 +155,9 @@ impl Application {
             }
         };
         let tasks = [
-            tokio::spawn(reaper::run(
+            tokio::spawn(sweep::run(
                 Arc::clone(&self.store),
-                self.config.reap_interval(),
+                self.config.sweep_interval(),
                 stopped(),
             )),
             tokio::spawn(checker::run(

@@ -19,8 +19,8 @@
 //!   `max_in_flight`; it records a lease and counts one assignment, in one atomic step.
 //! - A lease ends exactly once: released by its worker, reclaimed once it has expired
 //!   (counted as `abandoned`), or dropped with its member or pool. Every ending is a step
-//!   that first checks the lease still exists, so a retried release, two replicas' reapers
-//!   and an assign reaping at the same time can never decrement a member twice.
+//!   that first checks the lease still exists, so a retried release, two replicas' sweeps
+//!   and an assign reclaiming at the same time can never decrement a member twice.
 //! - An expired lease cannot be released or renewed; it counts as live until reclaimed.
 //! - Time is the store's own clock: Redis `TIME` inside the scripts, the process clock in
 //!   the embedded store. Callers never pass a time.
@@ -54,12 +54,13 @@ use crate::domain::{
 };
 
 /// How many expired leases an assign reclaims before it chooses, at most. It keeps the
-/// assign step short; the background reaper takes care of larger backlogs.
-pub const REAP_ON_ASSIGN: u64 = 16;
+/// assign step short; the background sweep takes care of larger backlogs.
+pub const RECLAIM_ON_ASSIGN: u64 = 16;
 
-/// How many expired leases one reaper step reclaims in one pool, at most. The reaper
-/// repeats the step while a pool has more.
-pub const REAP_BATCH: u64 = 256;
+/// How many expired leases one step of the background sweep reclaims in one pool, and how
+/// many members whose cooldown has ended it returns, at most of each. The sweep repeats the
+/// step while a pool has more.
+pub const SWEEP_BATCH: u64 = 256;
 
 /// How many members whose cooldown has ended an assign returns before it chooses, at most.
 /// It keeps the assign step short; the background sweep returns the rest.
@@ -499,7 +500,7 @@ pub trait Store: Send + Sync + 'static {
     async fn status(&self) -> Result<StoreStatus, StoreError>;
 
     /// Picks a member under the pool's policy and counts one more assignment for it. On a
-    /// least-in-flight pool it first reclaims up to [`REAP_ON_ASSIGN`] expired leases of
+    /// least-in-flight pool it first reclaims up to [`RECLAIM_ON_ASSIGN`] expired leases of
     /// the pool, then leases the member for `ttl` (the pool's `lease_ttl_ms` when `None`).
     async fn assign(&self, pool: &PoolId, ttl: Option<LeaseTtl>) -> Result<Assignment, StoreError>;
 

@@ -39,8 +39,8 @@ use async_trait::async_trait;
 use super::{
     Assignment, CheckRound, Cursor, DisableReport, Effect, EnableReport, Health, LastCheck, Lease,
     MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, PoolInfo, PoolStats, PutPool,
-    REAP_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource, ReportSummary,
-    Restored, Seed, SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
+    RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
+    ReportSummary, Restored, Seed, SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 use crate::domain::{
     LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId, RestorePolicy,
@@ -174,7 +174,7 @@ struct Pool {
     /// Live leases per member, eligible or not; members without leases are absent.
     in_flight: HashMap<MemberId, u64>,
     leases: HashMap<LeaseId, (MemberId, Timestamp)>,
-    /// Live leases by expiry, so that reaping reads only the expired ones.
+    /// Live leases by expiry, so that reclaiming reads only the expired ones.
     expiry: BTreeSet<(Timestamp, LeaseId)>,
     /// Least-in-flight pools only: eligible members by `(in_flight, assignments, id)`, the
     /// order assign chooses in. Kept in step by `unplace` before and `place` after every
@@ -613,7 +613,7 @@ impl Pool {
     }
 
     /// Reclaims up to `limit` leases expired at `now`, counting them as abandoned.
-    fn reap(&mut self, now: Timestamp, limit: u64) -> u64 {
+    fn reclaim_expired(&mut self, now: Timestamp, limit: u64) -> u64 {
         let expired: Vec<LeaseId> = self
             .expiry
             .iter()
@@ -633,7 +633,7 @@ impl Pool {
     }
 
     fn assign_least_in_flight(&mut self, ttl: Option<LeaseTtl>, now: Timestamp) -> Assignment {
-        self.reap(now, REAP_ON_ASSIGN);
+        self.reclaim_expired(now, RECLAIM_ON_ASSIGN);
         let Some((in_flight, _, member)) = self.order.first().cloned() else {
             return Assignment::Empty {
                 next_return: self.next_return(now),
@@ -921,7 +921,7 @@ impl Store for EmbeddedStore {
             for (id, p) in pools.iter_mut() {
                 swept = swept
                     + Swept {
-                        reclaimed: p.reap(now, u64::MAX),
+                        reclaimed: p.reclaim_expired(now, u64::MAX),
                         returned: p.return_due(now, u64::MAX),
                     };
                 end = finish(journal.as_mut(), id, p);

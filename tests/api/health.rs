@@ -461,7 +461,7 @@ for_each_store!(
 /// background sweep (switched off here).
 async fn assign_returns_cooled_down_members_without_the_sweep(backend: Backend) {
     let mut config = backend_config(backend);
-    config.reap_interval_ms = 3_600_000;
+    config.sweep_interval_ms = 3_600_000;
     let app = TestApp::spawn_with(config).await;
     let health = json!({"max_consecutive_failures": 1, "cooldown_ms": 200});
     health_pool(&app, "p", health, &["a"]).await;

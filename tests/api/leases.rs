@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::for_each_store;
 use crate::helpers::{
-    Backend, REAP_INTERVAL_MS, TestApp, assert_error, backend_config, read, shared_redis_url,
+    Backend, SWEEP_INTERVAL_MS, TestApp, assert_error, backend_config, read, shared_redis_url,
     test_config,
 };
 
@@ -259,7 +259,7 @@ async fn an_expired_lease_cannot_be_released_or_renewed_and_is_counted_as_abando
     assert_eq!(in_flight(&app, "p").await, pairs(&[("a", 0)]));
 }
 
-async fn crashed_workers_leases_are_reclaimed_within_ttl_and_reaper_interval_then_reused(
+async fn crashed_workers_leases_are_reclaimed_within_ttl_and_sweep_interval_then_reused(
     app: TestApp,
 ) {
     const TTL_MS: u64 = 300;
@@ -275,11 +275,11 @@ async fn crashed_workers_leases_are_reclaimed_within_ttl_and_reaper_interval_the
     leased(&app, "p").await;
     leased(&app, "p").await;
     assert_eq!(assign_with(&app, "p", None).await.0, StatusCode::NO_CONTENT);
-    // Nobody assigns from the pool meanwhile: only the background reaper can clean it.
+    // Nobody assigns from the pool meanwhile: only the background sweep can clean it.
     await_lease_totals(&app, "p", (0, 2)).await;
     let reclaimed_after = handed_out.elapsed();
-    // Slack for a loaded test machine on top of the promise (ttl + one reaper interval).
-    let promise = Duration::from_millis(TTL_MS + REAP_INTERVAL_MS);
+    // Slack for a loaded test machine on top of the promise (ttl + one sweep interval).
+    let promise = Duration::from_millis(TTL_MS + SWEEP_INTERVAL_MS);
     assert!(
         reclaimed_after <= promise + Duration::from_millis(400),
         "reclaimed after {reclaimed_after:?}"
@@ -577,7 +577,7 @@ for_each_store!(
     unknown_and_malformed_lease_ids_answer_404_lease_not_found,
     renewing_moves_the_expiry_to_the_new_ttl_from_now,
     an_expired_lease_cannot_be_released_or_renewed_and_is_counted_as_abandoned,
-    crashed_workers_leases_are_reclaimed_within_ttl_and_reaper_interval_then_reused,
+    crashed_workers_leases_are_reclaimed_within_ttl_and_sweep_interval_then_reused,
     disabled_members_keep_their_leases_and_come_back_with_them,
     removing_a_member_ends_its_leases_without_counting_them_abandoned,
     deleting_a_pool_ends_its_leases,
@@ -590,10 +590,10 @@ for_each_store!(
 );
 
 /// An assign reclaims expired leases of its own pool before choosing, without waiting for
-/// the background reaper (switched off here by an interval of an hour).
+/// the background sweep (switched off here by an interval of an hour).
 async fn assign_reclaims_expired_leases_of_its_pool_before_choosing(backend: Backend) {
     let mut config = backend_config(backend);
-    config.reap_interval_ms = 3_600_000;
+    config.sweep_interval_ms = 3_600_000;
     let app = TestApp::spawn_with(config).await;
     least_in_flight_pool(
         &app,
@@ -604,7 +604,7 @@ async fn assign_reclaims_expired_leases_of_its_pool_before_choosing(backend: Bac
     .await;
     leased(&app, "p").await;
     tokio::time::sleep(Duration::from_millis(250)).await;
-    // Expired but not reclaimed: no reaper ran.
+    // Expired but not reclaimed: no sweep ran.
     assert_eq!(lease_totals(&app, "p").await, (1, 0));
     assert_eq!(leased(&app, "p").await.0, "a");
     assert_eq!(lease_totals(&app, "p").await, (1, 1));
@@ -661,15 +661,15 @@ async fn two_replicas_on_one_redis_share_leases_exactly() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_replicas_reapers_reclaim_each_abandoned_lease_once() {
+async fn two_replicas_sweeps_reclaim_each_abandoned_lease_once() {
     let [first, second] = two_replicas().await;
     least_in_flight_pool(&first, "p", json!({"lease_ttl_ms": 150}), &["a", "b"]).await;
     for _ in 0..10 {
         leased(&second, "p").await;
     }
-    // Both replicas' reapers sweep the same pool; each lease is reclaimed exactly once.
+    // Both replicas sweep the same pool; each lease is reclaimed exactly once.
     await_lease_totals(&first, "p", (0, 10)).await;
-    tokio::time::sleep(Duration::from_millis(3 * REAP_INTERVAL_MS)).await;
+    tokio::time::sleep(Duration::from_millis(3 * SWEEP_INTERVAL_MS)).await;
     assert_eq!(lease_totals(&second, "p").await, (0, 10));
     assert_eq!(in_flight(&first, "p").await, pairs(&[("a", 0), ("b", 0)]));
 }

@@ -14,7 +14,7 @@ use crate::helpers::{
 };
 use crate::topology::RedisCluster;
 
-/// The service on `cluster`, with no background traffic (reaper, metrics refresh) that
+/// The service on `cluster`, with no background traffic (sweep, metrics refresh) that
 /// would blur the counts of commands.
 async fn app_on(cluster: &RedisCluster) -> TestApp {
     let mut config = test_config(None);

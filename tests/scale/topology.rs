@@ -5,7 +5,8 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::helpers::{RedisServer, free_port, redis_cli};
+use crate::helpers::redis_server::free_port;
+use crate::helpers::{RedisServer, redis_cli};
 
 /// Polls `ready` every 50 ms until it holds; panics naming `what` after `limit`.
 pub fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {

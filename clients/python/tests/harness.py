@@ -72,7 +72,7 @@ class RedisServer:
 
 
 class Service:
-    """The service binary on a free port, with the test tokens and a fast lease reaper."""
+    """The service binary on a free port, with the test tokens and a fast background sweep."""
 
     def __init__(self, redis_url: Optional[str] = None) -> None:
         env = {
@@ -81,7 +81,7 @@ class Service:
             "ADMIN_TOKEN": ADMIN,
             "WORKER_TOKEN": WORKER,
             "KEY_PREFIX": "py" + secrets.token_hex(6),
-            "REAP_INTERVAL_MS": "100",
+            "SWEEP_INTERVAL_MS": "100",
             "STORE_TIMEOUT_MS": "500",
             "LOG_FORMAT": "json",
             "RUST_LOG": "warn,proxy_allocator::startup=info",

@@ -184,7 +184,7 @@ class ClientBehaviour(unittest.TestCase):
         with self.service.client().lease(pool, ttl_ms=SHORT_TTL_MS, renew=True) as leased:
             assert leased.lease is not None
             first_expiry = leased.lease.expires_at
-            # Time passing is what is tested: three ttls, while the reaper runs every 100 ms.
+            # Time passing is what is tested: three ttls, while the sweep runs every 100 ms.
             time.sleep(3 * SHORT_TTL_MS / 1000)
             stats = self.service.stats(pool)
             self.assertEqual((stats["in_flight"], stats["abandoned"]), (1, 0))

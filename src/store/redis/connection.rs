@@ -11,7 +11,7 @@
 //!   connection to every node, routes each command by its key's slot, reconnects to nodes
 //!   whose sockets closed, and re-reads the slot map when a node answers MOVED. Its own
 //!   retries are off (`retries(0)`): they would send a script again after a lost reply
-//!   (see the store's module doc); the store retries only answers that prove nothing ran.
+//!   (see `run.rs`); the store retries only answers that prove nothing ran.
 //!   deadpool-redis's cluster manager is not used because its recycle step PINGs, and a
 //!   PING on a cluster connection goes to every primary.
 //! - **Sentinel**: like standalone, but each new connection first asks the sentinels which

@@ -47,7 +47,7 @@ if meta[2] ~= 'least-in-flight' then
     return {1, chosen, tonumber(assignments)}
 end
 now = now or now_ms()
-reap(now, tonumber(ARGV[3]))
+reclaim_expired(now, tonumber(ARGV[3]))
 local first = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
 if not first[1] then
     return nothing_eligible()

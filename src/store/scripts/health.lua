@@ -1,5 +1,5 @@
--- Health helpers, put after leases.lua in front of every pool script (see `with_helpers!`
--- in redis.rs). Only local functions: nothing runs until a script calls one.
+-- Health helpers, put after leases.lua in front of every pool script (see `with_helpers` in
+-- redis/scripts.rs). Only local functions: nothing runs until a script calls one.
 -- KEYS, continuing leases.lua:
 --   [9] health hash (member -> "<streak> <trips> <cooldown_ms>"; absent when all are 0),
 --   [10] returns sorted set (cooling-down member -> when it comes back, ms, Redis clock),

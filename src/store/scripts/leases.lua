@@ -1,5 +1,5 @@
 -- Shared helpers, put in front of every pool script that changes members or leases (see
--- `with_helpers!` in redis.rs). Only local functions: nothing runs until a script calls one.
+-- `with_helpers` in redis/scripts.rs). Only local functions: nothing runs until a script calls one.
 -- KEYS, the same in every pool script:
 --   [1] meta hash, [2] eligible sorted set (member -> assignments), [3] ineligible sorted
 --   set, [4] taken_out hash, [5] by_in_flight sorted set (the choosing order below),
@@ -68,7 +68,7 @@ local function end_lease(id)
 end
 
 -- Reclaims up to `limit` leases expired at `now`, counting them as abandoned.
-local function reap(now, limit)
+local function reclaim_expired(now, limit)
     local expired = redis.call('ZRANGE', KEYS[8], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
     local reclaimed = 0
     for _, id in ipairs(expired) do

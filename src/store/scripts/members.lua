@@ -3,13 +3,12 @@
 -- ARGV[1] eligible offset, ARGV[2] ineligible offset, ARGV[3] how many eligible and
 -- ARGV[4] how many ineligible members to read (0 skips that set).
 -- Returns {-1} when the pool does not exist, else
--- {1, {member, count, ...} eligible, {member, count, ...} ineligible, {info ...},
---  {live ...} eligible, {live ...} ineligible, {health ...} eligible,
---  {health ...} ineligible, {return ...} ineligible, {check ...} eligible,
---  {check ...} ineligible}
--- where the i-th entry of each list belongs to the i-th member of its set: info is
--- "<since_ms> <reason>", live the live leases, health "<streak> <trips> <cooldown_ms>",
--- return the ms it comes back at, check "<at_ms> <result> <detail>" (each nil when none).
+-- {1, 'eligible', {name, list, ...}, 'ineligible', {name, list, ...}}: each set's page as
+-- named lists (`MembersReply` in reply.rs reads them in this order): `members` the
+-- {member, count, ...} pairs, then one entry per member of the page in each of
+-- `taken_out` (ineligible only) "<since_ms> <reason>", `in_flight` the live leases,
+-- `health` "<streak> <trips> <cooldown_ms>", `returns` (ineligible only) the ms it comes
+-- back at, `checks` "<at_ms> <result> <detail>" (each nil when none).
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
@@ -36,9 +35,19 @@ local function lookup(command, key, fields)
 end
 local e, i = names(eligible), names(ineligible)
 return {
-    1, eligible, ineligible, lookup('HMGET', KEYS[4], i),
-    lookup('HMGET', KEYS[6], e), lookup('HMGET', KEYS[6], i),
-    lookup('HMGET', KEYS[9], e), lookup('HMGET', KEYS[9], i),
-    lookup('ZMSCORE', KEYS[10], i),
-    lookup('HMGET', KEYS[11], e), lookup('HMGET', KEYS[11], i),
+    1,
+    'eligible', {
+        'members', eligible,
+        'in_flight', lookup('HMGET', KEYS[6], e),
+        'health', lookup('HMGET', KEYS[9], e),
+        'checks', lookup('HMGET', KEYS[11], e),
+    },
+    'ineligible', {
+        'members', ineligible,
+        'taken_out', lookup('HMGET', KEYS[4], i),
+        'in_flight', lookup('HMGET', KEYS[6], i),
+        'health', lookup('HMGET', KEYS[9], i),
+        'returns', lookup('ZMSCORE', KEYS[10], i),
+        'checks', lookup('HMGET', KEYS[11], i),
+    },
 }

@@ -1,5 +1,6 @@
 -- Ends a live lease at its holder's request. An unknown, ended or expired lease changes
--- nothing: an expired one is left for the reapers, who count it as abandoned.
+-- nothing: an expired one is left for the sweep (or an assign), which counts it as
+-- abandoned.
 -- KEYS as in leases.lua. ARGV[1] lease id.
 -- Returns {-1} when the pool does not exist, {1, 0} when the lease is not live,
 -- {1, 1} when it was released.

@@ -8,4 +8,4 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 local now = now_ms()
 local limit = tonumber(ARGV[1])
-return {1, reap(now, limit), return_due(now, limit)}
+return {1, reclaim_expired(now, limit), return_due(now, limit)}

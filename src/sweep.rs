@@ -34,7 +34,7 @@ pub async fn run(store: Arc<dyn Store>, interval: Duration, stop: impl Future<Ou
                 returned,
             }) => {
                 if failing {
-                    tracing::info!("lease reaper works again");
+                    tracing::info!("background sweep works again");
                     failing = false;
                 }
                 if reclaimed > 0 {
@@ -47,7 +47,7 @@ pub async fn run(store: Arc<dyn Store>, interval: Duration, stop: impl Future<Ou
             }
             Err(error) => {
                 if !failing {
-                    tracing::warn!(%error, "lease reaper cannot reach the store; retrying every interval");
+                    tracing::warn!(%error, "background sweep cannot reach the store; retrying every interval");
                     failing = true;
                 }
             }

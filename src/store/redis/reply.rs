@@ -1,0 +1,781 @@
+//! The scripts' replies, decoded in one place: one type per script, each with the one
+//! decoder that knows its script's shape.
+//!
+//! A decoder reads the whole reply and refuses anything its script never returns (a value
+//! missing, one too many, a number out of its range, a list whose length does not match
+//! the members asked about), so a script that changes shape fails loudly, naming itself,
+//! instead of being read a place off. Every pool script answers `{-1}` when the pool does
+//! not exist, and puts `1` first otherwise (`assign.lua` has statuses of its own). The
+//! replies read in one piece by an operator or a page (`pool_info.lua`, `members.lua`) name
+//! each of their values, and the decoders check the names; the others are short and
+//! positional, and `assign.lua` stays positional because every assign carries it.
+//! `tests.rs` runs every script on a real Redis and decodes each shape of its reply.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use redis::Value;
+
+use crate::domain::{
+    LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId, RestorePolicy, Timestamp,
+};
+use crate::store::{
+    CheckRound, Effect, Health, LastCheck, MemberState, MemberView, PoolStats, StoreError, Swept,
+};
+
+/// A reply of a shape its script never returns: the script and this decoder disagree.
+#[derive(Debug, thiserror::Error)]
+#[error("unexpected reply to {answered_by}: {problem}")]
+pub(super) struct UnexpectedReply {
+    /// The script (or command) that answered.
+    answered_by: &'static str,
+    /// What did not fit.
+    problem: Cow<'static, str>,
+}
+
+/// Why a reply could not be read.
+#[derive(Debug)]
+enum Problem {
+    /// The pool script answered `{-1}`.
+    NoPool,
+    /// The reply does not have its script's shape.
+    Shape(Cow<'static, str>),
+}
+
+impl From<&'static str> for Problem {
+    fn from(problem: &'static str) -> Self {
+        Self::Shape(Cow::Borrowed(problem))
+    }
+}
+
+impl From<String> for Problem {
+    fn from(problem: String) -> Self {
+        Self::Shape(Cow::Owned(problem))
+    }
+}
+
+type Read<T> = Result<T, Problem>;
+
+/// Runs `read` on the reply of `answered_by`, turning what it finds wrong into the store's errors.
+fn decode<T>(
+    answered_by: &'static str,
+    value: Value,
+    read: impl FnOnce(Value) -> Read<T>,
+) -> Result<T, StoreError> {
+    read(value).map_err(|problem| match problem {
+        Problem::NoPool => StoreError::PoolNotFound,
+        Problem::Shape(problem) => StoreError::Unavailable(Box::new(UnexpectedReply {
+            answered_by,
+            problem,
+        })),
+    })
+}
+
+/// A reply array, read from the front.
+struct Items(std::vec::IntoIter<Value>);
+
+impl Items {
+    fn new(value: Value) -> Read<Self> {
+        array(value).map(|items| Self(items.into_iter()))
+    }
+
+    /// The items after a pool script's status, which must be `1` (`-1`: no such pool).
+    fn of_pool(value: Value) -> Read<Self> {
+        let mut items = Self::new(value)?;
+        match items.int()? {
+            1 => Ok(items),
+            -1 => Err(Problem::NoPool),
+            _ => Err("unknown status".into()),
+        }
+    }
+
+    fn next(&mut self) -> Read<Value> {
+        self.0.next().ok_or_else(|| "reply too short".into())
+    }
+
+    /// The next value, which the reply names `name`.
+    fn field(&mut self, name: &'static str) -> Read<Value> {
+        match string(self.next()?) {
+            // What stands there instead is not repeated: it may be data.
+            Ok(found) if found == name => self.next(),
+            _ => Err(format!("expected the name `{name}`").into()),
+        }
+    }
+
+    fn int(&mut self) -> Read<i64> {
+        int(&self.next()?)
+    }
+
+    fn count(&mut self) -> Read<u64> {
+        count(&self.next()?)
+    }
+
+    fn member(&mut self) -> Read<MemberId> {
+        string(self.next()?).map(MemberId::from_stored)
+    }
+
+    /// The reply ends here.
+    fn end(mut self) -> Read<()> {
+        match self.0.next() {
+            None => Ok(()),
+            Some(_) => Err("reply too long".into()),
+        }
+    }
+}
+
+/// `assign.lua`: what the pool's policy chose, or why nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum AssignReply {
+    /// Nothing to assign; when nothing is eligible and some member is cooling down, the
+    /// wait until the first returns (0 when one is already due).
+    Empty {
+        /// How long until the first cooling-down member returns.
+        next_return: Option<Duration>,
+    },
+    /// A least-used pool's choice.
+    Assigned {
+        /// The chosen member.
+        member: MemberId,
+        /// Its count including this assignment.
+        assignments: u64,
+    },
+    /// A least-in-flight pool's choice, leased under the id the assign passed in.
+    Leased {
+        /// The chosen member.
+        member: MemberId,
+        /// Its count including this assignment.
+        assignments: u64,
+        /// Its live leases including this one.
+        in_flight: u64,
+        /// When the lease expires.
+        expires_at: Timestamp,
+        /// The ttl it was given.
+        ttl_ms: LeaseTtl,
+    },
+}
+
+impl AssignReply {
+    /// Decodes `{-1}`, `{0}`, `{0, ms}`, `{1, member, assignments}` or
+    /// `{2, member, assignments, in_flight, expires_ms, ttl_ms}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("assign.lua", value, |value| {
+            let mut items = Items::new(value)?;
+            let reply = match items.int()? {
+                -1 => return Err(Problem::NoPool),
+                0 => Self::Empty {
+                    // Negative when more members are due than one assign returns.
+                    next_return: items
+                        .0
+                        .next()
+                        .map(|ms| int(&ms))
+                        .transpose()?
+                        .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+                },
+                1 => Self::Assigned {
+                    member: items.member()?,
+                    assignments: items.count()?,
+                },
+                2 => Self::Leased {
+                    member: items.member()?,
+                    assignments: items.count()?,
+                    in_flight: items.count()?,
+                    expires_at: Timestamp(items.count()?),
+                    ttl_ms: lease_ttl(items.count()?)?,
+                },
+                _ => return Err("unknown status".into()),
+            };
+            items.end()?;
+            Ok(reply)
+        })
+    }
+}
+
+/// `put_pool.lua`: whether the pool was created, updated, or its policy change refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PutPoolReply {
+    /// The pool did not exist.
+    Created,
+    /// The pool existed; its configuration was replaced.
+    Updated,
+    /// The pool has members and the configuration changes its policy: nothing changed.
+    PolicyChangeRefused,
+}
+
+impl PutPoolReply {
+    /// Decodes `1`, `0` or `-2`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("put_pool.lua", value, |value| match int(&value)? {
+            1 => Ok(Self::Created),
+            0 => Ok(Self::Updated),
+            -2 => Ok(Self::PolicyChangeRefused),
+            _ => Err("unknown status".into()),
+        })
+    }
+}
+
+/// `pool_info.lua`: a pool's configuration and numbers, from one snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct PoolInfoReply {
+    /// The configuration as the service stored it.
+    pub(super) config: PoolConfig,
+    /// When the pool was created.
+    pub(super) created_at: Timestamp,
+    /// Its numbers.
+    pub(super) stats: PoolStats,
+}
+
+impl PoolInfoReply {
+    /// Decodes `{-1}` or `{1, 'config', json, 'created_ms', ms, ...}`, every value named.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("pool_info.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let config = serde_json::from_str(&string(items.field("config")?)?)
+                .map_err(|_| "pool configuration is not valid JSON")?;
+            let created_ms = optional_count(&items.field("created_ms")?)?.unwrap_or(0);
+            let total_assignments = optional_count(&items.field("total_assignments")?)?;
+            let stats = PoolStats {
+                total_assignments: total_assignments.unwrap_or(0),
+                eligible: count(&items.field("eligible")?)?,
+                ineligible: count(&items.field("ineligible")?)?,
+                min_assignments: optional_count(&items.field("min_assignments")?)?,
+                max_assignments: optional_count(&items.field("max_assignments")?)?,
+                in_flight: count(&items.field("in_flight")?)?,
+                abandoned: optional_count(&items.field("abandoned")?)?.unwrap_or(0),
+                tripped: optional_count(&items.field("tripped")?)?.unwrap_or(0),
+                recovered: optional_count(&items.field("recovered")?)?.unwrap_or(0),
+            };
+            items.end()?;
+            Ok(Self {
+                config,
+                created_at: Timestamp(created_ms),
+                stats,
+            })
+        })
+    }
+}
+
+/// `delete_pool.lua`: whether the pool existed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct DeletePoolReply {
+    /// The pool existed and is gone now.
+    pub(super) existed: bool,
+}
+
+impl DeletePoolReply {
+    /// Decodes `1` or `0`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("delete_pool.lua", value, |value| match int(&value)? {
+            1 => Ok(Self { existed: true }),
+            0 => Ok(Self { existed: false }),
+            _ => Err("unknown status".into()),
+        })
+    }
+}
+
+/// What seeding did to one member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SeedOutcome {
+    /// It joined the pool.
+    Added,
+    /// It was already in the pool.
+    Existing,
+    /// It was refused: the pool is at `max_members`.
+    Full,
+}
+
+/// `seed.lua`: the starting count and what happened to each member, in request order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct SeedReply {
+    /// The count new members join at.
+    pub(super) start_assignments: u64,
+    /// One outcome per member asked about.
+    pub(super) outcomes: Vec<SeedOutcome>,
+}
+
+impl SeedReply {
+    /// Decodes `{-1}` or `{1, start, {1 = added | 0 = existing | 2 = full, ...}}` with one
+    /// outcome per each of `asked` members.
+    pub(super) fn decode(value: Value, asked: usize) -> Result<Self, StoreError> {
+        decode("seed.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let start_assignments = items.count()?;
+            let outcomes = per_member(items.next()?, asked, |flag| match int(flag)? {
+                1 => Ok(SeedOutcome::Added),
+                0 => Ok(SeedOutcome::Existing),
+                2 => Ok(SeedOutcome::Full),
+                _ => Err("unknown seed outcome".into()),
+            })?;
+            items.end()?;
+            Ok(Self {
+                start_assignments,
+                outcomes,
+            })
+        })
+    }
+}
+
+/// `members.lua`: one page of each set, in set order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct MembersReply {
+    /// The page of eligible members.
+    pub(super) eligible: Vec<MemberView>,
+    /// The page of ineligible members.
+    pub(super) ineligible: Vec<MemberView>,
+}
+
+impl MembersReply {
+    /// Decodes `{-1}` or `{1, 'eligible', {...}, 'ineligible', {...}}`, where each set's
+    /// page names its lists (see `members.lua`).
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("members.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let eligible = member_views(items.field("eligible")?, MemberState::Eligible)?;
+            let ineligible = member_views(items.field("ineligible")?, MemberState::Ineligible)?;
+            items.end()?;
+            Ok(Self {
+                eligible,
+                ineligible,
+            })
+        })
+    }
+}
+
+/// One set's page: `members` as `(member, count)` pairs, then one list per member
+/// property, each entry belonging to the member of the same place.
+fn member_views(page: Value, state: MemberState) -> Read<Vec<MemberView>> {
+    let mut page = Items::new(page)?;
+    let pairs = array(page.field("members")?)?;
+    if pairs.len() % 2 != 0 {
+        return Err("members are not (member, count) pairs".into());
+    }
+    let size = pairs.len() / 2;
+    let ineligible = state == MemberState::Ineligible;
+    let mut taken_out = ineligible
+        .then(|| column(page.field("taken_out")?, size))
+        .transpose()?;
+    let mut in_flight = column(page.field("in_flight")?, size)?;
+    let mut health = column(page.field("health")?, size)?;
+    let mut returns = ineligible
+        .then(|| column(page.field("returns")?, size))
+        .transpose()?;
+    let mut checks = column(page.field("checks")?, size)?;
+    page.end()?;
+    let mut views = Vec::with_capacity(size);
+    let mut pairs = pairs.into_iter();
+    // Every column has `size` entries, checked above.
+    let next = |column: &mut std::vec::IntoIter<Value>| column.next().unwrap_or(Value::Nil);
+    while let (Some(member), Some(assignments)) = (pairs.next(), pairs.next()) {
+        let (reason, since) = match taken_out.as_mut() {
+            Some(taken_out) => parse_taken_out(next(taken_out))?,
+            None => (None, None),
+        };
+        let health = parse_health(next(&mut health))?;
+        let returns_at = match returns.as_mut() {
+            Some(returns) => optional_count(&next(returns))?.map(Timestamp),
+            None => None,
+        };
+        views.push(MemberView {
+            member: MemberId::from_stored(string(member)?),
+            state,
+            assignments: count(&assignments)?,
+            in_flight: optional_count(&next(&mut in_flight))?.unwrap_or(0),
+            reason,
+            since,
+            consecutive_failures: health.streak,
+            cooldown_ms: (health.trips > 0).then_some(health.cooldown_ms),
+            returns_at,
+            last_check: parse_last_check(next(&mut checks))?,
+        });
+    }
+    Ok(views)
+}
+
+/// A list with one entry per member of a page of `size` members.
+fn column(value: Value, size: usize) -> Read<std::vec::IntoIter<Value>> {
+    let column = array(value)?;
+    if column.len() != size {
+        return Err(format!("a list of {} entries for {size} members", column.len()).into());
+    }
+    Ok(column.into_iter())
+}
+
+/// `"<since_ms> <reason>"`: when and why an operator or health took a member out.
+fn parse_taken_out(info: Value) -> Read<(Option<String>, Option<Timestamp>)> {
+    if matches!(info, Value::Nil) {
+        return Ok((None, None));
+    }
+    let text = string(info)?;
+    let (since, reason) = text.split_once(' ').unwrap_or((text.as_str(), ""));
+    let since = since.parse::<u64>().ok().map(Timestamp);
+    Ok((Some(reason.to_owned()), since))
+}
+
+/// `"<streak> <trips> <cooldown_ms>"`, absent when all three are 0.
+fn parse_health(value: Value) -> Read<Health> {
+    if matches!(value, Value::Nil) {
+        return Ok(Health::default());
+    }
+    let text = string(value)?;
+    let mut numbers = text.split(' ').map(str::parse::<u64>);
+    let mut next = || {
+        numbers
+            .next()
+            .and_then(Result::ok)
+            .ok_or(Problem::from("malformed health entry"))
+    };
+    Ok(Health {
+        streak: next()?,
+        trips: next()?,
+        cooldown_ms: next()?,
+    })
+}
+
+/// `"<at_ms> <result> <detail>"`, the member's last active check.
+fn parse_last_check(value: Value) -> Read<Option<LastCheck>> {
+    if matches!(value, Value::Nil) {
+        return Ok(None);
+    }
+    let text = string(value)?;
+    let mut parts = text.splitn(3, ' ');
+    let at = parts.next().and_then(|t| t.parse::<u64>().ok());
+    let result = parts.next().and_then(OutcomeResult::from_name);
+    match (at, result) {
+        (Some(at), Some(result)) => Ok(Some(LastCheck {
+            at: Timestamp(at),
+            result,
+            detail: parts.next().unwrap_or("").to_owned(),
+        })),
+        _ => Err("malformed check entry".into()),
+    }
+}
+
+/// What a disable did to one member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DisableOutcome {
+    /// It was eligible or cooling down; an operator holds it out now.
+    Disabled,
+    /// An operator had already taken it out.
+    AlreadyIneligible,
+    /// The pool does not have it.
+    Unknown,
+}
+
+/// `disable.lua`: one outcome per member, in request order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct DisableReply(pub(super) Vec<DisableOutcome>);
+
+impl DisableReply {
+    /// Decodes `{-1}` or `{1, {1 = disabled | 2 = already ineligible | 0 = unknown, ...}}`
+    /// with one outcome per each of `asked` members.
+    pub(super) fn decode(value: Value, asked: usize) -> Result<Self, StoreError> {
+        decode("disable.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let outcomes = per_member(items.next()?, asked, |outcome| match int(outcome)? {
+                1 => Ok(DisableOutcome::Disabled),
+                2 => Ok(DisableOutcome::AlreadyIneligible),
+                0 => Ok(DisableOutcome::Unknown),
+                _ => Err("unknown disable outcome".into()),
+            })?;
+            items.end()?;
+            Ok(Self(outcomes))
+        })
+    }
+}
+
+/// What an enable did to one member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum EnableOutcome {
+    /// It is eligible again, with the count the restore policy gave it.
+    Enabled {
+        /// The count it had while out.
+        kept_assignments: u64,
+        /// The count it came back with.
+        assignments: u64,
+    },
+    /// It was eligible already.
+    AlreadyEligible,
+    /// The pool does not have it.
+    Unknown,
+}
+
+/// `enable.lua`: the restore policy applied and one outcome per member, in request order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct EnableReply {
+    /// The policy the members came back under.
+    pub(super) restore: RestorePolicy,
+    /// One outcome per member asked about.
+    pub(super) outcomes: Vec<EnableOutcome>,
+}
+
+impl EnableReply {
+    /// Decodes `{-1}` or `{1, policy, {outcome, kept, restored, ...}}` with outcome
+    /// 1 = enabled, 2 = already eligible, 0 = unknown, for each of `asked` members.
+    pub(super) fn decode(value: Value, asked: usize) -> Result<Self, StoreError> {
+        decode("enable.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let restore = RestorePolicy::from_name(&string(items.next()?)?)
+                .ok_or("unknown restore policy")?;
+            let outcomes = array(items.next()?)?;
+            items.end()?;
+            if outcomes.len() != asked * 3 {
+                return Err(format!("{} values for {asked} members", outcomes.len()).into());
+            }
+            let outcomes = outcomes
+                .chunks(3)
+                .map(|outcome| match outcome {
+                    [status, kept, restored] => match int(status)? {
+                        1 => Ok(EnableOutcome::Enabled {
+                            kept_assignments: count(kept)?,
+                            assignments: count(restored)?,
+                        }),
+                        2 => Ok(EnableOutcome::AlreadyEligible),
+                        0 => Ok(EnableOutcome::Unknown),
+                        _ => Err("unknown enable outcome".into()),
+                    },
+                    _ => Err("enable outcome too short".into()),
+                })
+                .collect::<Read<_>>()?;
+            Ok(Self { restore, outcomes })
+        })
+    }
+}
+
+/// `remove.lua`: per member, in request order, whether it was in the pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct RemoveReply(pub(super) Vec<bool>);
+
+impl RemoveReply {
+    /// Decodes `{-1}` or `{1, {1 = removed | 0 = unknown, ...}}` with one outcome per each
+    /// of `asked` members.
+    pub(super) fn decode(value: Value, asked: usize) -> Result<Self, StoreError> {
+        decode("remove.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let removed = per_member(items.next()?, asked, |outcome| match int(outcome)? {
+                1 => Ok(true),
+                0 => Ok(false),
+                _ => Err("unknown remove outcome".into()),
+            })?;
+            items.end()?;
+            Ok(Self(removed))
+        })
+    }
+}
+
+/// `release.lua`: whether the lease was live (and is released now).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ReleaseReply {
+    /// The lease was live and has ended.
+    pub(super) released: bool,
+}
+
+impl ReleaseReply {
+    /// Decodes `{-1}`, `{1, 0}` or `{1, 1}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("release.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let released = lease_live(&mut items)?;
+            items.end()?;
+            Ok(Self { released })
+        })
+    }
+}
+
+/// `renew.lua`: the lease's new expiry, or `None` when it was not live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct RenewReply(pub(super) Option<Renewal>);
+
+/// A renewed lease, as `renew.lua` returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Renewal {
+    /// The leased member.
+    pub(super) member: MemberId,
+    /// The new expiry.
+    pub(super) expires_at: Timestamp,
+    /// The ttl it was given.
+    pub(super) ttl_ms: LeaseTtl,
+}
+
+impl RenewReply {
+    /// Decodes `{-1}`, `{1, 0}` or `{1, 1, member, expires_ms, ttl_ms}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("renew.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let renewal = if lease_live(&mut items)? {
+                Some(Renewal {
+                    member: items.member()?,
+                    expires_at: Timestamp(items.count()?),
+                    ttl_ms: lease_ttl(items.count()?)?,
+                })
+            } else {
+                None
+            };
+            items.end()?;
+            Ok(Self(renewal))
+        })
+    }
+}
+
+/// `sweep.lua`: what one sweep step did in one pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SweepReply(pub(super) Swept);
+
+impl SweepReply {
+    /// Decodes `{-1}` or `{1, reclaimed, returned}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("sweep.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let swept = Swept {
+                reclaimed: items.count()?,
+                returned: items.count()?,
+            };
+            items.end()?;
+            Ok(Self(swept))
+        })
+    }
+}
+
+/// `outcomes.lua`: per report, in request order, what it did and the member's failure
+/// streak after it; `None` for a member the pool does not have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct OutcomesReply(pub(super) Vec<Option<(Effect, u64)>>);
+
+impl OutcomesReply {
+    /// Decodes `{-1}` or `{1, {effect, streak, ...}}` with effect 0 = unknown,
+    /// 1 = counted, 2 = tripped, 3 = ignored, 4 = returned, for each of `asked` reports.
+    pub(super) fn decode(value: Value, asked: usize) -> Result<Self, StoreError> {
+        decode("outcomes.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let outcomes = array(items.next()?)?;
+            items.end()?;
+            if outcomes.len() != asked * 2 {
+                return Err(format!("{} values for {asked} reports", outcomes.len()).into());
+            }
+            let outcomes = outcomes
+                .chunks(2)
+                .map(|outcome| {
+                    let [effect, streak] = outcome else {
+                        return Err("outcome too short".into());
+                    };
+                    let effect = match int(effect)? {
+                        0 => return Ok(None),
+                        1 => Effect::Counted,
+                        2 => Effect::Tripped,
+                        3 => Effect::Ignored,
+                        4 => Effect::Returned,
+                        _ => return Err("unknown effect".into()),
+                    };
+                    Ok(Some((effect, count(streak)?)))
+                })
+                .collect::<Read<_>>()?;
+            Ok(Self(outcomes))
+        })
+    }
+}
+
+/// `claim_check.lua`: the members to probe when the round is this replica's, else `None`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ClaimCheckReply(pub(super) Option<CheckRound>);
+
+impl ClaimCheckReply {
+    /// Decodes `{-1}`, `{1, 0}` or `{1, 1, eligible members, cooling-down members}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("claim_check.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let round = match items.int()? {
+                0 => None,
+                1 => Some(CheckRound {
+                    eligible: members(items.next()?)?,
+                    cooling: members(items.next()?)?,
+                }),
+                _ => return Err("unknown claim status".into()),
+            };
+            items.end()?;
+            Ok(Self(round))
+        })
+    }
+}
+
+/// `SMEMBERS` of the pool registry: every registered pool id, in id order. An entry that
+/// is not a valid pool id is skipped (nothing the service writes is one).
+pub(super) fn pool_ids(value: Value) -> Result<Vec<PoolId>, StoreError> {
+    decode("SMEMBERS", value, |value| {
+        let mut ids: Vec<PoolId> = array(value)?
+            .into_iter()
+            .filter_map(|v| string(v).ok())
+            .filter_map(|s| PoolId::parse(&s).ok())
+            .collect();
+        ids.sort();
+        Ok(ids)
+    })
+}
+
+/// The status lease scripts put after the pool's: `1` live, `0` not.
+fn lease_live(items: &mut Items) -> Read<bool> {
+    match items.int()? {
+        1 => Ok(true),
+        0 => Ok(false),
+        _ => Err("unknown lease status".into()),
+    }
+}
+
+fn lease_ttl(ms: u64) -> Read<LeaseTtl> {
+    LeaseTtl::from_millis(ms).map_err(|_| "lease ttl out of range".into())
+}
+
+/// A list of exactly one entry per member asked about, each read by `read`.
+fn per_member<T>(value: Value, asked: usize, read: impl Fn(&Value) -> Read<T>) -> Read<Vec<T>> {
+    let list = array(value)?;
+    if list.len() != asked {
+        return Err(format!("{} outcomes for {asked} members", list.len()).into());
+    }
+    list.iter().map(read).collect()
+}
+
+fn members(value: Value) -> Read<Vec<MemberId>> {
+    array(value)?
+        .into_iter()
+        .map(|m| string(m).map(MemberId::from_stored))
+        .collect()
+}
+
+fn array(value: Value) -> Read<Vec<Value>> {
+    match value {
+        // RESP3 answers SMEMBERS with a set.
+        Value::Array(items) | Value::Set(items) => Ok(items),
+        _ => Err("expected an array".into()),
+    }
+}
+
+fn int(value: &Value) -> Read<i64> {
+    match value {
+        Value::Int(n) => Ok(*n),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|s| s.parse::<f64>().ok())
+            // Counts are whole numbers kept in Redis scores (doubles).
+            .map(|f| f as i64)
+            .ok_or_else(|| "expected a number".into()),
+        _ => Err("expected a number".into()),
+    }
+}
+
+fn count(value: &Value) -> Read<u64> {
+    u64::try_from(int(value)?).map_err(|_| "expected a non-negative count".into())
+}
+
+fn optional_count(value: &Value) -> Read<Option<u64>> {
+    match value {
+        Value::Nil => Ok(None),
+        other => count(other).map(Some),
+    }
+}
+
+fn string(value: Value) -> Read<String> {
+    match value {
+        Value::BulkString(bytes) => {
+            String::from_utf8(bytes).map_err(|_| "expected UTF-8 text".into())
+        }
+        Value::SimpleString(text) => Ok(text),
+        _ => Err("expected text".into()),
+    }
+}

@@ -1,0 +1,160 @@
+//! Running a command or a script on Redis: checkout, the store timeout, and the few retries
+//! that cannot count anything twice.
+//!
+//! A script call is never retried after it was sent: the script may have run with only its
+//! reply lost, and running it again would count an assignment twice. The caller gets a 503
+//! instead. The same holds for a release: a retried one finds the lease gone and answers
+//! 404, never a second decrement. The exceptions are answers that prove Redis ran nothing:
+//! NOSCRIPT, after which `eval` loads the script (on a cluster, on every node) and sends
+//! it again; and, within the store timeout, the answers of a failover in progress (MOVED,
+//! TRYAGAIN, CLUSTERDOWN, MASTERDOWN, READONLY) or of a script cache flushed once more,
+//! after which the call is sent again once the cluster's slot map or Sentinel's primary has
+//! moved on.
+
+use std::time::{Duration, Instant};
+
+use deadpool::managed;
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
+
+use super::RedisStore;
+use super::connection::{Connection, SharedConnection};
+use super::keys::{POOL_KEY_PARTS, PoolKeys};
+use crate::domain::PoolId;
+use crate::store::StoreError;
+
+/// The first wait before a call that ran nothing is sent again; it doubles up to
+/// [`LAST_RETRY_PAUSE`] while the store timeout allows.
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(10);
+
+/// The longest wait between two sends of a call that ran nothing.
+const LAST_RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// Answers with which Redis refuses a command before running any of it, and which clear up
+/// by themselves: the slot is served elsewhere now (MOVED), the cluster is electing a
+/// primary (TRYAGAIN, CLUSTERDOWN, MASTERDOWN), the server was demoted to replica
+/// (READONLY: a script's first write fails before anything changed), or the script cache
+/// was flushed again between `Script`'s own load and its second send (NOSCRIPT). Sending
+/// the call again cannot count anything twice. A standalone primary answers only NOSCRIPT.
+fn ran_nothing(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::NoScript
+                | ServerErrorKind::Moved
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::ReadOnly
+        )
+    )
+}
+
+impl RedisStore {
+    pub(super) async fn checkout(&self) -> Result<SharedConnection, StoreError> {
+        match self.pool.get().await {
+            // Clone the handle and give the pool object back at once: the connection is
+            // multiplexed, so other requests may use it while this one waits for its reply.
+            Ok(object) => Ok(SharedConnection::clone(&object)),
+            Err(managed::PoolError::Timeout(_)) => Err(StoreError::Timeout(self.timeout)),
+            Err(managed::PoolError::Backend(e)) => Err(StoreError::Unavailable(Box::new(e))),
+            Err(e) => Err(StoreError::Unavailable(Box::new(e))),
+        }
+    }
+
+    /// Runs one command or script within the store timeout. `request` is called again only
+    /// after an answer that proves nothing ran (see the module doc), on a connection checked
+    /// out afresh.
+    pub(super) async fn run<T, F>(&self, request: impl Fn(Connection) -> F) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, RedisError>>,
+    {
+        let started = Instant::now();
+        let result = self.run_timed(started, request).await;
+        crate::monitoring::record_store_round_trip(started.elapsed().as_secs_f64());
+        if let Err(error) = &result {
+            let kind = match error {
+                StoreError::Timeout(_) => "timeout",
+                _ => "unavailable",
+            };
+            metrics::counter!("pa_store_errors_total", "kind" => kind).increment(1);
+        }
+        result
+    }
+
+    async fn run_timed<T, F>(
+        &self,
+        started: Instant,
+        request: impl Fn(Connection) -> F,
+    ) -> Result<T, StoreError>
+    where
+        F: Future<Output = Result<T, RedisError>>,
+    {
+        let deadline = tokio::time::Instant::from_std(started) + self.timeout;
+        let mut pause = FIRST_RETRY_PAUSE;
+        loop {
+            let conn = tokio::time::timeout_at(deadline, self.checkout())
+                .await
+                .map_err(|_| StoreError::Timeout(self.timeout))??;
+            match tokio::time::timeout_at(deadline, request(conn.connection.clone())).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(error)) => {
+                    conn.retire_if_failed(&error);
+                    if ran_nothing(&error) && tokio::time::Instant::now() + pause < deadline {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(LAST_RETRY_PAUSE);
+                        continue;
+                    }
+                    return Err(StoreError::Unavailable(Box::new(error)));
+                }
+                Err(_) => {
+                    // A stalled connection would stall every request multiplexed onto it.
+                    conn.retire();
+                    return Err(StoreError::Timeout(self.timeout));
+                }
+            }
+        }
+    }
+
+    /// Runs a pool script with the pool's keys. The command is written once, keys straight
+    /// into it: an assign allocates no key strings of its own. After NOSCRIPT (a restarted
+    /// or flushed Redis) the script is loaded and the same command sent again, as
+    /// `Script::invoke_async` would; NOSCRIPT proves nothing ran.
+    pub(super) async fn eval(
+        &self,
+        script: &Script,
+        pool: &PoolId,
+        args: &[&[u8]],
+    ) -> Result<Value, StoreError> {
+        let keys = PoolKeys {
+            prefix: &self.prefix,
+            pool,
+        };
+        let mut evalsha = redis::Cmd::with_capacity(
+            3 + POOL_KEY_PARTS.len() + args.len(),
+            script.get_hash().len() + keys.bytes() + args.iter().map(|a| a.len()).sum::<usize>(),
+        );
+        evalsha
+            .arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(POOL_KEY_PARTS.len())
+            .arg(&keys)
+            .arg(args);
+        let evalsha = &evalsha;
+        self.run(|mut connection| async move {
+            match evalsha.query_async(&mut connection).await {
+                Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script.prepare_invoke().load_async(&mut connection).await?;
+                    evalsha.query_async(&mut connection).await
+                }
+                result => result,
+            }
+        })
+        .await
+    }
+
+    pub(super) async fn command(&self, cmd: redis::Cmd) -> Result<Value, StoreError> {
+        let cmd = &cmd;
+        self.run(|mut connection| async move { cmd.query_async(&mut connection).await })
+            .await
+    }
+}

@@ -1,0 +1,61 @@
+//! The Lua scripts, one per operation, each loaded once and run by its hash.
+//!
+//! The table below is the one list of scripts: it declares the fields of [`Scripts`] and
+//! [`Scripts::all`], from which the startup load and the reply tests (`tests.rs`, one per
+//! script) take their list. Each name is its file's, in `src/store/scripts/`.
+
+use redis::Script;
+
+/// Declares [`Scripts`] from `name: source` lines, where the source is `plain` (the file
+/// alone) or `with_helpers` (the file with `leases.lua` and `health.lua` in front of it).
+macro_rules! scripts {
+    ($($name:ident: $source:ident,)*) => {
+        /// Every script of the store.
+        pub(super) struct Scripts {
+            $(
+                #[doc = concat!("`", stringify!($name), ".lua`.")]
+                pub(super) $name: Script,
+            )*
+        }
+
+        impl Scripts {
+            pub(super) fn new() -> Self {
+                Self {
+                    $($name: scripts!(@$source $name),)*
+                }
+            }
+
+            /// Every script with its name.
+            pub(super) fn all(&self) -> impl Iterator<Item = (&'static str, &Script)> {
+                [$((stringify!($name), &self.$name)),*].into_iter()
+            }
+        }
+    };
+    (@plain $name:ident) => {
+        Script::new(include_str!(concat!("../scripts/", stringify!($name), ".lua")))
+    };
+    (@with_helpers $name:ident) => {
+        Script::new(concat!(
+            include_str!("../scripts/leases.lua"),
+            include_str!("../scripts/health.lua"),
+            include_str!(concat!("../scripts/", stringify!($name), ".lua"))
+        ))
+    };
+}
+
+scripts! {
+    assign: with_helpers,
+    put_pool: plain,
+    pool_info: plain,
+    delete_pool: plain,
+    seed: with_helpers,
+    members: plain,
+    disable: with_helpers,
+    enable: with_helpers,
+    remove: with_helpers,
+    release: with_helpers,
+    renew: with_helpers,
+    sweep: with_helpers,
+    outcomes: with_helpers,
+    claim_check: plain,
+}

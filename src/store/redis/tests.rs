@@ -1,0 +1,787 @@
+//! Every script run on a real Redis, each of its reply shapes decoded by its decoder in
+//! `reply.rs`. The list of scripts comes from [`Scripts::all`]: a script added there
+//! without a case here fails `every_script_s_replies_decode_from_a_real_redis`.
+//!
+//! State a reply reports is set up through the store's own operations where they reach
+//! it, and written into the pool's keys directly where they would take long (an expired
+//! lease, a due return), because what is tested here is the reply, not the rule.
+
+use std::time::Duration;
+
+use redis::Value;
+use redis::aio::MultiplexedConnection;
+
+#[expect(
+    dead_code,
+    reason = "the test harness's Redis processes; these tests start one plain server"
+)]
+#[path = "../../../tests/api/redis_server.rs"]
+mod redis_server;
+
+use self::redis_server::RedisServer;
+use super::reply::{
+    AssignReply, ClaimCheckReply, DeletePoolReply, DisableOutcome, DisableReply, EnableOutcome,
+    EnableReply, MembersReply, OutcomesReply, PoolInfoReply, ReleaseReply, RemoveReply, RenewReply,
+    Renewal, SeedOutcome, SeedReply, SweepReply,
+};
+use super::{RedisStore, RedisStoreOptions, RedisTopology};
+use crate::domain::{
+    HealthConfig, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId, RestorePolicy,
+    Timestamp,
+};
+use crate::store::{
+    CheckRound, Effect, LastCheck, MemberState, MemberView, PoolStats, PutPool, Report,
+    ReportSource, Seed, Store, StoreError, Swept,
+};
+
+const PREFIX: &str = "replies";
+
+/// A Redis of its own and a store on it, with a side connection for reading and writing
+/// the pool's keys directly.
+struct TestRedis {
+    store: RedisStore,
+    side: MultiplexedConnection,
+    _server: RedisServer,
+}
+
+impl TestRedis {
+    async fn start() -> Self {
+        let server = RedisServer::start();
+        let store = RedisStore::connect(RedisStoreOptions {
+            topology: RedisTopology::Standalone { url: server.url() },
+            key_prefix: PREFIX.to_owned(),
+            timeout: Duration::from_secs(5),
+            connections: 1,
+        })
+        .await
+        .expect("a store on the test Redis");
+        let side = redis::Client::open(server.url())
+            .expect("a valid URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("a side connection");
+        Self {
+            store,
+            side,
+            _server: server,
+        }
+    }
+
+    /// Runs the script `name` on `pool`'s keys with `args`.
+    async fn eval(&self, name: &str, pool: &PoolId, args: &[&str]) -> Value {
+        let (_, script) = self
+            .store
+            .scripts
+            .all()
+            .find(|(script, _)| *script == name)
+            .expect("a script of that name");
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        self.store
+            .eval(script, pool, &args)
+            .await
+            .expect("the script runs")
+    }
+
+    async fn create(&self, pool: &PoolId, config: PoolConfig) {
+        self.store
+            .put_pool(pool, &config)
+            .await
+            .expect("the pool is created");
+    }
+
+    async fn seed(&self, pool: &PoolId, members: &[&str], assignments: u64) {
+        let mut seed = Seed::new(members.iter().map(|m| member(m)).collect());
+        seed.assignments = Some(assignments);
+        self.store
+            .add_members(pool, &seed)
+            .await
+            .expect("members are added");
+    }
+
+    async fn report(&self, pool: &PoolId, source: ReportSource, reports: &[(&str, OutcomeResult)]) {
+        let reports: Vec<Report> = reports
+            .iter()
+            .map(|(m, result)| Report {
+                member: member(m),
+                result: *result,
+                detail: "HTTP 200".to_owned(),
+            })
+            .collect();
+        self.store
+            .report(pool, source, &reports)
+            .await
+            .expect("reports are applied");
+    }
+
+    fn key(pool: &PoolId, part: &str) -> String {
+        format!("{PREFIX}:{{{}}}:{part}", pool.as_str())
+    }
+
+    /// A command on the side connection.
+    async fn side<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query_async(&mut self.side.clone())
+            .await
+            .expect("the side command succeeds")
+    }
+
+    /// Redis's clock, in milliseconds.
+    async fn now_ms(&self) -> u64 {
+        let (seconds, micros): (u64, u64) = self.side(&["TIME"]).await;
+        seconds * 1000 + micros / 1000
+    }
+}
+
+fn member(text: &str) -> MemberId {
+    MemberId::parse(text).expect("a valid member id")
+}
+
+fn pool(text: &str) -> PoolId {
+    PoolId::parse(text).expect("a valid pool id")
+}
+
+fn ttl(ms: u64) -> LeaseTtl {
+    LeaseTtl::from_millis(ms).expect("a valid ttl")
+}
+
+/// A pool whose members trip on their `failures`-th failure in a row, for a minute exactly.
+fn tripping_after(failures: u32) -> PoolConfig {
+    PoolConfig {
+        health: HealthConfig {
+            max_consecutive_failures: failures,
+            cooldown_ms: 60_000,
+            jitter_percent: 0,
+            ..HealthConfig::default()
+        },
+        ..PoolConfig::default()
+    }
+}
+
+fn least_in_flight() -> PoolConfig {
+    PoolConfig {
+        policy: Policy::LeastInFlight,
+        ..PoolConfig::default()
+    }
+}
+
+fn assert_pool_not_found<T: std::fmt::Debug>(decoded: Result<T, StoreError>) {
+    assert!(
+        matches!(decoded, Err(StoreError::PoolNotFound)),
+        "expected PoolNotFound, got {decoded:?}"
+    );
+}
+
+#[tokio::test]
+async fn every_script_s_replies_decode_from_a_real_redis() {
+    let redis = TestRedis::start().await;
+    let names: Vec<&str> = redis.store.scripts.all().map(|(name, _)| name).collect();
+    for name in names {
+        match name {
+            "assign" => assign(&redis).await,
+            "put_pool" => put_pool(&redis).await,
+            "pool_info" => pool_info(&redis).await,
+            "delete_pool" => delete_pool(&redis).await,
+            "seed" => seed(&redis).await,
+            "members" => members(&redis).await,
+            "disable" => disable(&redis).await,
+            "enable" => enable(&redis).await,
+            "remove" => remove(&redis).await,
+            "release" => release(&redis).await,
+            "renew" => renew(&redis).await,
+            "sweep" => sweep(&redis).await,
+            "outcomes" => outcomes(&redis).await,
+            "claim_check" => claim_check(&redis).await,
+            other => panic!("{other}.lua has no reply test: add its case to this match"),
+        }
+    }
+}
+
+/// Runs `assign.lua` with a lease id and a ttl (`""` for the pool's).
+async fn run_assign(redis: &TestRedis, pool: &PoolId, lease: &str, ttl: &str) -> Value {
+    redis.eval("assign", pool, &[lease, ttl, "16", "16"]).await
+}
+
+async fn assign(redis: &TestRedis) {
+    let used = pool("assign-used");
+    assert_pool_not_found(AssignReply::decode(
+        run_assign(redis, &used, "l0", "").await,
+    ));
+    redis.create(&used, PoolConfig::default()).await;
+    let empty = AssignReply::decode(run_assign(redis, &used, "l0", "").await);
+    assert_eq!(
+        empty.expect("decodes"),
+        AssignReply::Empty { next_return: None }
+    );
+    redis.seed(&used, &["b"], 5).await;
+    redis.seed(&used, &["a"], 0).await;
+    let assigned = AssignReply::decode(run_assign(redis, &used, "l0", "").await);
+    assert_eq!(
+        assigned.expect("decodes"),
+        AssignReply::Assigned {
+            member: member("a"),
+            assignments: 1
+        }
+    );
+
+    let cooling = pool("assign-cooling");
+    redis.create(&cooling, tripping_after(1)).await;
+    redis.seed(&cooling, &["a"], 0).await;
+    redis
+        .report(
+            &cooling,
+            ReportSource::Worker,
+            &[("a", OutcomeResult::Failed)],
+        )
+        .await;
+    match AssignReply::decode(run_assign(redis, &cooling, "l0", "").await) {
+        Ok(AssignReply::Empty {
+            next_return: Some(wait),
+        }) => assert!(
+            wait <= Duration::from_secs(60) && wait > Duration::from_secs(30),
+            "the member returns after its one-minute cooldown, not in {wait:?}"
+        ),
+        other => panic!("expected the wait for a cooling member, got {other:?}"),
+    }
+
+    let leased = pool("assign-leased");
+    redis
+        .create(
+            &leased,
+            PoolConfig {
+                max_in_flight: std::num::NonZeroU64::new(1),
+                ..least_in_flight()
+            },
+        )
+        .await;
+    redis.seed(&leased, &["a"], 4).await;
+    let lease = AssignReply::decode(run_assign(redis, &leased, "lease-1", "5000").await);
+    let expiry = TestRedis::key(&leased, "lease_expiry");
+    let expires_ms: u64 = redis.side(&["ZSCORE", &expiry, "lease-1"]).await;
+    assert_eq!(
+        lease.expect("decodes"),
+        AssignReply::Leased {
+            member: member("a"),
+            assignments: 5,
+            in_flight: 1,
+            expires_at: Timestamp(expires_ms),
+            ttl_ms: ttl(5000),
+        }
+    );
+    let at_cap = AssignReply::decode(run_assign(redis, &leased, "lease-2", "").await);
+    assert_eq!(
+        at_cap.expect("decodes"),
+        AssignReply::Empty { next_return: None }
+    );
+}
+
+async fn put_pool(redis: &TestRedis) {
+    let id = pool("put-pool");
+    let put = |config: PoolConfig| {
+        let id = id.clone();
+        async move { redis.store.put_pool(&id, &config).await }
+    };
+    assert_eq!(
+        put(PoolConfig::default()).await.expect("created"),
+        PutPool::Created
+    );
+    assert_eq!(
+        put(PoolConfig::default()).await.expect("updated"),
+        PutPool::Updated
+    );
+    redis.seed(&id, &["a"], 0).await;
+    let refused = put(least_in_flight()).await;
+    assert!(
+        matches!(refused, Err(StoreError::PolicyChangeRequiresEmptyPool)),
+        "got {refused:?}"
+    );
+}
+
+async fn pool_info(redis: &TestRedis) {
+    let id = pool("pool-info");
+    assert_pool_not_found(PoolInfoReply::decode(
+        redis.eval("pool_info", &id, &[]).await,
+    ));
+    let config = tripping_after(2);
+    redis.create(&id, config.clone()).await;
+    let meta = TestRedis::key(&id, "meta");
+    let created_ms: u64 = redis.side(&["HGET", &meta, "created_ms"]).await;
+    let fresh = PoolInfoReply::decode(redis.eval("pool_info", &id, &[]).await);
+    assert_eq!(
+        fresh.expect("decodes"),
+        PoolInfoReply {
+            config: config.clone(),
+            created_at: Timestamp(created_ms),
+            stats: PoolStats {
+                eligible: 0,
+                ineligible: 0,
+                min_assignments: None,
+                max_assignments: None,
+                total_assignments: 0,
+                in_flight: 0,
+                abandoned: 0,
+                tripped: 0,
+                recovered: 0,
+            },
+        }
+    );
+
+    redis.seed(&id, &["a"], 2).await;
+    redis.seed(&id, &["b"], 7).await;
+    redis.seed(&id, &["c"], 1).await;
+    redis
+        .store
+        .disable_members(&id, &[member("c")], "maintenance")
+        .await
+        .expect("disabled");
+    run_assign(redis, &id, "l0", "").await;
+    // Every number its own value, so that two swapped in the reply cannot pass.
+    let () = redis
+        .side(&[
+            "HSET",
+            &meta,
+            "abandoned",
+            "4",
+            "tripped",
+            "5",
+            "recovered",
+            "6",
+        ])
+        .await;
+    let expiry = TestRedis::key(&id, "lease_expiry");
+    let () = redis
+        .side(&["ZADD", &expiry, "1", "x", "2", "y", "3", "z"])
+        .await;
+    let busy = PoolInfoReply::decode(redis.eval("pool_info", &id, &[]).await);
+    assert_eq!(
+        busy.expect("decodes"),
+        PoolInfoReply {
+            config,
+            created_at: Timestamp(created_ms),
+            stats: PoolStats {
+                eligible: 2,
+                ineligible: 1,
+                min_assignments: Some(3),
+                max_assignments: Some(7),
+                total_assignments: 1,
+                in_flight: 3,
+                abandoned: 4,
+                tripped: 5,
+                recovered: 6,
+            },
+        }
+    );
+}
+
+async fn delete_pool(redis: &TestRedis) {
+    let id = pool("delete-pool");
+    let missing = DeletePoolReply::decode(redis.eval("delete_pool", &id, &[]).await);
+    assert_eq!(
+        missing.expect("decodes"),
+        DeletePoolReply { existed: false }
+    );
+    redis.create(&id, PoolConfig::default()).await;
+    redis.seed(&id, &["a"], 0).await;
+    let deleted = DeletePoolReply::decode(redis.eval("delete_pool", &id, &[]).await);
+    assert_eq!(deleted.expect("decodes"), DeletePoolReply { existed: true });
+    let eligible = TestRedis::key(&id, "eligible");
+    let left: u64 = redis
+        .side(&["EXISTS", &TestRedis::key(&id, "meta"), &eligible])
+        .await;
+    assert_eq!(left, 0);
+}
+
+async fn seed(redis: &TestRedis) {
+    let id = pool("seed");
+    let run = |args: &'static [&'static str]| redis.eval("seed", &id, args);
+    assert_pool_not_found(SeedReply::decode(run(&["", "0", "0", "0", "a"]).await, 1));
+    let mut config = PoolConfig::default();
+    config.rules.max_members = Some(2);
+    redis.create(&id, config).await;
+    let first = SeedReply::decode(run(&["", "0", "0", "0", "a", "b", "c"]).await, 3);
+    assert_eq!(
+        first.expect("decodes"),
+        SeedReply {
+            start_assignments: 0,
+            outcomes: vec![SeedOutcome::Added, SeedOutcome::Added, SeedOutcome::Full],
+        }
+    );
+    let second = SeedReply::decode(run(&["4", "0", "0", "0", "a", "d"]).await, 2);
+    assert_eq!(
+        second.expect("decodes"),
+        SeedReply {
+            start_assignments: 4,
+            outcomes: vec![SeedOutcome::Existing, SeedOutcome::Full],
+        }
+    );
+}
+
+async fn members(redis: &TestRedis) {
+    let id = pool("members");
+    let page = |counts: &'static [&'static str]| redis.eval("members", &id, counts);
+    assert_pool_not_found(MembersReply::decode(page(&["0", "0", "10", "10"]).await));
+    redis
+        .create(
+            &id,
+            PoolConfig {
+                policy: Policy::LeastInFlight,
+                ..tripping_after(2)
+            },
+        )
+        .await;
+    redis.seed(&id, &["a"], 0).await;
+    redis.seed(&id, &["b", "c", "d"], 3).await;
+    let before = redis.now_ms().await;
+    run_assign(redis, &id, "lease-1", "").await;
+    redis
+        .report(&id, ReportSource::Check, &[("a", OutcomeResult::Ok)])
+        .await;
+    redis
+        .report(
+            &id,
+            ReportSource::Worker,
+            &[
+                ("b", OutcomeResult::Failed),
+                ("d", OutcomeResult::Blocked),
+                ("d", OutcomeResult::Blocked),
+            ],
+        )
+        .await;
+    redis
+        .store
+        .disable_members(&id, &[member("c")], "maintenance")
+        .await
+        .expect("disabled");
+    let after = redis.now_ms().await;
+
+    let decoded = MembersReply::decode(page(&["0", "0", "10", "10"]).await).expect("decodes");
+    // The times are the store's; each must lie within the setup, and is then compared as
+    // read back.
+    let within = |time: Option<Timestamp>| {
+        let time = time.expect("a time");
+        assert!(
+            (before..=after).contains(&time.0),
+            "{time:?} outside the setup"
+        );
+        time
+    };
+    let a_checked = within(decoded.eligible[0].last_check.as_ref().map(|c| c.at));
+    let c_since = within(decoded.ineligible[0].since);
+    let d_since = within(decoded.ineligible[1].since);
+    let d_returns = decoded.ineligible[1].returns_at.expect("a return time");
+    assert_eq!(d_returns, Timestamp(d_since.0 + 60_000));
+    let view = |member_id: &str, state, assignments| MemberView {
+        member: member(member_id),
+        state,
+        assignments,
+        in_flight: 0,
+        reason: None,
+        since: None,
+        consecutive_failures: 0,
+        cooldown_ms: None,
+        returns_at: None,
+        last_check: None,
+    };
+    assert_eq!(
+        decoded,
+        MembersReply {
+            eligible: vec![
+                MemberView {
+                    in_flight: 1,
+                    last_check: Some(LastCheck {
+                        at: a_checked,
+                        result: OutcomeResult::Ok,
+                        detail: "HTTP 200".to_owned(),
+                    }),
+                    ..view("a", MemberState::Eligible, 1)
+                },
+                MemberView {
+                    consecutive_failures: 1,
+                    ..view("b", MemberState::Eligible, 3)
+                },
+            ],
+            ineligible: vec![
+                MemberView {
+                    reason: Some("maintenance".to_owned()),
+                    since: Some(c_since),
+                    ..view("c", MemberState::Ineligible, 3)
+                },
+                MemberView {
+                    reason: Some("blocked".to_owned()),
+                    since: Some(d_since),
+                    consecutive_failures: 2,
+                    cooldown_ms: Some(60_000),
+                    returns_at: Some(d_returns),
+                    ..view("d", MemberState::Ineligible, 3)
+                },
+            ],
+        }
+    );
+    let eligible_only = MembersReply::decode(page(&["0", "0", "10", "0"]).await).expect("decodes");
+    assert_eq!(eligible_only.eligible, decoded.eligible);
+    assert_eq!(eligible_only.ineligible, []);
+}
+
+async fn disable(redis: &TestRedis) {
+    let id = pool("disable");
+    let run = |args: &'static [&'static str]| redis.eval("disable", &id, args);
+    assert_pool_not_found(DisableReply::decode(run(&["why", "a"]).await, 1));
+    redis.create(&id, tripping_after(1)).await;
+    redis.seed(&id, &["a", "b"], 0).await;
+    redis
+        .report(&id, ReportSource::Worker, &[("b", OutcomeResult::Failed)])
+        .await;
+    let disabled = DisableReply::decode(run(&["why", "a", "b", "z"]).await, 3);
+    assert_eq!(
+        disabled.expect("decodes"),
+        DisableReply(vec![
+            DisableOutcome::Disabled,
+            DisableOutcome::Disabled,
+            DisableOutcome::Unknown
+        ])
+    );
+    let again = DisableReply::decode(run(&["why", "a"]).await, 1);
+    assert_eq!(
+        again.expect("decodes"),
+        DisableReply(vec![DisableOutcome::AlreadyIneligible])
+    );
+}
+
+async fn enable(redis: &TestRedis) {
+    let id = pool("enable");
+    let run = |args: &'static [&'static str]| redis.eval("enable", &id, args);
+    assert_pool_not_found(EnableReply::decode(run(&["", "a"]).await, 1));
+    redis.create(&id, PoolConfig::default()).await;
+    redis.seed(&id, &["a", "c"], 3).await;
+    redis.seed(&id, &["b"], 5).await;
+    redis
+        .store
+        .disable_members(&id, &[member("a"), member("c")], "maintenance")
+        .await
+        .expect("disabled");
+    let enabled = EnableReply::decode(run(&["", "a", "b", "z"]).await, 3);
+    assert_eq!(
+        enabled.expect("decodes"),
+        EnableReply {
+            restore: RestorePolicy::Minimum,
+            outcomes: vec![
+                EnableOutcome::Enabled {
+                    kept_assignments: 3,
+                    assignments: 5
+                },
+                EnableOutcome::AlreadyEligible,
+                EnableOutcome::Unknown,
+            ],
+        }
+    );
+    let zero = EnableReply::decode(run(&["zero", "c"]).await, 1);
+    assert_eq!(
+        zero.expect("decodes"),
+        EnableReply {
+            restore: RestorePolicy::Zero,
+            outcomes: vec![EnableOutcome::Enabled {
+                kept_assignments: 3,
+                assignments: 0
+            }],
+        }
+    );
+}
+
+async fn remove(redis: &TestRedis) {
+    let id = pool("remove");
+    let run = |args: &'static [&'static str]| redis.eval("remove", &id, args);
+    assert_pool_not_found(RemoveReply::decode(run(&["a"]).await, 1));
+    redis.create(&id, PoolConfig::default()).await;
+    redis.seed(&id, &["a"], 0).await;
+    let removed = RemoveReply::decode(run(&["a", "z"]).await, 2);
+    assert_eq!(removed.expect("decodes"), RemoveReply(vec![true, false]));
+}
+
+async fn release(redis: &TestRedis) {
+    let id = pool("release");
+    let run = || redis.eval("release", &id, &["lease-1"]);
+    assert_pool_not_found(ReleaseReply::decode(run().await));
+    redis.create(&id, least_in_flight()).await;
+    redis.seed(&id, &["a"], 0).await;
+    run_assign(redis, &id, "lease-1", "").await;
+    let released = ReleaseReply::decode(run().await);
+    assert_eq!(released.expect("decodes"), ReleaseReply { released: true });
+    let again = ReleaseReply::decode(run().await);
+    assert_eq!(again.expect("decodes"), ReleaseReply { released: false });
+}
+
+async fn renew(redis: &TestRedis) {
+    let id = pool("renew");
+    let run = |args: &'static [&'static str]| redis.eval("renew", &id, args);
+    assert_pool_not_found(RenewReply::decode(run(&["lease-1", ""]).await));
+    redis.create(&id, least_in_flight()).await;
+    let unknown = RenewReply::decode(run(&["lease-1", ""]).await);
+    assert_eq!(unknown.expect("decodes"), RenewReply(None));
+    redis.seed(&id, &["a"], 0).await;
+    run_assign(redis, &id, "lease-1", "").await;
+    let expiry = TestRedis::key(&id, "lease_expiry");
+    let asked: [(&'static [&'static str], u64); 2] = [
+        (&["lease-1", "7000"], 7000),
+        (&["lease-1", ""], LeaseTtl::DEFAULT_MS),
+    ];
+    for (args, given) in asked {
+        let renewed = RenewReply::decode(run(args).await).expect("decodes");
+        let expires_ms: u64 = redis.side(&["ZSCORE", &expiry, "lease-1"]).await;
+        assert_eq!(
+            renewed,
+            RenewReply(Some(Renewal {
+                member: member("a"),
+                expires_at: Timestamp(expires_ms),
+                ttl_ms: ttl(given),
+            }))
+        );
+    }
+}
+
+async fn sweep(redis: &TestRedis) {
+    let id = pool("sweep");
+    let run = || redis.eval("sweep", &id, &["256"]);
+    assert_pool_not_found(SweepReply::decode(run().await));
+    redis
+        .create(
+            &id,
+            PoolConfig {
+                policy: Policy::LeastInFlight,
+                ..tripping_after(1)
+            },
+        )
+        .await;
+    redis.seed(&id, &["a", "b"], 0).await;
+    run_assign(redis, &id, "lease-1", "").await;
+    run_assign(redis, &id, "lease-2", "").await;
+    redis
+        .report(&id, ReportSource::Worker, &[("b", OutcomeResult::Failed)])
+        .await;
+    // Due long ago: both leases expired and the cooldown ended.
+    let expiry = TestRedis::key(&id, "lease_expiry");
+    let () = redis
+        .side(&["ZADD", &expiry, "1", "lease-1", "1", "lease-2"])
+        .await;
+    let () = redis
+        .side(&["ZADD", &TestRedis::key(&id, "returns"), "1", "b"])
+        .await;
+    let swept = SweepReply::decode(run().await);
+    assert_eq!(
+        swept.expect("decodes"),
+        SweepReply(Swept {
+            reclaimed: 2,
+            returned: 1
+        })
+    );
+    let nothing = SweepReply::decode(run().await);
+    assert_eq!(nothing.expect("decodes"), SweepReply(Swept::default()));
+}
+
+async fn outcomes(redis: &TestRedis) {
+    let id = pool("outcomes");
+    let run = |args: &'static [&'static str]| redis.eval("outcomes", &id, args);
+    assert_pool_not_found(OutcomesReply::decode(
+        run(&["worker", "0", "a", "ok", ""]).await,
+        1,
+    ));
+    redis.create(&id, tripping_after(2)).await;
+    redis.seed(&id, &["a"], 0).await;
+    let worker = &[
+        "worker", "0", "a", "failed", "", "a", "failed", "", "z", "ok", "", "a", "ok", "",
+    ];
+    let applied = OutcomesReply::decode(run(worker).await, 4);
+    assert_eq!(
+        applied.expect("decodes"),
+        OutcomesReply(vec![
+            Some((Effect::Counted, 1)),
+            Some((Effect::Tripped, 2)),
+            None,
+            Some((Effect::Ignored, 2)),
+        ])
+    );
+    let check = OutcomesReply::decode(run(&["check", "0", "a", "ok", "HTTP 200"]).await, 1);
+    assert_eq!(
+        check.expect("decodes"),
+        OutcomesReply(vec![Some((Effect::Returned, 0))])
+    );
+}
+
+async fn claim_check(redis: &TestRedis) {
+    let id = pool("claim-check");
+    let run = || redis.eval("claim_check", &id, &["60000", "10"]);
+    assert_pool_not_found(ClaimCheckReply::decode(run().await));
+    redis.create(&id, tripping_after(1)).await;
+    redis.seed(&id, &["b"], 1).await;
+    redis.seed(&id, &["a", "d"], 0).await;
+    redis
+        .report(&id, ReportSource::Worker, &[("d", OutcomeResult::Failed)])
+        .await;
+    let claimed = ClaimCheckReply::decode(run().await);
+    assert_eq!(
+        claimed.expect("decodes"),
+        ClaimCheckReply(Some(CheckRound {
+            eligible: vec![member("a"), member("b")],
+            cooling: vec![member("d")],
+        }))
+    );
+    let taken = ClaimCheckReply::decode(run().await);
+    assert_eq!(taken.expect("decodes"), ClaimCheckReply(None));
+}
+
+fn text(value: &str) -> Value {
+    Value::BulkString(value.as_bytes().to_vec())
+}
+
+/// The message of the store error a decoder returned.
+fn refusal<T: std::fmt::Debug>(decoded: Result<T, StoreError>) -> String {
+    match decoded {
+        Err(StoreError::Unavailable(error)) => error.to_string(),
+        other => panic!("expected the reply to be refused, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_reply_longer_or_shorter_than_its_script_s_is_refused_naming_the_script() {
+    let longer = Value::Array(vec![Value::Int(1), text("a"), Value::Int(1), Value::Int(9)]);
+    assert_eq!(
+        refusal(AssignReply::decode(longer)),
+        "unexpected reply to assign.lua: reply too long"
+    );
+    let shorter = Value::Array(vec![Value::Int(1)]);
+    assert_eq!(
+        refusal(ReleaseReply::decode(shorter)),
+        "unexpected reply to release.lua: reply too short"
+    );
+}
+
+#[test]
+fn a_named_reply_with_another_name_in_its_place_is_refused() {
+    let renamed = Value::Array(vec![Value::Int(1), text("configuration"), text("{}")]);
+    assert_eq!(
+        refusal(PoolInfoReply::decode(renamed)),
+        "unexpected reply to pool_info.lua: expected the name `config`"
+    );
+}
+
+#[test]
+fn a_list_of_outcomes_for_other_members_than_asked_is_refused() {
+    let one = Value::Array(vec![Value::Int(1), Value::Array(vec![Value::Int(1)])]);
+    assert_eq!(
+        refusal(DisableReply::decode(one, 2)),
+        "unexpected reply to disable.lua: 1 outcomes for 2 members"
+    );
+}
+
+#[test]
+fn an_outcome_code_the_script_never_returns_is_refused() {
+    let unknown = Value::Array(vec![
+        Value::Int(1),
+        Value::Array(vec![Value::Int(5), Value::Int(0)]),
+    ]);
+    assert_eq!(
+        refusal(OutcomesReply::decode(unknown, 1)),
+        "unexpected reply to outcomes.lua: unknown effect"
+    );
+}
