@@ -3,10 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
-
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use proxy_allocator::config::Config;
 use proxy_allocator::startup::Application;
