@@ -362,9 +362,10 @@ impl Disk {
         {
             thread.unpark();
         }
-        let threads =
-            std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
-        for thread in threads {
+        // Joined under the lock: a second `close` (shutdown and a drop, or two callers)
+        // returns only once the final write is done and the directory let go.
+        let mut threads = self.threads.lock().unwrap_or_else(PoisonError::into_inner);
+        for thread in threads.drain(..) {
             let _ = thread.join();
         }
         // Nothing more will be written: another process may have the directory now.
@@ -374,6 +375,7 @@ impl Disk {
                 .unwrap_or_else(PoisonError::into_inner)
                 .take(),
         );
+        drop(threads);
     }
 }
 
