@@ -1,6 +1,6 @@
 //! The embedded store in a data directory, as a real process: restarted after SIGTERM and
-//! after SIGKILL under load, started on logs cut short and on damaged logs, and started
-//! twice on one directory.
+//! after SIGKILL under load, started on logs cut short and on damaged logs, started twice
+//! on one directory, and the README's restart replayed as printed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
