@@ -252,8 +252,15 @@ async fn after_sigkill_under_load_acknowledged_changes_are_kept_and_counts_lie_b
     }
     // Requests without an answer at the kill may have been counted.
     let unanswered = answers.iter().filter(|a| a.status.is_none()).count() as u64;
+    // The kill came during the load: assigns were answered after the last change known to
+    // be on disk, so there were counts at risk.
+    let at_risk = answers
+        .iter()
+        .filter(|a| a.status == Some(200) && a.sent + a.took >= fsynced_before)
+        .count();
+    assert!(at_risk > 0, "no assign answered after {fsynced_before:?}");
     assert!(
-        handed_out.values().sum::<u64>() > 1000,
+        handed_out.values().sum::<u64>() >= 100,
         "a real load: {handed_out:?}"
     );
 
