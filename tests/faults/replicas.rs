@@ -35,7 +35,26 @@ async fn three_processes_on_one_redis_keep_counts_within_one_and_sum_to_the_200s
 
     let bases: Vec<String> = services.iter().map(|s| s.base.clone()).collect();
     let load = Load::start(&bases, "p", 64);
-    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    // The load runs until the replicas have handed out 1000 assignments between them,
+    // however long a busy machine takes (a fixed time measured the machine, not the code).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let info: serde_json::Value = admin(reqwest::Method::GET, "/pools/p")
+            .send()
+            .await
+            .expect("pool info")
+            .json()
+            .await
+            .expect("JSON");
+        if info["stats"]["total_assignments"].as_u64() >= Some(1000) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no 1000 assigns in 120 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let answers = load.stop().await;
     let counts = tally(&answers);
     assert_eq!(

@@ -26,12 +26,18 @@ class FakeService:
 
     def __init__(self, answers: Dict[Tuple[str, str], Answer]) -> None:
         self.requests: List[Dict[str, Any]] = []
+        #: The client's port of each request: one port, one connection.
+        self.ports: List[int] = []
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            # Keeps connections open between requests, as the service does.
+            protocol_version = "HTTP/1.1"
+
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
+                fake.ports.append(self.client_address[1])
                 fake.requests.append({
                     "method": "POST",
                     "path": self.path,

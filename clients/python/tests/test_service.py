@@ -66,6 +66,21 @@ class ClientBehaviour(unittest.TestCase):
                            {"members": [P1], "reason": "timeouts"})
         self.assertIsNone(self.service.client().assign(pool))
 
+    def test_assign_can_raise_no_proxy_available_with_the_wait_until_the_first_return(
+            self) -> None:
+        pool = self.service.create_pool(
+            {"health": {"max_consecutive_failures": 1, "cooldown_ms": 90000,
+                        "jitter_percent": 0}})
+        self.service.seed(pool, [P1])
+        client = self.service.client()
+        client.report(pool, P1, "blocked", status=429)
+        self.assertIsNone(client.assign(pool))
+        with self.assertRaises(NoProxyAvailable) as raised:
+            client.assign(pool, raise_if_empty=True)
+        # 90 s from the trip, rounded up to whole seconds by the service.
+        self.assertIn(raised.exception.retry_after, (89.0, 90.0))
+        self.assertEqual(raised.exception.pool, pool)
+
     def test_assign_on_a_missing_pool_raises_not_found_with_the_servers_code(self) -> None:
         with self.assertRaises(NotFound) as raised:
             self.service.client().assign("no-such-pool")

@@ -3,7 +3,13 @@
 Workers ask a pool for a proxy before each outgoing request, skip the request when the pool
 has none (``assign`` returns ``None``), and on least-in-flight pools hold a lease for the
 length of the request (``with client.lease(pool) as leased:``).
+
+:class:`AsyncClient` (the same for asyncio, ``pip install 'proxy-allocator[async]'``) and
+``proxy_allocator.scrapy.ProxyAllocatorMiddleware`` (``proxy-allocator[scrapy]``) need
+aiohttp; they are imported on first use, so the blocking client stays standard library only.
 """
+
+from typing import Any
 
 from .client import DEFAULT_TIMEOUT, RESULTS, Assignment, Client, Lease, Leased, LeaseScope
 from .errors import (
@@ -17,6 +23,8 @@ from .errors import (
 )
 
 __all__ = [
+    "AsyncClient",
+    "AsyncLeaseScope",
     "Assignment",
     "Client",
     "DEFAULT_TIMEOUT",
@@ -32,3 +40,12 @@ __all__ = [
     "Unavailable",
     "Unreachable",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The asyncio client needs aiohttp, an optional extra: imported only when asked for.
+    if name in ("AsyncClient", "AsyncLeaseScope"):
+        from . import aio
+
+        return getattr(aio, name)
+    raise AttributeError("module {!r} has no attribute {!r}".format(__name__, name))

@@ -3,13 +3,16 @@
 import http.client
 import json
 import logging
+import select
+import socket
+import ssl
 import threading
-import urllib.error
+import time
 import urllib.parse
-import urllib.request
+import weakref
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Dict, Mapping, Optional, Tuple, Type
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple, Type
 
 from .errors import (
     Forbidden,
@@ -28,6 +31,11 @@ RESULTS = ("ok", "failed", "blocked")
 
 #: Seconds a call may take before it fails with :class:`Unreachable`.
 DEFAULT_TIMEOUT = 10.0
+
+#: Seconds a kept-alive connection may stay idle and still be reused. Below the service's
+#: own limit (``HEADER_READ_TIMEOUT_MS``, 5 s by default, after which it closes an idle
+#: connection), so that a call never races the service closing its connection.
+DEFAULT_IDLE_TIMEOUT = 4.0
 
 
 @dataclass
@@ -103,6 +111,60 @@ def _check_result(result: str) -> None:
         raise ValueError("result is one of {}, not {!r}".format(", ".join(RESULTS), result))
 
 
+def _ttl_body(ttl_ms: Optional[int]) -> Optional[Dict[str, Any]]:
+    """The optional body of assign and renew. New assign fields of the service join here,
+    and only once the service accepts them: it refuses unknown fields."""
+    return None if ttl_ms is None else {"ttl_ms": ttl_ms}
+
+
+def _report_body(proxy: str, result: str, status: Optional[int]) -> Dict[str, Any]:
+    """One outcome report, ``{"proxy", "result", "status"?}``, after checking ``result``."""
+    _check_result(result)
+    body: Dict[str, Any] = {"proxy": proxy, "result": result}
+    if status is not None:
+        body["status"] = int(status)
+    return body
+
+
+def _retry_after(value: Optional[str]) -> Optional[float]:
+    """``Retry-After`` in seconds; ``None`` when absent or not a number of seconds."""
+    try:
+        return None if value is None else float(value)
+    except ValueError:
+        return None
+
+
+def _exit_outcome(leased: "Leased", exc_type: Optional[Type[BaseException]],
+                  ) -> Optional[Tuple[str, Optional[int]]]:
+    """What a lease block that reports sends on exit: the block's choice, ``ok`` when it
+    ended normally, ``failed`` on an ``Exception``, nothing on an interrupt or a
+    cancellation, which say nothing about the proxy."""
+    if leased._outcome is not None:
+        return leased._outcome
+    if exc_type is None:
+        return "ok", None
+    if issubclass(exc_type, Exception):
+        return "failed", None
+    return None
+
+
+class _Answer(NamedTuple):
+    """One answer of the service: its status, JSON body (``None`` when empty) and
+    ``Retry-After`` in seconds."""
+
+    status: int
+    data: Optional[Dict[str, Any]]
+    retry_after: Optional[float]
+
+
+def _answer(status: int, raw: bytes, retry_after: Optional[str]) -> _Answer:
+    """The answer, or the error it stands for raised."""
+    if status >= 300:
+        raise _error(status, raw, retry_after)
+    return _Answer(status, json.loads(raw.decode("utf-8")) if raw else None,
+                   _retry_after(retry_after))
+
+
 def _error(status: int, raw: bytes, retry_after: Optional[str]) -> ProxyAllocatorError:
     """The exception for an error answer, with the service's code and message."""
     code, message = "http_{}".format(status), "HTTP {}".format(status)
@@ -120,12 +182,7 @@ def _error(status: int, raw: bytes, retry_after: Optional[str]) -> ProxyAllocato
     if status == 404:
         return NotFound(status, code, message)
     if status == 503:
-        seconds = None
-        try:
-            seconds = None if retry_after is None else float(retry_after)
-        except ValueError:
-            pass
-        return Unavailable(status, code, message, retry_after=seconds)
+        return Unavailable(status, code, message, retry_after=_retry_after(retry_after))
     return ProxyAllocatorError(status, code, message)
 
 
@@ -134,35 +191,54 @@ class Client:
 
     ``token`` is sent as ``Authorization: Bearer <token>`` (the worker token, or none when
     the service's worker routes are open). Each call makes one HTTP request and waits at
-    most ``timeout`` seconds. A client holds no connection and may be shared by threads.
-    Proxy settings of the environment (``HTTP_PROXY``...) are ignored for calls to the
-    service: they are meant for the worker's own traffic.
+    most ``timeout`` seconds. Calls reuse one kept-alive connection per thread, so a
+    client may be shared by threads, for as long as it was idle less than
+    ``idle_timeout`` seconds (keep it below the service's ``HEADER_READ_TIMEOUT_MS``);
+    ``close()`` (or ``with Client(...) as client:``) closes them. Proxy settings of the environment (``HTTP_PROXY``...) are ignored for
+    calls to the service: they are meant for the worker's own traffic.
     """
 
     def __init__(self, base_url: str, token: Optional[str] = None,
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
+                 timeout: float = DEFAULT_TIMEOUT,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self._token = token
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._connections = _Connections(self.base_url, timeout, idle_timeout)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes the kept-alive connections of every thread; a later call opens a new one."""
+        self._connections.close_all()
+
+    def __del__(self) -> None:
+        # A client dropped without close() must not leave its sockets open.
+        connections = getattr(self, "_connections", None)
+        if connections is not None:
+            connections.close_all()
 
     def __repr__(self) -> str:
         # The token stays out of reprs, and so out of logs and tracebacks.
         return "Client({!r})".format(self.base_url)
 
-    def assign(self, pool: str, ttl_ms: Optional[int] = None) -> Optional[Assignment]:
+    def assign(self, pool: str, ttl_ms: Optional[int] = None, *,
+               raise_if_empty: bool = False) -> Optional[Assignment]:
         """Asks for a member of ``pool``; ``None`` when it has none to give (HTTP 204: skip
-        this request). ``ttl_ms`` asks least-in-flight pools for a lease ttl other than the
-        pool's.
+        this request), or with ``raise_if_empty`` :class:`NoProxyAvailable`, whose
+        ``retry_after`` says when the first member cooling down returns. ``ttl_ms`` asks
+        least-in-flight pools for a lease ttl other than the pool's.
 
         Raises :class:`NotFound` (``pool_not_found``), :class:`Unauthorized`,
         :class:`Unavailable`, or :class:`ProxyAllocatorError` for other error answers.
         """
-        body = None if ttl_ms is None else {"ttl_ms": ttl_ms}
-        status, data = self._call("POST", "/pools/{}/assign".format(_segment(pool)), body)
-        if status == 204 or data is None:
-            return None
-        return Assignment.from_json(data)
+        answer = self._call("POST", "/pools/{}/assign".format(_segment(pool)),
+                            _ttl_body(ttl_ms))
+        return _assigned(pool, answer, raise_if_empty)
 
     def release(self, pool: str, lease_id: str) -> None:
         """Ends a lease. Raises :class:`NotFound` (``lease_not_found``) when it is not live:
@@ -174,20 +250,16 @@ class Client:
         """Extends a live lease to ``ttl_ms`` from now (the pool's ``lease_ttl_ms`` when
         ``None``); returns the lease with its new expiry. Raises :class:`NotFound`
         (``lease_not_found``) when it is not live."""
-        body = None if ttl_ms is None else {"ttl_ms": ttl_ms}
-        _, data = self._call("POST", "/pools/{}/leases/{}/renew".format(
-            _segment(pool), _segment(lease_id)), body)
+        _, data, _ = self._call("POST", "/pools/{}/leases/{}/renew".format(
+            _segment(pool), _segment(lease_id)), _ttl_body(ttl_ms))
         return Lease.from_json(_expect(data)["lease"])
 
     def report(self, pool: str, proxy: str, result: str, status: Optional[int] = None) -> None:
         """Reports how a request through ``proxy`` went: ``ok``, ``failed`` or ``blocked``,
         with the target's HTTP ``status`` when there was one
         (``POST /pools/{pool}/outcomes``)."""
-        _check_result(result)
-        body: Dict[str, Any] = {"proxy": proxy, "result": result}
-        if status is not None:
-            body["status"] = int(status)
-        self._call("POST", "/pools/{}/outcomes".format(_segment(pool)), body)
+        self._call("POST", "/pools/{}/outcomes".format(_segment(pool)),
+                   _report_body(proxy, result, status))
 
     def lease(self, pool: str, ttl_ms: Optional[int] = None, renew: bool = False,
               report: bool = False) -> "LeaseScope":
@@ -210,10 +282,9 @@ class Client:
         """
         return LeaseScope(self, pool, ttl_ms=ttl_ms, renew=renew, report=report)
 
-    def _call(self, method: str, path: str, body: Optional[Any] = None,
-              ) -> Tuple[int, Optional[Dict[str, Any]]]:
-        """Sends one request; returns the status and the JSON body (``None`` when empty),
-        or raises the error matching the answer."""
+    def _call(self, method: str, path: str, body: Optional[Any] = None) -> _Answer:
+        """Sends one request on this thread's connection; returns the answer, or raises the
+        error matching it."""
         headers = {"Accept": "application/json"}
         data = None
         if body is not None:
@@ -221,21 +292,127 @@ class Client:
             headers["Content-Type"] = "application/json"
         if self._token:
             headers["Authorization"] = "Bearer " + self._token
-        request = urllib.request.Request(self.base_url + path, data=data, method=method,
-                                         headers=headers)
+        connection = self._connections.get()
         try:
-            with self._opener.open(request, timeout=self.timeout) as response:
-                status, raw = response.status, response.read()
-        except urllib.error.HTTPError as answer:
-            with answer:
-                raise _error(answer.code, answer.read(),
-                             answer.headers.get("Retry-After")) from None
+            connection.request(method, self._connections.prefix + path, body=data,
+                               headers=headers)
+            response = connection.getresponse()
+            status, raw = response.status, response.read()
+            retry_after = response.getheader("Retry-After")
         except (OSError, http.client.HTTPException) as failure:
-            # URLError, timeouts, refused and reset connections are all OSErrors.
-            reason = getattr(failure, "reason", failure)
+            # Refused, reset and timed-out connections are OSErrors; nothing is sent twice
+            # (an assign is not idempotent), the next call opens a new connection.
+            self._connections.drop(connection)
             raise Unreachable(None, "unreachable", "cannot reach {}: {}".format(
-                self.base_url, reason)) from failure
-        return status, (json.loads(raw.decode("utf-8")) if raw else None)
+                self.base_url, failure)) from failure
+        if response.will_close:
+            self._connections.drop(connection)
+        else:
+            self._connections.idle()
+        return _answer(status, raw, retry_after)
+
+
+def _assigned(pool: str, answer: _Answer, raise_if_empty: bool) -> Optional[Assignment]:
+    """The assignment in an assign's answer; ``None`` or :class:`NoProxyAvailable` on 204."""
+    if answer.status == 204 or answer.data is None:
+        if raise_if_empty:
+            raise NoProxyAvailable(pool, retry_after=answer.retry_after)
+        return None
+    return Assignment.from_json(answer.data)
+
+
+class _Connections:
+    """One kept-alive connection to the service per thread, and all of them for ``close``.
+
+    A connection idle for ``idle_timeout`` seconds is not reused: the service closes idle
+    connections after its own timeout, and a call sent just as it does would fail. One the
+    service (or a load balancer) closed anyway is noticed before it is reused. Either way
+    the cost is a reconnect, not a failed call.
+    """
+
+    def __init__(self, base_url: str, timeout: float, idle_timeout: float) -> None:
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("base_url is http:// or https:// with a host, not {!r}".format(
+                base_url))
+        self.prefix = parts.path.rstrip("/")
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._port = parts.port
+        self._timeout = timeout
+        self._idle_timeout = idle_timeout
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        # Weak: a thread that ends takes its connection with it (its socket closes when it
+        # is collected); close_all reaches the ones still in use.
+        self._open: "weakref.WeakSet[http.client.HTTPConnection]" = weakref.WeakSet()
+
+    def get(self) -> http.client.HTTPConnection:
+        """This thread's connection, a new one if it has none or the other side closed it."""
+        connection: Optional[http.client.HTTPConnection] = getattr(self._local, "connection",
+                                                                   None)
+        if connection is not None:
+            idle = time.monotonic() - getattr(self._local, "idle_since", 0.0)
+            if idle >= self._idle_timeout or _closed_by_peer(connection):
+                self.drop(connection)
+                connection = None
+        if connection is None:
+            if self._https:
+                connection = http.client.HTTPSConnection(
+                    self._host, self._port, timeout=self._timeout,
+                    context=ssl.create_default_context())
+            else:
+                connection = http.client.HTTPConnection(self._host, self._port,
+                                                        timeout=self._timeout)
+            self._local.connection = connection
+            with self._lock:
+                self._open.add(connection)
+        return connection
+
+    def idle(self) -> None:
+        """Notes that this thread's connection is idle from now."""
+        self._local.idle_since = time.monotonic()
+
+    def close_current(self) -> None:
+        """Closes this thread's connection, for a thread that is done calling."""
+        connection = getattr(self._local, "connection", None)
+        if connection is not None:
+            self.drop(connection)
+
+    def drop(self, connection: http.client.HTTPConnection) -> None:
+        """Closes a connection and forgets it."""
+        connection.close()
+        if getattr(self._local, "connection", None) is connection:
+            self._local.connection = None
+        with self._lock:
+            self._open.discard(connection)
+
+    def close_all(self) -> None:
+        """Closes every thread's connection."""
+        with self._lock:
+            connections, self._open = list(self._open), weakref.WeakSet()
+        for connection in connections:
+            connection.close()
+        self._local = threading.local()
+
+
+def _closed_by_peer(connection: http.client.HTTPConnection) -> bool:
+    """Whether an idle connection can no longer be used: between two answers nothing is due
+    from the service, so a readable socket means it was closed (or sent something
+    unexpected, which makes it unusable too)."""
+    sock: Optional[socket.socket] = connection.sock
+    if sock is None:
+        return False
+    try:
+        if hasattr(select, "poll"):
+            # poll, unlike select, takes descriptors above 1023 (busy workers have them).
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            return bool(poller.poll(0))
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 def _segment(text: str) -> str:
@@ -267,9 +444,16 @@ class _Renewer(threading.Thread):
         self.join()
 
     def run(self) -> None:
-        leased = self._leased
         # A third of the ttl leaves two more tries before expiry when one renewal fails.
         interval = max(self._ttl_ms / 3000.0, 0.01)
+        try:
+            self._renew_until_stopped(interval)
+        finally:
+            # This thread's connection would otherwise stay open until the client closes.
+            self._client._connections.close_current()
+
+    def _renew_until_stopped(self, interval: float) -> None:
+        leased = self._leased
         while not self._stop_event.wait(interval):
             lease = leased.lease
             assert lease is not None
@@ -289,30 +473,39 @@ class _Renewer(threading.Thread):
                                extra={"pool": leased.pool, "lease": lease.id})
 
 
-class LeaseScope:
-    """The context manager returned by :meth:`Client.lease`."""
+def _leased(pool: str, assigned: Assignment) -> Leased:
+    """The assignment as a lease block's value; refused on a pool that gives no leases."""
+    if assigned.lease is None:
+        raise ProxyAllocatorError(
+            200, "no_lease", "pool {!r} gives no leases (least-used): use assign()".format(pool))
+    return Leased(pool=assigned.pool, proxy=assigned.proxy, assignments=assigned.assignments,
+                  in_flight=assigned.in_flight, lease=assigned.lease)
 
-    def __init__(self, client: Client, pool: str, ttl_ms: Optional[int], renew: bool,
-                 report: bool) -> None:
-        self._client = client
+
+class _Scope:
+    """What a lease block (blocking or asyncio) was asked for, and the lease it holds."""
+
+    def __init__(self, pool: str, ttl_ms: Optional[int], renew: bool, report: bool) -> None:
         self._pool = pool
         self._ttl_ms = ttl_ms
         self._renew = renew
         self._report = report
         self._leased: Optional[Leased] = None
+
+
+class LeaseScope(_Scope):
+    """The context manager returned by :meth:`Client.lease`."""
+
+    def __init__(self, client: Client, pool: str, ttl_ms: Optional[int], renew: bool,
+                 report: bool) -> None:
+        super().__init__(pool, ttl_ms, renew, report)
+        self._client = client
         self._renewer: Optional[_Renewer] = None
 
     def __enter__(self) -> Leased:
-        assigned = self._client.assign(self._pool, ttl_ms=self._ttl_ms)
-        if assigned is None:
-            raise NoProxyAvailable(self._pool)
-        if assigned.lease is None:
-            raise ProxyAllocatorError(
-                200, "no_lease",
-                "pool {!r} gives no leases (least-used): use assign()".format(self._pool))
-        leased = Leased(pool=assigned.pool, proxy=assigned.proxy,
-                        assignments=assigned.assignments, in_flight=assigned.in_flight,
-                        lease=assigned.lease)
+        assigned = self._client.assign(self._pool, ttl_ms=self._ttl_ms, raise_if_empty=True)
+        assert assigned is not None
+        leased = _leased(self._pool, assigned)
         self._leased = leased
         if self._renew:
             self._renewer = _Renewer(self._client, leased)
@@ -331,16 +524,10 @@ class LeaseScope:
         except ProxyAllocatorError as error:
             logger.warning("lease release failed: %s", error,
                            extra={"pool": leased.pool, "lease": leased.lease.id})
-        if not self._report:
+        outcome = _exit_outcome(leased, exc_type) if self._report else None
+        if outcome is None:
             return
-        if leased._outcome is not None:
-            result, status = leased._outcome
-        elif exc_type is None:
-            result, status = "ok", None
-        elif issubclass(exc_type, Exception):
-            result, status = "failed", None
-        else:
-            return
+        result, status = outcome
         try:
             self._client.report(leased.pool, leased.proxy, result, status)
         except ProxyAllocatorError as error:

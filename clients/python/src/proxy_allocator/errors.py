@@ -50,11 +50,14 @@ class Unreachable(Unavailable):
 class NoProxyAvailable(ProxyAllocatorError):
     """Raised by :meth:`Client.lease` when the pool has no member to give (HTTP 204).
 
-    :meth:`Client.assign` returns ``None`` instead; a ``with`` block cannot be skipped by
-    a value, so the lease raises, and the worker skips its request in an ``except``.
+    :meth:`Client.assign` returns ``None`` instead (unless asked to raise); a ``with``
+    block cannot be skipped by a value, so the lease raises, and the worker skips its
+    request in an ``except``. ``retry_after`` is the service's ``Retry-After`` in seconds:
+    when the first member cooling down returns (``None`` when none is cooling down).
     """
 
-    def __init__(self, pool: str) -> None:
+    def __init__(self, pool: str, retry_after: Optional[float] = None) -> None:
         super().__init__(204, "no_proxy_available",
                          "pool {!r} has no member to give right now".format(pool))
         self.pool = pool
+        self.retry_after = retry_after

@@ -1,0 +1,307 @@
+/**
+ * Crawlee adapter: proxies from a proxy-allocator pool, one per Crawlee session, and
+ * outcome reports from the session's own events.
+ *
+ * ```js
+ * const proxies = new ProxyAllocatorProxies({ client, pool: 'web' });
+ * const crawler = new HttpCrawler({
+ *     proxyConfiguration: proxies.proxyConfiguration,
+ *     sessionPoolOptions: proxies.sessionPoolOptions,
+ *     requestHandler: async ({ body }) => { ... },
+ * });
+ * await crawler.run(urls);
+ * await proxies.close();
+ * ```
+ *
+ * Crawlee asks its `ProxyConfiguration` for a proxy per request with the request's
+ * session; the adapter assigns one from the pool for each new session and keeps it for the
+ * session's life, as Crawlee does with its own proxy lists. The sessions it creates report
+ * what Crawlee tells them: `markGood` → `ok`, `markBad` → `failed`, a blocked status
+ * (`retireOnBlockedStatusCodes`, the session pool's `blockedStatusCodes`) → `blocked` with
+ * that status, a retirement on a session error (Crawlee's proxy errors) → `failed`. When a report takes the proxy out (or finds it out already), the session is
+ * retired, so the next request gets a new session and a new proxy. A retired session's
+ * lease (least-in-flight pools) is released; {@link ProxyAllocatorProxies.close} releases
+ * the rest.
+ *
+ * @module
+ */
+
+import { ProxyConfiguration, Session } from '@crawlee/core';
+import type { SessionOptions, SessionPool, SessionPoolOptions } from '@crawlee/core';
+
+import {
+    Client,
+    NoProxyAvailable,
+    ProxyAllocatorError,
+    Unavailable,
+    renewInBackground,
+} from './index.js';
+import type { Assignment, Renewing, Result } from './index.js';
+
+/** Options of {@link ProxyAllocatorProxies}. */
+export interface ProxyAllocatorProxiesOptions {
+    client: Client;
+    pool: string;
+    /** A lease ttl other than the pool's (least-in-flight pools); leases are renewed. */
+    ttlMs?: number;
+    /** Milliseconds a request waits in all for a proxy (204, 503) before it fails. */
+    maxWaitMs?: number;
+    /** Milliseconds to wait after a 204 or 503 without `Retry-After`. */
+    emptyWaitMs?: number;
+    /** Where warnings go (failed reports and releases); default `console.warn`. */
+    onWarning?: (message: string) => void;
+}
+
+/** Counts of what the adapter did, for logs and tests. */
+export interface ProxyAllocatorStats {
+    assigned: number;
+    reported: Record<Result, number>;
+    tripped: number;
+    released: number;
+    noProxy: number;
+    unavailable: number;
+    waits: number;
+    waitedMs: number;
+    reportFailed: number;
+    releaseFailed: number;
+}
+
+interface Held {
+    assignment: Promise<Assignment>;
+    renewing?: Renewing;
+    renewer?: { stop(): Promise<void> };
+}
+
+/** A pool of proxy-allocator as Crawlee's proxy configuration and session pool options. */
+export class ProxyAllocatorProxies {
+    /** Pass as the crawler's `proxyConfiguration`. */
+    readonly proxyConfiguration: ProxyConfiguration;
+    /** Pass as (or merge into) the crawler's `sessionPoolOptions`. */
+    readonly sessionPoolOptions: Pick<SessionPoolOptions, 'createSessionFunction'>;
+    readonly stats: ProxyAllocatorStats = {
+        assigned: 0,
+        reported: { ok: 0, failed: 0, blocked: 0 },
+        tripped: 0,
+        released: 0,
+        noProxy: 0,
+        unavailable: 0,
+        waits: 0,
+        waitedMs: 0,
+        reportFailed: 0,
+        releaseFailed: 0,
+    };
+    readonly #client: Client;
+    readonly #pool: string;
+    readonly #options: ProxyAllocatorProxiesOptions;
+    readonly #warn: (message: string) => void;
+    readonly #sessions = new Map<string, Held>();
+    readonly #pending = new Set<Promise<void>>();
+
+    constructor(options: ProxyAllocatorProxiesOptions) {
+        this.#client = options.client;
+        this.#pool = options.pool;
+        this.#options = options;
+        this.#warn = options.onWarning ?? ((message: string) => console.warn(message));
+        this.proxyConfiguration = new ProxyConfiguration({
+            newUrlFunction: async (sessionId) => this.#proxyFor(sessionId === undefined ? undefined : String(sessionId)),
+        });
+        const adapter = this;
+        this.sessionPoolOptions = {
+            createSessionFunction(sessionPool: SessionPool, options?: { sessionOptions?: SessionOptions }) {
+                return new ReportingSession(adapter, {
+                    // What Crawlee's own default does: the pool's session options, then these.
+                    ...(sessionPool as unknown as { sessionOptions: SessionOptions }).sessionOptions,
+                    ...options?.sessionOptions,
+                    sessionPool,
+                });
+            },
+        };
+    }
+
+    /** Waits for the reports still on their way and releases every lease still held. */
+    async close(): Promise<void> {
+        while (this.#pending.size > 0) await Promise.allSettled([...this.#pending]);
+        await Promise.all([...this.#sessions.keys()].map((id) => this.#forget(id)));
+    }
+
+    async #proxyFor(sessionId: string | undefined): Promise<string> {
+        if (sessionId === undefined) {
+            // No session pool: one assignment per request, and nothing to report it with.
+            const assigned = await this.#assignWaiting();
+            if (assigned.lease) {
+                await this.#client.release(this.#pool, assigned.lease.id);
+                throw new ProxyAllocatorError(null, 'needs_sessions', 'leases need Crawlee\'s session pool (useSessionPool)');
+            }
+            return assigned.proxy;
+        }
+        let held = this.#sessions.get(sessionId);
+        if (held === undefined) {
+            held = { assignment: this.#assignWaiting() };
+            this.#sessions.set(sessionId, held);
+            const mine = held;
+            held.assignment.then(
+                (assigned) => {
+                    if (assigned.lease && this.#sessions.get(sessionId) === mine) {
+                        mine.renewing = { pool: this.#pool, lease: assigned.lease, renewals: 0, lost: null };
+                        mine.renewer = renewInBackground(this.#client, mine.renewing, this.#warn);
+                    }
+                },
+                () => this.#sessions.delete(sessionId),
+            );
+        }
+        return (await held.assignment).proxy;
+    }
+
+    /** Assigns, waiting out 204 and 503 by their `Retry-After`, up to `maxWaitMs`. */
+    async #assignWaiting(): Promise<Assignment> {
+        const maxWaitMs = this.#options.maxWaitMs ?? 600_000;
+        const emptyWaitMs = this.#options.emptyWaitMs ?? 1_000;
+        let waited = 0;
+        for (;;) {
+            let waitMs: number;
+            try {
+                const assigned = await this.#client.assign(this.#pool, { ttlMs: this.#options.ttlMs, raiseIfEmpty: true });
+                this.stats.assigned += 1;
+                return assigned!;
+            } catch (error) {
+                if (error instanceof NoProxyAvailable) {
+                    this.stats.noProxy += 1;
+                    waitMs = error.retryAfter === null ? emptyWaitMs : error.retryAfter * 1000;
+                } else if (error instanceof Unavailable) {
+                    this.stats.unavailable += 1;
+                    waitMs = error.retryAfter === null ? emptyWaitMs : error.retryAfter * 1000;
+                    this.#warn(`no proxy from pool '${this.#pool}' (${error.message}), waiting ${waitMs} ms`);
+                } else {
+                    throw error;
+                }
+            }
+            if (waited + waitMs > maxWaitMs) {
+                throw new ProxyAllocatorError(204, 'no_proxy_available', `no proxy in pool '${this.#pool}' within ${maxWaitMs} ms`);
+            }
+            this.stats.waits += 1;
+            this.stats.waitedMs += waitMs;
+            await new Promise((resolve) => setTimeout(resolve, waitMs));
+            waited += waitMs;
+        }
+    }
+
+    /** A session event: reports `result` about the session's proxy, if it has one. */
+    /** @internal */
+    outcome(session: Session, result: Result, status?: number): void {
+        const held = this.#sessions.get(session.id);
+        if (held === undefined) return;
+        const work = (async () => {
+            const assigned = await held.assignment;
+            try {
+                const answer = await this.#client.report(this.#pool, assigned.proxy, result, status);
+                this.stats.reported[result] += 1;
+                for (const applied of answer.outcomes) {
+                    if (applied.effect === 'tripped') this.stats.tripped += 1;
+                    // Out of the pool now (or already): this session needs another proxy.
+                    if (applied.effect !== 'counted' && this.#sessions.get(session.id) === held) {
+                        (session as ReportingSession).retireQuietly();
+                    }
+                }
+            } catch (error) {
+                this.stats.reportFailed += 1;
+                this.#warn(`outcome report failed: ${(error as Error).message}`);
+            }
+        })();
+        this.#track(work);
+    }
+
+    /** A session was retired: its proxy is let go (and its lease released). */
+    /** @internal */
+    retired(session: Session): void {
+        if (this.#sessions.has(session.id)) this.#track(this.#forget(session.id));
+    }
+
+    #track(work: Promise<void>): void {
+        this.#pending.add(work);
+        void work.finally(() => this.#pending.delete(work));
+    }
+
+    async #forget(sessionId: string): Promise<void> {
+        const held = this.#sessions.get(sessionId);
+        if (held === undefined) return;
+        this.#sessions.delete(sessionId);
+        let assigned: Assignment;
+        try {
+            assigned = await held.assignment;
+        } catch {
+            return;
+        }
+        await held.renewer?.stop();
+        if (assigned.lease === undefined) return;
+        try {
+            await this.#client.release(this.#pool, held.renewing?.lease.id ?? assigned.lease.id);
+            this.stats.released += 1;
+        } catch (error) {
+            this.stats.releaseFailed += 1;
+            this.#warn(`lease release failed: ${(error as Error).message}`);
+        }
+    }
+}
+
+/** A Crawlee session that tells the adapter what happened to its requests. */
+class ReportingSession extends Session {
+    readonly #adapter: ProxyAllocatorProxies;
+    #blockedStatus: number | undefined;
+    /** Set while a retirement follows an outcome already reported (or none to report). */
+    #reported = false;
+
+    constructor(adapter: ProxyAllocatorProxies, options: SessionOptions) {
+        super(options);
+        this.#adapter = adapter;
+    }
+
+    override markGood(): void {
+        this.#adapter.outcome(this, 'ok');
+        // A session retired for its age or usage count says nothing more about the proxy.
+        this.#quietly(() => super.markGood());
+    }
+
+    override markBad(): void {
+        this.#adapter.outcome(this, 'failed');
+        this.#quietly(() => super.markBad());
+    }
+
+    override retireOnBlockedStatusCodes(statusCode: number, additionalBlockedStatusCodes: number[] = []): boolean {
+        // Crawlee decides what is blocked (its session pool's blockedStatusCodes) and then
+        // retires the session: retire() below reports with this status.
+        this.#blockedStatus = statusCode;
+        try {
+            return super.retireOnBlockedStatusCodes(statusCode, additionalBlockedStatusCodes);
+        } finally {
+            this.#blockedStatus = undefined;
+        }
+    }
+
+    /** Retires the session for a proxy the service took out: nothing more to report. */
+    retireQuietly(): void {
+        this.#quietly(() => this.retire());
+    }
+
+    override retire(): void {
+        if (this.#blockedStatus !== undefined) {
+            this.#adapter.outcome(this, 'blocked', this.#blockedStatus);
+        } else if (!this.#reported) {
+            // Crawlee rotating the session on a session error: for an HTTP crawler, a
+            // proxy that refused, reset or timed out (Crawlee's proxy errors), or a page
+            // its retryOnBlocked check found blocked. Crawlee's markBad comes after the
+            // retirement, too late for this proxy: report the failure here.
+            this.#adapter.outcome(this, 'failed');
+        }
+        super.retire();
+        this.#adapter.retired(this);
+    }
+
+    #quietly(action: () => void): void {
+        this.#reported = true;
+        try {
+            action();
+        } finally {
+            this.#reported = false;
+        }
+    }
+}

@@ -1,0 +1,388 @@
+/**
+ * Client for the proxy-allocator service, for workers written for Node (20 or later).
+ *
+ * No runtime dependency: calls go through Node's own `fetch`, whose connection pool keeps
+ * connections alive between calls. `proxy-allocator/crawlee` adapts it to Crawlee.
+ *
+ * @module
+ */
+
+/** The outcomes a worker may report, as the service names them. */
+export const RESULTS = ['ok', 'failed', 'blocked'] as const;
+
+/** One of {@link RESULTS}. */
+export type Result = (typeof RESULTS)[number];
+
+/** Milliseconds a call may take before it fails with {@link Unreachable}. */
+export const DEFAULT_TIMEOUT_MS = 10_000;
+
+/** A live lease on a least-in-flight pool: its id, expiry (RFC 3339) and ttl. */
+export interface Lease {
+    id: string;
+    expiresAt: string;
+    ttlMs: number;
+}
+
+/**
+ * A member handed out by {@link Client.assign}: `assignments` is its count after this
+ * assignment; on a least-in-flight pool `inFlight` and `lease` are set too.
+ */
+export interface Assignment {
+    pool: string;
+    proxy: string;
+    assignments: number;
+    inFlight?: number;
+    lease?: Lease;
+}
+
+/** What one report did, as the service answers it. */
+export interface AppliedOutcome {
+    proxy: string;
+    result: Result;
+    /** `counted`, `tripped` (the report took the proxy out) or `ignored` (it was out). */
+    effect: 'counted' | 'tripped' | 'ignored';
+    consecutive_failures: number;
+}
+
+/** The service's answer to an outcome report. */
+export interface ReportAnswer {
+    pool: string;
+    outcomes: AppliedOutcome[];
+    unknown: string[];
+    rejected: { input: string; reason: string }[];
+}
+
+/** An error answer of the service, or no answer at all (`status` is then `null`). */
+export class ProxyAllocatorError extends Error {
+    constructor(
+        /** The HTTP status, `null` when the service could not be reached. */
+        readonly status: number | null,
+        /** The service's stable snake_case error code. */
+        readonly code: string,
+        message: string,
+    ) {
+        super(`${message} (${code}${status === null ? '' : `, HTTP ${status}`})`);
+        this.name = new.target.name;
+    }
+}
+
+/** 401: no token, or one the service does not accept on this route. */
+export class Unauthorized extends ProxyAllocatorError {}
+
+/** 403: the worker token on an admin route. */
+export class Forbidden extends ProxyAllocatorError {}
+
+/** 404: `code` says what is missing (`pool_not_found`, `lease_not_found`, `not_found`). */
+export class NotFound extends ProxyAllocatorError {}
+
+/** 503: the store is unavailable; retry after `retryAfter` seconds. Also {@link Unreachable}. */
+export class Unavailable extends ProxyAllocatorError {
+    constructor(
+        status: number | null,
+        code: string,
+        message: string,
+        /** `Retry-After` in seconds, when the service named one. */
+        readonly retryAfter: number | null = null,
+    ) {
+        super(status, code, message);
+    }
+}
+
+/** No answer: refused, reset or timed out. */
+export class Unreachable extends Unavailable {}
+
+/** 204: the pool has no member to give; `retryAfter` is when the first cooling one returns. */
+export class NoProxyAvailable extends ProxyAllocatorError {
+    constructor(
+        readonly pool: string,
+        /** `Retry-After` in seconds; `null` when no member is cooling down. */
+        readonly retryAfter: number | null = null,
+    ) {
+        super(204, 'no_proxy_available', `pool '${pool}' has no member to give right now`);
+    }
+}
+
+/** Options of {@link Client}. */
+export interface ClientOptions {
+    /** The worker token, sent as `Authorization: Bearer <token>`. */
+    token?: string | null;
+    /** Milliseconds per call; default {@link DEFAULT_TIMEOUT_MS}. */
+    timeoutMs?: number;
+}
+
+/** Options of {@link Client.assign}. */
+export interface AssignOptions {
+    /** A lease ttl other than the pool's `lease_ttl_ms` (least-in-flight pools). */
+    ttlMs?: number;
+    /** Throw {@link NoProxyAvailable} on 204 instead of returning `null`. */
+    raiseIfEmpty?: boolean;
+}
+
+/** Options of {@link Client.lease}. */
+export interface LeaseOptions {
+    ttlMs?: number;
+    /** Renew the lease every third of its ttl while the function runs. */
+    renew?: boolean;
+    /** Report `ok` when the function resolves, `failed` when it throws, or its choice. */
+    report?: boolean;
+}
+
+/** What {@link Client.lease} passes to its function. */
+export interface Leased extends Assignment {
+    lease: Lease;
+    /** Renewals so far. */
+    renewals: number;
+    /** Set when a renewal found the lease gone: the proxy may be someone else's. */
+    lost: ProxyAllocatorError | null;
+    /** Report this instead of `ok`/`failed` at the end (needs `report: true`). */
+    reportAs(result: Result, status?: number): void;
+}
+
+interface Answer {
+    status: number;
+    data: unknown;
+    retryAfter: number | null;
+}
+
+/** A client of one proxy-allocator service; share one per process. */
+export class Client {
+    readonly baseUrl: string;
+    readonly timeoutMs: number;
+    readonly #headers: Record<string, string>;
+
+    constructor(baseUrl: string, options: ClientOptions = {}) {
+        this.baseUrl = baseUrl.replace(/\/+$/, '');
+        this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+        this.#headers = { accept: 'application/json' };
+        if (options.token) this.#headers.authorization = `Bearer ${options.token}`;
+    }
+
+    /**
+     * Asks for a member of `pool`: `null` when it has none to give (204: skip the request),
+     * or with `raiseIfEmpty` a {@link NoProxyAvailable} carrying `retryAfter`.
+     *
+     * @throws {NotFound} `pool_not_found`; {@link Unauthorized}, {@link Unavailable}, or
+     *   {@link ProxyAllocatorError} for other error answers.
+     */
+    async assign(pool: string, options: AssignOptions = {}): Promise<Assignment | null> {
+        const answer = await this.#call(`/pools/${segment(pool)}/assign`, ttlBody(options.ttlMs));
+        if (answer.status === 204 || answer.data === null) {
+            if (options.raiseIfEmpty) throw new NoProxyAvailable(pool, answer.retryAfter);
+            return null;
+        }
+        return assignmentFromJson(answer.data as Record<string, unknown>);
+    }
+
+    /** Reports how a request through `proxy` went; the service's answer. */
+    async report(pool: string, proxy: string, result: Result, status?: number): Promise<ReportAnswer> {
+        if (!RESULTS.includes(result)) {
+            throw new TypeError(`result is one of ${RESULTS.join(', ')}, not ${JSON.stringify(result)}`);
+        }
+        const body: Record<string, unknown> = { proxy, result };
+        if (status !== undefined) body.status = status;
+        const answer = await this.#call(`/pools/${segment(pool)}/outcomes`, body);
+        return expect(answer.data) as ReportAnswer;
+    }
+
+    /** Ends a lease. @throws {NotFound} `lease_not_found` when it is not live. */
+    async release(pool: string, leaseId: string): Promise<void> {
+        await this.#call(`/pools/${segment(pool)}/leases/${segment(leaseId)}/release`);
+    }
+
+    /** Extends a live lease to `ttlMs` from now (the pool's ttl when absent). */
+    async renew(pool: string, leaseId: string, ttlMs?: number): Promise<Lease> {
+        const answer = await this.#call(
+            `/pools/${segment(pool)}/leases/${segment(leaseId)}/renew`,
+            ttlBody(ttlMs),
+        );
+        return leaseFromJson((expect(answer.data) as Record<string, unknown>).lease);
+    }
+
+    /**
+     * Holds a lease on a least-in-flight pool while `fn` runs, and releases it when `fn`
+     * settles, also when it throws. Failures to release or report are passed to
+     * `onWarning` (default: `console.warn`), never thrown: `fn`'s own result matters more,
+     * and an unreleased lease is reclaimed after its ttl.
+     *
+     * @throws {NoProxyAvailable} when the pool has nothing to give (204).
+     */
+    async lease<T>(
+        pool: string,
+        fn: (leased: Leased) => Promise<T>,
+        options: LeaseOptions & { onWarning?: (message: string) => void } = {},
+    ): Promise<T> {
+        const warn = options.onWarning ?? ((message: string) => console.warn(message));
+        const assigned = await this.assign(pool, { ttlMs: options.ttlMs, raiseIfEmpty: true });
+        if (assigned === null || assigned.lease === undefined) {
+            throw new ProxyAllocatorError(200, 'no_lease', `pool '${pool}' gives no leases (least-used): use assign()`);
+        }
+        let chosen: [Result, number | undefined] | null = null;
+        const leased: Leased = {
+            ...assigned,
+            lease: assigned.lease,
+            renewals: 0,
+            lost: null,
+            reportAs(result: Result, status?: number) {
+                chosen = [result, status];
+            },
+        };
+        const renewer = options.renew ? renewInBackground(this, leased, warn) : null;
+        let outcome: [Result, number | undefined];
+        try {
+            const value = await fn(leased);
+            outcome = chosen ?? ['ok', undefined];
+            return value;
+        } catch (error) {
+            outcome = chosen ?? ['failed', undefined];
+            throw error;
+        } finally {
+            await renewer?.stop();
+            try {
+                await this.release(pool, leased.lease.id);
+            } catch (error) {
+                warn(`lease release failed: ${(error as Error).message}`);
+            }
+            if (options.report) {
+                try {
+                    // Assigned in both branches above before finally runs.
+                    await this.report(pool, leased.proxy, outcome![0], outcome![1]);
+                } catch (error) {
+                    warn(`outcome report failed: ${(error as Error).message}`);
+                }
+            }
+        }
+    }
+
+    /** POSTs one request (every worker route is a POST); the answer or the error it means. */
+    async #call(path: string, body?: unknown): Promise<Answer> {
+        const headers = { ...this.#headers };
+        if (body !== undefined) headers['content-type'] = 'application/json';
+        let response: Response;
+        let raw: string;
+        try {
+            response = await fetch(this.baseUrl + path, {
+                method: 'POST',
+                headers,
+                body: body === undefined ? undefined : JSON.stringify(body),
+                signal: AbortSignal.timeout(this.timeoutMs),
+            });
+            raw = await response.text();
+        } catch (error) {
+            const cause = (error as { cause?: { message?: string } }).cause?.message;
+            throw new Unreachable(null, 'unreachable', `cannot reach ${this.baseUrl}: ${cause ?? (error as Error).message}`);
+        }
+        const retryAfter = parseRetryAfter(response.headers.get('retry-after'));
+        if (response.status >= 300) throw errorFor(response.status, raw, retryAfter);
+        return { status: response.status, data: raw ? JSON.parse(raw) : null, retryAfter };
+    }
+}
+
+/** A lease being renewed: what {@link renewInBackground} updates. */
+export interface Renewing {
+    pool: string;
+    lease: Lease;
+    renewals: number;
+    lost: ProxyAllocatorError | null;
+}
+
+/**
+ * Renews `held.lease` every third of its ttl (with that ttl) until stopped or the lease is
+ * found gone (`held.lost`). The timer does not keep the process alive.
+ *
+ * @internal Used by {@link Client.lease} and the Crawlee adapter.
+ */
+export function renewInBackground(
+    client: Client,
+    held: Renewing,
+    warn: (message: string) => void,
+): { stop(): Promise<void> } {
+    const ttlMs = held.lease.ttlMs;
+    let running: Promise<void> = Promise.resolve();
+    let stopped = false;
+    const timer = setInterval(() => {
+        running = running.then(async () => {
+            if (stopped || held.lost) return;
+            try {
+                // The lease's own ttl, not the pool's that a bare renewal would use.
+                held.lease = await client.renew(held.pool, held.lease.id, ttlMs);
+                held.renewals += 1;
+            } catch (error) {
+                if (error instanceof NotFound) {
+                    held.lost = error;
+                    clearInterval(timer);
+                }
+                warn(`lease renewal failed: ${(error as Error).message}`);
+            }
+        });
+    }, Math.max(ttlMs / 3, 10));
+    timer.unref();
+    return {
+        async stop() {
+            stopped = true;
+            clearInterval(timer);
+            await running;
+        },
+    };
+}
+
+function ttlBody(ttlMs: number | undefined): Record<string, unknown> | undefined {
+    // New assign fields join here once the service accepts them: it refuses unknown ones.
+    return ttlMs === undefined ? undefined : { ttl_ms: ttlMs };
+}
+
+/** One path segment, escaped so that no id can reach another route. */
+function segment(text: string): string {
+    return encodeURIComponent(text);
+}
+
+function expect(data: unknown): unknown {
+    if (data === null) throw new ProxyAllocatorError(null, 'empty_answer', 'the service answered without a body');
+    return data;
+}
+
+function parseRetryAfter(value: string | null): number | null {
+    if (value === null) return null;
+    const seconds = Number(value);
+    return Number.isFinite(seconds) ? seconds : null;
+}
+
+function errorFor(status: number, raw: string, retryAfter: number | null): ProxyAllocatorError {
+    let code = `http_${status}`;
+    let message = `HTTP ${status}`;
+    try {
+        const detail = JSON.parse(raw).error;
+        if (typeof detail.code === 'string' && typeof detail.message === 'string') {
+            ({ code, message } = detail);
+        }
+    } catch {
+        // Not the service's error shape (a proxy or load balancer answered): the status is all.
+    }
+    switch (status) {
+        case 401:
+            return new Unauthorized(status, code, message);
+        case 403:
+            return new Forbidden(status, code, message);
+        case 404:
+            return new NotFound(status, code, message);
+        case 503:
+            return new Unavailable(status, code, message, retryAfter);
+        default:
+            return new ProxyAllocatorError(status, code, message);
+    }
+}
+
+function leaseFromJson(data: unknown): Lease {
+    const lease = data as Record<string, unknown>;
+    return { id: String(lease.id), expiresAt: String(lease.expires_at), ttlMs: Number(lease.ttl_ms) };
+}
+
+function assignmentFromJson(data: Record<string, unknown>): Assignment {
+    const assignment: Assignment = {
+        pool: String(data.pool),
+        proxy: String(data.proxy),
+        assignments: Number(data.assignments),
+    };
+    if (data.in_flight !== undefined) assignment.inFlight = Number(data.in_flight);
+    if (data.lease !== undefined) assignment.lease = leaseFromJson(data.lease);
+    return assignment;
+}

@@ -1,0 +1,185 @@
+// The Node client against the real service, on Redis and on the embedded store, and
+// against a small fake for connection reuse.
+
+import assert from 'node:assert/strict';
+import { createServer } from 'node:http';
+import { after, before, describe, test } from 'node:test';
+
+import { Client, NoProxyAvailable, NotFound, ProxyAllocatorError, Unauthorized, Unreachable } from '../dist/index.js';
+import { freePort, startRedis, startService } from './harness.mjs';
+
+const P1 = 'http://p1.example.net:3128';
+const P2 = 'http://p2.example.net:3128';
+
+for (const store of ['redis', 'embedded']) {
+    describe(`the client on the ${store} store`, () => {
+        let redis;
+        let service;
+        let client;
+        before(async () => {
+            redis = store === 'redis' ? await startRedis() : null;
+            service = await startService(redis?.url);
+            client = service.client();
+        });
+        after(async () => {
+            await service.stop();
+            await redis?.stop();
+        });
+
+        test('assign returns the least used proxy, null on 204 or NoProxyAvailable with Retry-After', async () => {
+            const pool = await service.createPool({ health: { max_consecutive_failures: 1, cooldown_ms: 90_000, jitter_percent: 0 } });
+            await service.seed(pool, [P2, P1]);
+            assert.deepEqual(await client.assign(pool), { pool, proxy: P1, assignments: 1 });
+            assert.deepEqual(await client.assign(pool), { pool, proxy: P2, assignments: 1 });
+            await client.report(pool, P1, 'failed');
+            await client.report(pool, P2, 'blocked', 429);
+            assert.equal(await client.assign(pool), null);
+            await assert.rejects(client.assign(pool, { raiseIfEmpty: true }), (error) => {
+                assert.ok(error instanceof NoProxyAvailable);
+                assert.equal(error.pool, pool);
+                // 90 s from the first trip, rounded up to whole seconds by the service.
+                assert.ok([89, 90].includes(error.retryAfter), String(error.retryAfter));
+                return true;
+            });
+        });
+
+        test('errors carry the service\'s status and code', async () => {
+            await assert.rejects(client.assign('no-such-pool'), (error) => {
+                assert.ok(error instanceof NotFound);
+                assert.deepEqual([error.status, error.code], [404, 'pool_not_found']);
+                return true;
+            });
+            await assert.rejects(service.client({ token: 'wrong' }).assign('no-such-pool'), Unauthorized);
+        });
+
+        test('report returns the service\'s answer and trips at the threshold', async () => {
+            const pool = await service.createPool({ health: { max_consecutive_failures: 2, jitter_percent: 0 } });
+            await service.seed(pool, [P1]);
+            assert.deepEqual(await client.report(pool, P1, 'failed', 502), {
+                pool,
+                outcomes: [{ proxy: P1, result: 'failed', effect: 'counted', consecutive_failures: 1 }],
+                unknown: [],
+                rejected: [],
+            });
+            const second = await client.report(pool, P1, 'blocked', 429);
+            assert.deepEqual(second.outcomes, [{ proxy: P1, result: 'blocked', effect: 'tripped', consecutive_failures: 2 }]);
+            await assert.rejects(client.report(pool, P1, 'meh'), TypeError);
+        });
+
+        test('a lease is held while the function runs and released when it throws, reported failed', async () => {
+            const pool = await service.createPool({
+                policy: 'least-in-flight',
+                health: { max_consecutive_failures: 1, jitter_percent: 0 },
+            });
+            await service.seed(pool, [P1, P2]);
+            await assert.rejects(
+                client.lease(
+                    pool,
+                    async (leased) => {
+                        assert.deepEqual([leased.proxy, leased.inFlight, leased.lease.id.length], [P1, 1, 32]);
+                        assert.equal((await service.stats(pool)).in_flight, 1);
+                        throw new Error('the target reset the connection');
+                    },
+                    { report: true },
+                ),
+                /reset the connection/,
+            );
+            const stats = await service.stats(pool);
+            assert.deepEqual([stats.in_flight, stats.abandoned, stats.tripped], [0, 0, 1]);
+        });
+
+        test('a lease renewed in the background outlives its ttl; release and renew refuse a released lease', async () => {
+            const pool = await service.createPool({ policy: 'least-in-flight' });
+            await service.seed(pool, [P1]);
+            const leaseId = await client.lease(
+                pool,
+                async (leased) => {
+                    // Time passing is what is tested: three ttls, the sweep runs every 100 ms.
+                    await new Promise((done) => setTimeout(done, 1800));
+                    const stats = await service.stats(pool);
+                    assert.deepEqual([stats.in_flight, stats.abandoned], [1, 0]);
+                    assert.ok(leased.renewals >= 4, String(leased.renewals));
+                    assert.equal(leased.lost, null);
+                    leased.reportAs('blocked', 403);
+                    return leased.lease.id;
+                },
+                { ttlMs: 600, renew: true },
+            );
+            const stats = await service.stats(pool);
+            assert.deepEqual([stats.in_flight, stats.abandoned], [0, 0]);
+            await assert.rejects(client.release(pool, leaseId), (error) => error instanceof NotFound && error.code === 'lease_not_found');
+            await assert.rejects(client.renew(pool, leaseId), NotFound);
+        });
+
+        test('200 concurrent callers keep the counts exact', async () => {
+            const pool = await service.createPool();
+            const members = Array.from({ length: 7 }, (_, i) => `http://m${i}.example.net:3128`);
+            await service.seed(pool, members);
+            const seen = {};
+            await Promise.all(
+                Array.from({ length: 200 }, async () => {
+                    for (let i = 0; i < 5; i++) {
+                        const assigned = await client.assign(pool);
+                        (seen[assigned.proxy] ??= []).push(assigned.assignments);
+                    }
+                }),
+            );
+            const counts = Object.fromEntries(Object.entries(await service.members(pool)).map(([m, v]) => [m, v.assignments]));
+            // 1000 assignments over 7 members, always to the least used: 142 or 143 each.
+            assert.deepEqual(Object.values(counts).sort(), [142, 143, 143, 143, 143, 143, 143]);
+            for (const [member, values] of Object.entries(seen)) {
+                assert.deepEqual(
+                    values.sort((a, b) => a - b),
+                    Array.from({ length: counts[member] }, (_, i) => i + 1),
+                );
+            }
+        });
+    });
+}
+
+describe('the client against a fake', () => {
+    let server;
+    let base;
+    const ports = [];
+    before(async () => {
+        server = createServer((request, response) => {
+            ports.push(request.socket.remotePort);
+            request.resume();
+            request.on('end', () => {
+                if (request.url === '/pools/gateway/assign') {
+                    response.writeHead(502, { 'content-type': 'text/html' }).end('<h1>Bad Gateway</h1>');
+                } else if (request.url === '/pools/busy/assign') {
+                    response
+                        .writeHead(503, { 'content-type': 'application/json', 'retry-after': '7' })
+                        .end('{"error":{"code":"store_unavailable","message":"retry shortly"}}');
+                } else {
+                    response.writeHead(200, { 'content-type': 'application/json' }).end('{"pool":"web","proxy":"p","assignments":1}');
+                }
+            });
+        });
+        await new Promise((done) => server.listen(0, '127.0.0.1', done));
+        base = `http://127.0.0.1:${server.address().port}`;
+    });
+    after(() => new Promise((done) => server.close(done)));
+
+    test('sequential calls reuse kept-alive connections instead of opening one per call', async () => {
+        ports.length = 0;
+        const client = new Client(base);
+        for (let i = 0; i < 20; i++) assert.deepEqual(await client.assign('web'), { pool: 'web', proxy: 'p', assignments: 1 });
+        assert.equal(ports.length, 20);
+        // Node's fetch hands a finished connection back to its pool a moment after the
+        // answer, so back-to-back calls alternate between two kept-alive connections.
+        assert.ok(new Set(ports).size <= 2, `${new Set(ports).size} connections`);
+    });
+
+    test('a 503 carries its Retry-After, a 502 keeps its status, no answer is Unreachable', async () => {
+        const client = new Client(base);
+        await assert.rejects(client.assign('busy'), (error) => error.code === 'store_unavailable' && error.retryAfter === 7);
+        await assert.rejects(
+            client.assign('gateway'),
+            (error) => error instanceof ProxyAllocatorError && error.status === 502 && error.code === 'http_502',
+        );
+        const nobody = new Client(`http://127.0.0.1:${await freePort()}`, { timeoutMs: 2000 });
+        await assert.rejects(nobody.assign('web'), (error) => error instanceof Unreachable && error.status === null);
+    });
+});

@@ -1,0 +1,131 @@
+// The Crawlee adapter in real crawls: the release binary (both stores), a local site, real
+// proxy-chain upstreams (one the site answers 429, one dead), Crawlee's HttpCrawler.
+
+import assert from 'node:assert/strict';
+import { after, before, beforeEach, afterEach, describe, test } from 'node:test';
+
+import { Configuration, log } from '@crawlee/core';
+import { HttpCrawler } from '@crawlee/http';
+
+import { ProxyAllocatorProxies } from '../dist/crawlee.js';
+import { deadProxy, startProxy, startRedis, startService, startSite } from './harness.mjs';
+
+const GOOD_SOURCE = '127.0.0.2';
+const BLOCKED_SOURCE = '127.0.0.3';
+const PAGES = 12;
+
+log.setLevel(log.LEVELS.OFF);
+
+/** Crawls `urls` through `pool`: the pages it got (url, proxy) and the adapter's stats. */
+async function crawl(service, pool, urls, concurrency = 4) {
+    const warnings = [];
+    const proxies = new ProxyAllocatorProxies({ client: service.client(), pool, onWarning: (m) => warnings.push(m) });
+    const pages = [];
+    const crawler = new HttpCrawler(
+        {
+            proxyConfiguration: proxies.proxyConfiguration,
+            sessionPoolOptions: proxies.sessionPoolOptions,
+            minConcurrency: concurrency,
+            maxConcurrency: concurrency,
+            maxRequestRetries: 3,
+            navigationTimeoutSecs: 10,
+            requestHandler: async ({ request, response, proxyInfo }) => {
+                pages.push({ url: request.url, status: response.statusCode, proxy: proxyInfo.url });
+            },
+        },
+        // Storage in memory, one per crawl.
+        new Configuration({ persistStorage: false }),
+    );
+    await crawler.run(urls);
+    await proxies.close();
+    return { pages, stats: proxies.stats, warnings };
+}
+
+for (const store of ['redis', 'embedded']) {
+    describe(`a Crawlee crawl on the ${store} store`, () => {
+        let redis;
+        let service;
+        let good;
+        let blocked;
+        let site;
+        before(async () => {
+            redis = store === 'redis' ? await startRedis() : null;
+            service = await startService(redis?.url);
+            good = await startProxy(GOOD_SOURCE);
+            blocked = await startProxy(BLOCKED_SOURCE);
+        });
+        after(async () => {
+            await good.stop();
+            await blocked.stop();
+            await service.stop();
+            await redis?.stop();
+        });
+        beforeEach(async () => {
+            site = await startSite(new Set([BLOCKED_SOURCE]));
+        });
+        afterEach(() => site.stop());
+
+        test('takes out the dead and the blocked proxy, counts what it used and releases every lease', async () => {
+            const dead = await deadProxy();
+            const pool = await service.createPool({
+                policy: 'least-in-flight',
+                rules: { allow_private: true },
+                health: { max_consecutive_failures: 1, cooldown_ms: 600_000, jitter_percent: 0 },
+            });
+            await service.seed(pool, [good.url, blocked.url, dead]);
+            const { pages, stats, warnings } = await crawl(service, pool, site.urls(PAGES));
+
+            // The crawl completed: every page, each through the good proxy.
+            assert.deepEqual(pages.map((p) => p.url).sort(), site.urls(PAGES).sort());
+            assert.deepEqual(new Set(pages.map((p) => `${p.status} ${p.proxy}`)), new Set([`200 ${good.url}`]));
+
+            // What the site saw through each proxy is what was reported about it.
+            const blockedHits = site.byClient()[`${BLOCKED_SOURCE} 429`] ?? 0;
+            assert.deepEqual(site.byClient(), { [`${GOOD_SOURCE} 200`]: PAGES, [`${BLOCKED_SOURCE} 429`]: blockedHits });
+            assert.ok(blockedHits >= 1);
+            assert.ok(stats.reported.failed >= 1);
+            assert.deepEqual(stats.reported, { ok: PAGES, blocked: blockedHits, failed: stats.reported.failed });
+            assert.equal(stats.tripped, 2);
+
+            // Counts: the service's per member are the requests through each.
+            const members = await service.members(pool);
+            assert.deepEqual(Object.fromEntries(Object.entries(members).map(([m, v]) => [m, v.assignments])), {
+                [good.url]: PAGES,
+                [blocked.url]: blockedHits,
+                [dead]: stats.reported.failed,
+            });
+            assert.equal(stats.assigned, PAGES + blockedHits + stats.reported.failed);
+            assert.deepEqual(Object.fromEntries(Object.entries(members).map(([m, v]) => [m, [v.state, v.reason ?? null]])), {
+                [good.url]: ['eligible', null],
+                [blocked.url]: ['ineligible', 'blocked'],
+                [dead]: ['ineligible', 'unhealthy'],
+            });
+
+            // Every lease released, none left to the sweep.
+            assert.equal(stats.released, stats.assigned);
+            const poolStats = await service.stats(pool);
+            assert.deepEqual([poolStats.in_flight, poolStats.abandoned], [0, 0]);
+            assert.deepEqual([stats.reportFailed, stats.releaseFailed, warnings], [0, 0, []]);
+        });
+
+        test('waits out a 204 and drops nothing', async () => {
+            const pool = await service.createPool({
+                rules: { allow_private: true },
+                health: { max_consecutive_failures: 1, cooldown_ms: 3000, jitter_percent: 0 },
+            });
+            await service.seed(pool, [good.url]);
+            // The only proxy cools down for 3 s: each first assign of the crawl answers 204.
+            await service.client().report(pool, good.url, 'failed');
+            // As many pages as requests run at once, so all meet the 204.
+            const urls = site.urls(4);
+            const { pages, stats } = await crawl(service, pool, urls, 4);
+            assert.deepEqual(pages.map((p) => p.url).sort(), urls.sort());
+            assert.deepEqual(site.byClient(), { [`${GOOD_SOURCE} 200`]: 4 });
+            // Each request met one 204, waited its Retry-After (whole seconds), then got the proxy.
+            assert.deepEqual([stats.noProxy, stats.waits, stats.unavailable], [4, 4, 0]);
+            assert.ok(stats.waitedMs >= 4 * 1000, String(stats.waitedMs));
+            assert.deepEqual([stats.assigned, stats.reported.ok], [4, 4]);
+            assert.equal((await service.members(pool))[good.url].assignments, 4);
+        });
+    });
+}

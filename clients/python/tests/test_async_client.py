@@ -1,0 +1,281 @@
+"""The asyncio client against the real service (both stores) and, for answers the service
+cannot be made to give, against the fake."""
+
+import asyncio
+import unittest
+from collections import defaultdict
+from typing import ClassVar, Dict, List, Optional
+
+from harness import WORKER, RedisServer, Service, free_port
+from test_fake_service import P1 as FAKE_P1
+from test_fake_service import LEASE_ID, LEASED, NO_CONTENT, RELEASE, FakeService, json_answer
+
+from proxy_allocator import (
+    AsyncClient,
+    Assignment,
+    NoProxyAvailable,
+    NotFound,
+    ProxyAllocatorError,
+    Unauthorized,
+    Unavailable,
+    Unreachable,
+)
+
+P1 = "http://p1.example.net:3128"
+P2 = "http://p2.example.net:3128"
+MEMBERS = ["http://m{}.example.net:3128".format(i) for i in range(7)]
+TASKS = 200
+
+
+class AsyncBehaviour(unittest.IsolatedAsyncioTestCase):
+    """Tests that hold on either store (removed from the module below; the subclasses run)."""
+
+    on_redis: ClassVar[bool]
+    redis: ClassVar[Optional[RedisServer]]
+    service: ClassVar[Service]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.redis = RedisServer() if cls.on_redis else None
+        cls.service = Service(cls.redis.url if cls.redis else None)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.service.stop()
+        if cls.redis is not None:
+            cls.redis.stop()
+
+    async def asyncSetUp(self) -> None:
+        self.client = AsyncClient(self.service.base, token=WORKER, timeout=10)
+
+    async def asyncTearDown(self) -> None:
+        await self.client.aclose()
+
+    def leasing_pool(self, **config: object) -> str:
+        return self.service.create_pool(dict({"policy": "least-in-flight"}, **config))
+
+    def member_counts(self, pool: str) -> Dict[str, int]:
+        listing = self.service.admin("GET", "/pools/{}/members".format(pool))
+        assert listing is not None
+        return {m["member"]: m["assignments"] for m in listing["members"]}
+
+    async def test_assign_returns_the_least_used_proxy_and_none_when_nothing_is_eligible(
+            self) -> None:
+        pool = self.service.create_pool()
+        self.service.seed(pool, [P2, P1])
+        self.assertEqual(await self.client.assign(pool),
+                         Assignment(pool=pool, proxy=P1, assignments=1))
+        self.assertEqual(await self.client.assign(pool),
+                         Assignment(pool=pool, proxy=P2, assignments=1))
+        self.service.admin("POST", "/pools/{}/members/disable".format(pool),
+                           {"members": [P1, P2]})
+        self.assertIsNone(await self.client.assign(pool))
+        with self.assertRaises(NoProxyAvailable) as raised:
+            await self.client.assign(pool, raise_if_empty=True)
+        # Nothing is cooling down (an operator disabled both): no Retry-After.
+        self.assertEqual((raised.exception.status, raised.exception.retry_after), (204, None))
+
+    async def test_errors_are_the_blocking_clients(self) -> None:
+        with self.assertRaises(NotFound) as missing:
+            await self.client.assign("no-such-pool")
+        self.assertEqual((missing.exception.status, missing.exception.code),
+                         (404, "pool_not_found"))
+        async with AsyncClient(self.service.base, token="wrong") as stranger:
+            with self.assertRaises(Unauthorized):
+                await stranger.assign("no-such-pool")
+
+    async def test_report_returns_the_services_answer_and_trips_at_the_threshold(self) -> None:
+        pool = self.service.create_pool(
+            {"health": {"max_consecutive_failures": 2, "jitter_percent": 0}})
+        self.service.seed(pool, [P1])
+        first = await self.client.report(pool, P1, "failed", status=502)
+        second = await self.client.report(pool, P1, "blocked", status=429)
+        self.assertEqual(first, {"pool": pool, "outcomes": [
+            {"proxy": P1, "result": "failed", "effect": "counted", "consecutive_failures": 1}],
+            "unknown": [], "rejected": []})
+        self.assertEqual(second["outcomes"], [
+            {"proxy": P1, "result": "blocked", "effect": "tripped", "consecutive_failures": 2}])
+        self.assertIsNone(await self.client.assign(pool))
+
+    async def test_release_and_renew_act_on_a_live_lease_only(self) -> None:
+        pool = self.leasing_pool()
+        self.service.seed(pool, [P1])
+        assigned = await self.client.assign(pool)
+        assert assigned is not None and assigned.lease is not None
+        renewed = await self.client.renew(pool, assigned.lease.id, ttl_ms=5000)
+        self.assertEqual((renewed.id, renewed.ttl_ms), (assigned.lease.id, 5000))
+        await self.client.release(pool, assigned.lease.id)
+        with self.assertRaises(NotFound) as raised:
+            await self.client.release(pool, assigned.lease.id)
+        self.assertEqual(raised.exception.code, "lease_not_found")
+        self.assertEqual(self.service.stats(pool)["in_flight"], 0)
+
+    async def test_a_lease_block_holds_the_lease_and_releases_it_when_it_raises(self) -> None:
+        pool = self.leasing_pool(health={"max_consecutive_failures": 1, "jitter_percent": 0})
+        self.service.seed(pool, [P1, P2])
+        with self.assertRaises(RuntimeError):
+            async with self.client.lease(pool, report=True) as leased:
+                self.assertEqual((leased.proxy, leased.in_flight), (P1, 1))
+                self.assertEqual(self.service.stats(pool)["in_flight"], 1)
+                raise RuntimeError("the target reset the connection")
+        stats = self.service.stats(pool)
+        self.assertEqual((stats["in_flight"], stats["abandoned"], stats["tripped"]), (0, 0, 1))
+
+    async def test_a_cancelled_lease_block_releases_the_lease_and_reports_nothing(self) -> None:
+        pool = self.leasing_pool(health={"max_consecutive_failures": 1, "jitter_percent": 0})
+        self.service.seed(pool, [P1])
+        entered = asyncio.Event()
+
+        async def hold() -> None:
+            async with self.client.lease(pool, renew=True, report=True):
+                entered.set()
+                await asyncio.Event().wait()  # until cancelled
+
+        task = asyncio.ensure_future(hold())
+        await entered.wait()
+        self.assertEqual(self.service.stats(pool)["in_flight"], 1)
+        task.cancel()
+        with self.assertRaises(asyncio.CancelledError):
+            await task
+        stats = self.service.stats(pool)
+        self.assertEqual((stats["in_flight"], stats["abandoned"], stats["tripped"]), (0, 0, 0))
+        self.assertEqual(self.member_states(pool), {P1: "eligible"})
+
+    def member_states(self, pool: str) -> Dict[str, str]:
+        listing = self.service.admin("GET", "/pools/{}/members".format(pool))
+        assert listing is not None
+        return {m["member"]: m["state"] for m in listing["members"]}
+
+    async def test_renewing_as_a_task_keeps_a_lease_alive_past_its_ttl(self) -> None:
+        pool = self.leasing_pool()
+        self.service.seed(pool, [P1])
+        async with self.client.lease(pool, ttl_ms=600, renew=True) as leased:
+            # Time passing is what is tested: three ttls, the sweep runs every 100 ms.
+            await asyncio.sleep(1.8)
+            stats = self.service.stats(pool)
+            self.assertEqual((stats["in_flight"], stats["abandoned"]), (1, 0))
+            self.assertGreaterEqual(leased.renewals, 4)
+            self.assertIsNone(leased.lost)
+        stats = self.service.stats(pool)
+        self.assertEqual((stats["in_flight"], stats["abandoned"]), (0, 0))
+
+    async def test_200_concurrent_tasks_keep_the_counts_exact(self) -> None:
+        pool = self.service.create_pool()
+        self.service.seed(pool, MEMBERS)
+        seen: Dict[str, List[int]] = defaultdict(list)
+
+        async def worker() -> None:
+            for _ in range(5):
+                assigned = await self.client.assign(pool)
+                assert assigned is not None
+                seen[assigned.proxy].append(assigned.assignments)
+
+        await asyncio.gather(*(worker() for _ in range(TASKS)))
+        counts = self.member_counts(pool)
+        # 1000 assignments over 7 members, always to the least used: 142 or 143 each.
+        self.assertEqual(sorted(counts.values()), [142] + [143] * 6)
+        self.assertEqual(sum(counts.values()), TASKS * 5)
+        # Every count each member went through was handed out exactly once.
+        for member, values in seen.items():
+            self.assertEqual(sorted(values), list(range(1, counts[member] + 1)))
+        self.assertEqual(self.service.stats(pool)["total_assignments"], TASKS * 5)
+
+    async def test_200_concurrent_lease_blocks_fill_the_pool_exactly_and_free_it(self) -> None:
+        pool = self.leasing_pool(max_in_flight=20)
+        members = ["http://l{}.example.net:3128".format(i) for i in range(10)]
+        self.service.seed(pool, members)
+        all_in, checked = asyncio.Event(), asyncio.Event()
+        inside: List[str] = []
+
+        async def worker() -> None:
+            async with self.client.lease(pool) as leased:
+                inside.append(leased.proxy)
+                if len(inside) == TASKS:
+                    all_in.set()
+                await checked.wait()
+
+        tasks = asyncio.gather(*(worker() for _ in range(TASKS)))
+        await asyncio.wait_for(all_in.wait(), 60)
+        self.assertEqual(self.service.stats(pool)["in_flight"], TASKS)
+        checked.set()
+        await tasks
+        self.assertEqual(sorted(inside.count(m) for m in members), [20] * 10)
+        stats = self.service.stats(pool)
+        self.assertEqual((stats["in_flight"], stats["abandoned"]), (0, 0))
+
+
+class OnRedis(AsyncBehaviour):
+    on_redis = True
+
+
+class OnEmbedded(AsyncBehaviour):
+    on_redis = False
+
+
+del AsyncBehaviour
+
+
+class AgainstTheFake(unittest.IsolatedAsyncioTestCase):
+    """Requests as sent, connection reuse, and answers only a fake gives."""
+
+    async def asyncSetUp(self) -> None:
+        self.fake = FakeService({
+            ("POST", "/pools/browsers/assign"): LEASED,
+            ("POST", RELEASE): NO_CONTENT,
+            ("POST", "/pools/browsers/outcomes"): json_answer(200, {"outcomes": []}),
+            ("POST", "/pools/busy/assign"): json_answer(
+                503, {"error": {"code": "store_unavailable", "message": "retry shortly"}},
+                {"Retry-After": "7"}),
+            ("POST", "/pools/gateway/assign"):
+                (502, {"Content-Type": "text/html"}, b"<h1>Bad Gateway</h1>"),
+        })
+        self.addCleanup(self.fake.stop)
+        self.client = AsyncClient(self.fake.base, token="worker-token")
+
+    async def asyncTearDown(self) -> None:
+        await self.client.aclose()
+
+    async def test_a_lease_block_sends_assign_release_and_report_over_one_connection(
+            self) -> None:
+        async with self.client.lease("browsers", ttl_ms=5000, report=True) as leased:
+            self.assertEqual((leased.proxy, leased.lease.id if leased.lease else None),
+                             (FAKE_P1, LEASE_ID))
+            leased.report_as("blocked", status=429)
+        self.assertEqual(self.fake.calls(), [
+            ("/pools/browsers/assign", {"ttl_ms": 5000}),
+            (RELEASE, None),
+            ("/pools/browsers/outcomes", {"proxy": FAKE_P1, "result": "blocked", "status": 429}),
+        ])
+        self.assertEqual({r["authorization"] for r in self.fake.requests},
+                         {"Bearer worker-token"})
+        self.assertEqual(len(set(self.fake.ports)), 1)
+
+    async def test_a_connection_idle_for_longer_than_idle_timeout_is_not_reused(self) -> None:
+        async with AsyncClient(self.fake.base, idle_timeout=0.2) as client:
+            await client.assign("browsers")
+            await client.assign("browsers")
+            # Time passing is what is tested: longer idle than the client keeps connections.
+            await asyncio.sleep(0.5)
+            await client.assign("browsers")
+        first, second, third = self.fake.ports
+        self.assertEqual(first, second)
+        self.assertNotEqual(second, third)
+
+    async def test_a_503_carries_its_retry_after_and_a_502_keeps_its_status(self) -> None:
+        with self.assertRaises(Unavailable) as busy:
+            await self.client.assign("busy")
+        self.assertEqual((busy.exception.code, busy.exception.retry_after),
+                         ("store_unavailable", 7.0))
+        with self.assertRaises(ProxyAllocatorError) as gateway:
+            await self.client.assign("gateway")
+        self.assertEqual((gateway.exception.status, gateway.exception.code), (502, "http_502"))
+
+    async def test_a_service_that_does_not_answer_raises_unreachable(self) -> None:
+        async with AsyncClient("http://127.0.0.1:{}".format(free_port()), timeout=2) as client:
+            with self.assertRaises(Unreachable) as raised:
+                await client.assign("web")
+        self.assertEqual((raised.exception.status, raised.exception.code), (None, "unreachable"))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,200 @@
+"""The Scrapy middleware in real crawls: the release binary (both stores), a local site,
+real pproxy upstreams (one the site answers 429, one dead), Scrapy's CrawlerProcess."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+from typing import Any, ClassVar, Dict, List, Optional
+
+from harness import WORKER, RedisServer, Service
+from upstreams import Proxy, Site, dead_proxy
+
+GOOD_SOURCE = "127.0.0.2"
+BLOCKED_SOURCE = "127.0.0.3"
+PAGES = 12
+CRAWL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crawl.py")
+
+
+class CrawlBehaviour(unittest.TestCase):
+    """Crawls that hold on either store (removed below; the subclasses run)."""
+
+    on_redis: ClassVar[bool]
+    redis: ClassVar[Optional[RedisServer]]
+    service: ClassVar[Service]
+    good: ClassVar[Proxy]
+    blocked: ClassVar[Proxy]
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.redis = RedisServer() if cls.on_redis else None
+        cls.service = Service(cls.redis.url if cls.redis else None)
+        cls.good = Proxy(GOOD_SOURCE)
+        cls.blocked = Proxy(BLOCKED_SOURCE)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.good.stop()
+        cls.blocked.stop()
+        cls.service.stop()
+        if cls.redis is not None:
+            cls.redis.stop()
+
+    def setUp(self) -> None:
+        self.site = Site(blocked={BLOCKED_SOURCE})
+        self.addCleanup(self.site.stop)
+
+    def crawl(self, pool: str, urls: List[str], meta: Optional[Dict[str, Any]] = None,
+              **settings: Any) -> Dict[str, Any]:
+        """Runs the spider over ``urls`` (each request with ``meta``) through ``pool``; its
+        items and stats."""
+        config = {"urls": urls, "meta": meta or {}, "settings": dict({
+            "DOWNLOADER_MIDDLEWARES": {"proxy_allocator.scrapy.ProxyAllocatorMiddleware": 740},
+            "PROXY_ALLOCATOR_URL": self.service.base,
+            "PROXY_ALLOCATOR_POOL": pool,
+            "PROXY_ALLOCATOR_TOKEN": WORKER,
+            "TWISTED_REACTOR": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",
+            "CONCURRENT_REQUESTS": 4,
+            "RETRY_TIMES": 2,
+            "DOWNLOAD_TIMEOUT": 10,
+            "ROBOTSTXT_OBEY": False,
+            "TELNETCONSOLE_ENABLED": False,
+            "LOG_LEVEL": "INFO",
+        }, **settings)}
+        with tempfile.TemporaryDirectory() as scratch:
+            config_path = os.path.join(scratch, "config.json")
+            out_path = os.path.join(scratch, "out.json")
+            with open(config_path, "w") as file:
+                json.dump(config, file)
+            run = subprocess.run([sys.executable, CRAWL, config_path, out_path],
+                                 capture_output=True, text=True, timeout=120)
+            self.assertEqual(run.returncode, 0, run.stderr[-4000:])
+            with open(out_path) as file:
+                result: Dict[str, Any] = json.load(file)
+            result["log"] = run.stderr[-3000:]
+        return result
+
+    def members(self, pool: str) -> Dict[str, Dict[str, Any]]:
+        listing = self.service.admin("GET", "/pools/{}/members".format(pool))
+        assert listing is not None
+        return {m["member"]: m for m in listing["members"]}
+
+    def test_a_crawl_takes_out_the_dead_and_the_blocked_proxy_and_releases_every_lease(
+            self) -> None:
+        dead = dead_proxy()
+        pool = self.service.create_pool({
+            "policy": "least-in-flight",
+            "rules": {"allow_private": True},
+            "health": {"max_consecutive_failures": 1, "cooldown_ms": 600000,
+                       "jitter_percent": 0},
+        })
+        self.service.seed(pool, [self.good.url, self.blocked.url, dead])
+        result = self.crawl(pool, self.site.urls(PAGES))
+        items, stats = result["items"], result["stats"]
+
+        # The crawl completed: every page, each through the good proxy.
+        self.assertEqual(sorted(i["url"] for i in items), sorted(self.site.urls(PAGES)))
+        self.assertEqual({(i["status"], i["proxy"]) for i in items}, {(200, self.good.url)})
+
+        # What the site saw through each proxy is what was reported about it.
+        blocked_hits = self.site.by_client().get((BLOCKED_SOURCE, 429), 0)
+        self.assertEqual(self.site.by_client(), {(GOOD_SOURCE, 200): PAGES,
+                                                 (BLOCKED_SOURCE, 429): blocked_hits})
+        failed = stats.get("proxy_allocator/reported/failed", 0)
+        self.assertGreaterEqual(blocked_hits, 1)
+        self.assertGreaterEqual(failed, 1)
+        self.assertEqual(stats["proxy_allocator/reported/ok"], PAGES)
+        self.assertEqual(stats["proxy_allocator/reported/blocked"], blocked_hits)
+        self.assertEqual(stats["proxy_allocator/tripped"], 2)
+
+        # Counts: the service's per member are the downloads through each.
+        members = self.members(pool)
+        self.assertEqual({m: members[m]["assignments"] for m in members},
+                         {self.good.url: PAGES, self.blocked.url: blocked_hits, dead: failed})
+        self.assertEqual(stats["proxy_allocator/assigned"], PAGES + blocked_hits + failed)
+        # Taken out, each with the reason its last report gave.
+        self.assertEqual({m: (members[m]["state"], members[m].get("reason")) for m in members},
+                         {self.good.url: ("eligible", None),
+                          self.blocked.url: ("ineligible", "blocked"),
+                          dead: ("ineligible", "unhealthy")})
+
+        # Every lease released, none left to the sweep.
+        self.assertEqual(stats["proxy_allocator/released"], stats["proxy_allocator/assigned"])
+        pool_stats = self.service.stats(pool)
+        self.assertEqual((pool_stats["in_flight"], pool_stats["abandoned"]), (0, 0))
+        self.assertNotIn("proxy_allocator/report_failed", stats)
+        self.assertNotIn("proxy_allocator/release_failed", stats)
+
+    def test_a_crawl_waits_out_a_204_and_drops_nothing(self) -> None:
+        pool = self.service.create_pool({
+            "rules": {"allow_private": True},
+            "health": {"max_consecutive_failures": 1, "cooldown_ms": 6000,
+                       "jitter_percent": 0},
+        })
+        self.service.seed(pool, [self.good.url])
+        # The only proxy cools down for 6 s, longer than the crawler takes to start: each
+        # first assign of the crawl answers 204 with Retry-After.
+        self.service.client().report(pool, self.good.url, "failed")
+        # As many pages as requests run at once (CONCURRENT_REQUESTS), so all meet the 204.
+        pages = self.site.urls(4)
+        result = self.crawl(pool, pages)
+        items, stats = result["items"], result["stats"]
+        self.assertEqual(sorted(i["url"] for i in items), sorted(pages))
+        self.assertEqual(self.site.by_client(), {(GOOD_SOURCE, 200): 4})
+        # Each request met one 204, waited its Retry-After (whole seconds, at least 1),
+        # then got the proxy back: nothing dropped.
+        self.assertEqual((stats["proxy_allocator/no_proxy"], stats["proxy_allocator/waits"]),
+                         (4, 4))
+        self.assertGreaterEqual(stats["proxy_allocator/waited_ms"], 4 * 1000)
+        self.assertEqual(stats["proxy_allocator/assigned"], 4)
+        self.assertEqual(stats["proxy_allocator/reported/ok"], 4)
+        self.assertNotIn("proxy_allocator/gave_up", stats)
+        self.assertEqual(self.members(pool)[self.good.url]["assignments"], 4)
+
+    def test_a_download_that_times_out_as_the_crawl_closes_is_reported_and_released(
+            self) -> None:
+        pool = self.service.create_pool({"policy": "least-in-flight",
+                                         "rules": {"allow_private": True}})
+        self.service.seed(pool, [self.good.url])
+        # The first page closes the crawl (one item); the slow one is still downloading,
+        # and times out before the site answers.
+        result = self.crawl(pool, [self.site.base + "/slow", self.site.urls(1)[0]],
+                            CLOSESPIDER_ITEMCOUNT=1, DOWNLOAD_TIMEOUT=2, RETRY_ENABLED=False)
+        stats = result["stats"]
+        self.assertEqual([i["url"] for i in result["items"]], self.site.urls(1))
+        self.assertEqual(stats["finish_reason"], "closespider_itemcount")
+        self.assertEqual(stats["downloader/exception_type_count/scrapy.exceptions."
+                               "DownloadTimeoutError"], 1)
+        self.assertEqual((stats["proxy_allocator/reported/ok"],
+                          stats["proxy_allocator/reported/failed"]), (1, 1))
+        self.assertEqual((stats["proxy_allocator/assigned"], stats["proxy_allocator/released"]),
+                         (2, 2))
+        pool_stats = self.service.stats(pool)
+        self.assertEqual((pool_stats["in_flight"], pool_stats["abandoned"]), (0, 0))
+
+    def test_a_request_naming_labels_fails_instead_of_going_out_unselected(self) -> None:
+        pool = self.service.create_pool({"rules": {"allow_private": True}})
+        self.service.seed(pool, [self.good.url])
+        result = self.crawl(pool, self.site.urls(1), meta={"proxy_allocator_labels": ["de"]})
+        self.assertEqual(result["items"], [])
+        self.assertEqual(self.site.hits, [])
+        self.assertEqual(result["stats"][
+            "downloader/exception_type_count/proxy_allocator.scrapy.SelectionNotSupported"], 1)
+        self.assertEqual(self.members(pool)[self.good.url]["assignments"], 0)
+
+
+class OnRedis(CrawlBehaviour):
+    on_redis = True
+
+
+class OnEmbedded(CrawlBehaviour):
+    on_redis = False
+
+
+del CrawlBehaviour
+
+
+if __name__ == "__main__":
+    unittest.main()
