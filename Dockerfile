@@ -20,13 +20,16 @@ RUN touch src/main.rs src/lib.rs && cargo build --release --locked
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /src/target/release/proxy-allocator /usr/local/bin/proxy-allocator
-# Inside a container the service must listen on every interface, not just loopback.
+# Inside a container the service must listen on every interface, not just loopback; there
+# it refuses to start without a worker token (WORKER_TOKEN or WORKER_TOKEN_FILE). The probes
+# have their own port, which a flood of the API port cannot fill.
 ENV LISTEN_ADDR=0.0.0.0:8080 \
+    PROBE_LISTEN=0.0.0.0:9090 \
     LOG_FORMAT=json
-EXPOSE 8080
+EXPOSE 8080 9090
 USER nonroot:nonroot
 # There is no shell or curl in the image: the binary checks its own /livez.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
-    CMD ["/usr/local/bin/proxy-allocator", "healthcheck", "--url", "http://127.0.0.1:8080/livez"]
+    CMD ["/usr/local/bin/proxy-allocator", "healthcheck", "--url", "http://127.0.0.1:9090/livez"]
 ENTRYPOINT ["/usr/local/bin/proxy-allocator"]
 CMD ["serve"]

@@ -23,9 +23,30 @@ pub enum LogFormat {
 /// those of `proxy-allocator` without a subcommand (see [`crate::cli::Cli`]).
 #[derive(Debug, Clone, Parser)]
 pub struct Config {
-    /// Address to listen on; port 0 picks a free port.
+    /// Address to listen on; port 0 picks a free port. On an address that is not loopback
+    /// the service needs a worker token (or `ALLOW_ANONYMOUS_WORKERS=true`): assign hands
+    /// out members' proxy credentials to whoever reaches the port.
     #[arg(long = "listen", env = "LISTEN_ADDR", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+
+    /// A second address that serves only `/livez`, `/readyz` and `/metrics`, with its own
+    /// small connection budget, so that a flood of the API port never makes an
+    /// orchestrator restart a healthy replica. Unset: no probe port (the API port serves
+    /// the probes as well, always).
+    #[arg(long, env = "PROBE_LISTEN")]
+    pub probe_listen: Option<SocketAddr>,
+
+    /// Most connections the probe port keeps open at once.
+    #[arg(long, env = "PROBE_MAX_CONNECTIONS", default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+    pub probe_max_connections: u64,
+
+    /// Most connections the API port keeps open at once; beyond it new connections are
+    /// closed at once (answered 503 with `Retry-After` when their request has already
+    /// arrived), and those already open keep being served. Unset: half of the open-file
+    /// limit left after 128 files and the probe port's budget, so that Redis, active checks
+    /// and other outgoing connections always have files to spare.
+    #[arg(long, env = "MAX_CONNECTIONS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: Option<u64>,
 
     /// Redis URL (`redis://` or `rediss://`). Without it (and without a Cluster or Sentinel
     /// setting) the service runs on its embedded store, for one replica: in memory, or in
@@ -92,18 +113,47 @@ pub struct Config {
     pub admin_token_file: Option<PathBuf>,
 
     /// Token required on worker routes (assign, outcome reports, lease release and
-    /// renewal). When unset, worker routes are open. The admin token is accepted there too.
+    /// renewal). When unset, worker routes are open, which only a loopback listen address
+    /// allows unless `ALLOW_ANONYMOUS_WORKERS=true`. The admin token is accepted there too.
     #[arg(long, env = "WORKER_TOKEN", hide_env_values = true)]
     pub worker_token: Option<String>,
+
+    /// File holding the worker token (surrounding white space ignored).
+    #[arg(long, env = "WORKER_TOKEN_FILE", conflicts_with = "worker_token")]
+    pub worker_token_file: Option<PathBuf>,
+
+    /// Start with open worker routes on an address that is not loopback. Without it (or a
+    /// worker token) the service refuses to start there, since assign would hand the
+    /// proxies' credentials to anyone who reaches the port.
+    #[arg(long, env = "ALLOW_ANONYMOUS_WORKERS")]
+    pub allow_anonymous_workers: bool,
 
     /// Longest time, in milliseconds, that shutdown waits for requests in flight.
     #[arg(long, env = "SHUTDOWN_TIMEOUT_MS", default_value_t = 10_000)]
     pub shutdown_timeout_ms: u64,
 
-    /// Longest time, in milliseconds, a client may take to send a request's headers; a
-    /// slower connection is closed so that it cannot hold resources.
-    #[arg(long, env = "HEADER_READ_TIMEOUT_MS", default_value_t = 5_000)]
+    /// Longest time, in milliseconds, a client may take to send a complete request head:
+    /// counted from accept for a new connection (whether it sends nothing or part of a
+    /// head), and from the first byte of the next request on a keep-alive one. A slower
+    /// connection is closed so that it cannot hold resources.
+    #[arg(long, env = "HEADER_READ_TIMEOUT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub header_read_timeout_ms: u64,
+
+    /// Longest time, in milliseconds, a keep-alive connection may stay idle between a
+    /// response and the first byte of its next request before it is closed.
+    #[arg(long, env = "KEEP_ALIVE_TIMEOUT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep_alive_timeout_ms: u64,
+
+    /// Longest time, in milliseconds, a request body may take to arrive once its head has
+    /// (every route but the import); then 408 `request_timeout` and the request is dropped
+    /// before it reaches the store.
+    #[arg(long, env = "BODY_READ_TIMEOUT_MS", default_value_t = 10_000)]
+    pub body_read_timeout_ms: u64,
+
+    /// Longest time, in milliseconds, the list of `POST /pools/{pool}/import` may take to
+    /// arrive (up to `IMPORT_BODY_LIMIT_BYTES`, so longer than other bodies).
+    #[arg(long, env = "IMPORT_BODY_READ_TIMEOUT_MS", default_value_t = 60_000)]
+    pub import_body_read_timeout_ms: u64,
 
     /// How often, in milliseconds, the background sweep reclaims expired leases and returns
     /// members whose cooldown has ended, in every pool (assigns also do a few in their own
@@ -145,6 +195,21 @@ impl Config {
     /// The header read timeout as a duration.
     pub fn header_read_timeout(&self) -> Duration {
         Duration::from_millis(self.header_read_timeout_ms)
+    }
+
+    /// The keep-alive idle timeout as a duration.
+    pub fn keep_alive_timeout(&self) -> Duration {
+        Duration::from_millis(self.keep_alive_timeout_ms)
+    }
+
+    /// The body read timeout as a duration.
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms)
+    }
+
+    /// The import's body read timeout as a duration.
+    pub fn import_body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.import_body_read_timeout_ms)
     }
 
     /// The background sweep's interval as a duration.

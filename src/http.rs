@@ -16,6 +16,7 @@ mod probes;
 mod ui;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::Method;
@@ -47,6 +48,10 @@ pub struct Limits {
     pub body_bytes: usize,
     /// Largest list the import route accepts, in bytes.
     pub import_body_bytes: usize,
+    /// Longest time a request body may take to arrive, on every route but the import.
+    pub body_read_timeout: Duration,
+    /// Longest time the import route's list may take to arrive.
+    pub import_body_read_timeout: Duration,
 }
 
 /// One route of the API: the table that builds the router is also what the OpenAPI
@@ -58,6 +63,8 @@ pub struct Route {
     pub method: Method,
     /// Whether the route takes whole proxy lists, under the import body limit.
     pub takes_lists: bool,
+    /// Whether the probe port (`PROBE_LISTEN`) serves the route too.
+    pub probe: bool,
     handler: MethodRouter<AppState>,
 }
 
@@ -66,16 +73,24 @@ fn route(path: &'static str, method: Method, handler: MethodRouter<AppState>) ->
         path,
         method,
         takes_lists: false,
+        probe: false,
         handler,
+    }
+}
+
+fn probe_route(path: &'static str, handler: MethodRouter<AppState>) -> Route {
+    Route {
+        probe: true,
+        ..route(path, Method::GET, handler)
     }
 }
 
 /// Every route of the API.
 pub fn routes() -> Vec<Route> {
     vec![
-        route("/livez", Method::GET, get(probes::livez)),
-        route("/readyz", Method::GET, get(probes::readyz)),
-        route("/metrics", Method::GET, get(probes::metrics)),
+        probe_route("/livez", get(probes::livez)),
+        probe_route("/readyz", get(probes::readyz)),
+        probe_route("/metrics", get(probes::metrics)),
         route("/openapi.yaml", Method::GET, get(probes::openapi)),
         route("/ui", Method::GET, get(ui::page)),
         route("/pools", Method::GET, get(pools::list_pools)),
@@ -132,13 +147,27 @@ pub fn routes() -> Vec<Route> {
 
 /// The whole application as a `Router`, ready to serve or to drive with `oneshot` in tests.
 pub fn app(state: AppState, limits: Limits) -> Router {
+    router(routes(), state, limits)
+}
+
+/// The probe port's application: the routes marked [`Route::probe`] only, so a flood of
+/// the API port, which is refused at its cap, never reaches the orchestrator's probes.
+pub fn probe_app(state: AppState, limits: Limits) -> Router {
+    router(
+        routes().into_iter().filter(|route| route.probe).collect(),
+        state,
+        limits,
+    )
+}
+
+fn router(routes: Vec<Route>, state: AppState, limits: Limits) -> Router {
     let mut router = Router::new();
     for Route {
         path,
         handler,
         takes_lists,
         ..
-    } in routes()
+    } in routes
     {
         // Layers on the route run after the router-wide ones below, so this limit (and the
         // limit the 413 message names) replaces the small one for this route only.
@@ -147,9 +176,10 @@ pub fn app(state: AppState, limits: Limits) -> Router {
                 .layer::<_, std::convert::Infallible>(DefaultBodyLimit::max(
                     limits.import_body_bytes,
                 ))
-                .layer::<_, std::convert::Infallible>(Extension(BodyLimit(
-                    limits.import_body_bytes,
-                )))
+                .layer::<_, std::convert::Infallible>(Extension(BodyLimit {
+                    bytes: limits.import_body_bytes,
+                    read_timeout: limits.import_body_read_timeout,
+                }))
         } else {
             handler
         };
@@ -159,7 +189,10 @@ pub fn app(state: AppState, limits: Limits) -> Router {
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limits.body_bytes))
-        .layer(Extension(BodyLimit(limits.body_bytes)))
+        .layer(Extension(BodyLimit {
+            bytes: limits.body_bytes,
+            read_timeout: limits.body_read_timeout,
+        }))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             log::log_request,

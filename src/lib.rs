@@ -37,13 +37,17 @@
 //! - [`checker`]: the background task that runs active checks of pools that have them (one
 //!   replica per pool and interval) and feeds their results into the health rules.
 //! - [`startup`]: [`startup::Application`], which binds, builds and serves (port 0 works,
-//!   which is how the tests start it).
+//!   which is how the tests start it): the API port and, with `PROBE_LISTEN`, a probe port.
+//! - [`connections`]: what every listening port goes through: a connection cap, deadlines
+//!   for request heads and idle keep-alive connections, accept errors logged once per
+//!   episode, and the open-file limit raised at start.
 //! - [`monitoring`]: Prometheus metrics and the per-pool gauges.
 //! - [`telemetry`]: logging setup.
 
 pub mod checker;
 pub mod cli;
 pub mod config;
+pub mod connections;
 pub mod domain;
 pub mod http;
 pub mod monitoring;

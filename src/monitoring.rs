@@ -48,7 +48,7 @@ pub fn prometheus() -> &'static PrometheusHandle {
 }
 
 fn describe() {
-    use metrics::{Unit, describe_counter, describe_histogram};
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
         "pa_assigns_total",
         "Assign requests by pool and outcome (assigned, empty, not_found, error)."
@@ -80,6 +80,74 @@ fn describe() {
         "pa_leases_reclaimed_total",
         "Expired leases reclaimed by this replica's background sweep."
     );
+    describe_counter!(
+        "pa_accept_errors_total",
+        "Failed accepts by listener (out of file descriptors and the like)."
+    );
+    describe_counter!(
+        "pa_connections_refused_total",
+        "Connections closed at once because the listener was at its cap."
+    );
+    describe_counter!(
+        "pa_connection_timeouts_total",
+        "Connections closed for a timeout, by listener and kind (header, keep_alive, body)."
+    );
+    describe_gauge!("pa_connections_open", "Connections open, by listener.");
+    describe_gauge!("pa_connections_max", "The connection cap of each listener.");
+}
+
+/// The metrics of one listener (see [`crate::connections`]), registered once: every
+/// connection touches them.
+#[derive(Clone)]
+pub struct ListenerMetrics {
+    /// `pa_accept_errors_total`.
+    pub accept_errors: Counter,
+    /// `pa_connections_refused_total`.
+    pub refused: Counter,
+    /// `pa_connection_timeouts_total` with `kind="header"`.
+    pub header_timeouts: Counter,
+    /// `pa_connection_timeouts_total` with `kind="keep_alive"`.
+    pub keep_alive_timeouts: Counter,
+    /// `pa_connections_open`.
+    pub open: metrics::Gauge,
+}
+
+impl ListenerMetrics {
+    /// The handles of the listener called `listener`, whose cap is `max_connections`.
+    pub fn new(listener: &'static str, max_connections: usize) -> Self {
+        prometheus();
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "a gauge is a float; caps are far below 2^53"
+        )]
+        metrics::gauge!("pa_connections_max", "listener" => listener).set(max_connections as f64);
+        let timeouts = |kind: &'static str| metrics::counter!("pa_connection_timeouts_total", "listener" => listener, "kind" => kind);
+        Self {
+            accept_errors: metrics::counter!("pa_accept_errors_total", "listener" => listener),
+            refused: metrics::counter!("pa_connections_refused_total", "listener" => listener),
+            header_timeouts: timeouts("header"),
+            keep_alive_timeouts: timeouts("keep_alive"),
+            open: metrics::gauge!("pa_connections_open", "listener" => listener),
+        }
+    }
+
+    /// Counts a connection closed for `kind`.
+    pub fn timed_out(&self, kind: crate::connections::Timeout) {
+        match kind {
+            crate::connections::Timeout::Header => self.header_timeouts.increment(1),
+            crate::connections::Timeout::KeepAlive => self.keep_alive_timeouts.increment(1),
+        }
+    }
+}
+
+/// Counts a request body that did not arrive within its timeout (on the API's listener,
+/// the only one whose routes read bodies).
+pub fn record_body_timeout() {
+    static BODY: LazyLock<Counter> = LazyLock::new(|| {
+        prometheus();
+        metrics::counter!("pa_connection_timeouts_total", "listener" => "api", "kind" => "body")
+    });
+    BODY.increment(1);
 }
 
 /// Handles of the metrics every request records, registered once per label set: the

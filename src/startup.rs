@@ -2,20 +2,16 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
-
-use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
 use tower::ServiceExt;
 
 use crate::config::{Config, RedisSettingsError};
+use crate::connections::{self, GuardedListener, Limits as ConnectionLimits};
 use crate::http::{self, AppState, Limits, Tokens};
 use crate::monitoring::PoolSnapshot;
 use crate::store::{
@@ -34,14 +30,28 @@ pub enum StartupError {
         /// The cause.
         source: std::io::Error,
     },
-    /// The admin token file could not be read or is empty.
-    #[error("cannot read the admin token from {path}: {reason}")]
-    AdminTokenFile {
+    /// A token file could not be read or is empty.
+    #[error("cannot read the {what} from {path}: {reason}")]
+    TokenFile {
+        /// Which token: `admin token` or `worker token`.
+        what: &'static str,
         /// The file.
         path: String,
         /// The cause.
         reason: String,
     },
+    /// A token setting holds nothing but white space, which would be a token anyone
+    /// guesses.
+    #[error("{0} is set but empty")]
+    EmptyToken(&'static str),
+    /// Worker routes would be open on an address that is not loopback.
+    #[error(
+        "refusing to start: {0} is not a loopback address and no worker token is set, so \
+         anyone who reaches the port would be handed the proxies' credentials by assign; set \
+         WORKER_TOKEN or WORKER_TOKEN_FILE, or ALLOW_ANONYMOUS_WORKERS=true if open worker \
+         routes are meant"
+    )]
+    AnonymousWorkers(SocketAddr),
     /// The Redis settings do not name exactly one way to reach Redis.
     #[error("invalid Redis settings: {0}")]
     RedisSettings(#[from] RedisSettingsError),
@@ -61,23 +71,30 @@ pub enum StartupError {
 
 /// A bound, ready-to-run service.
 pub struct Application {
-    listener: TcpListener,
+    api: GuardedListener,
+    probes: Option<GuardedListener>,
     router: Router,
+    probe_router: Router,
     store: Arc<dyn Store>,
     snapshot: PoolSnapshot,
     config: Config,
 }
 
 impl Application {
-    /// Binds the listener and connects the store.
+    /// Checks the tokens, raises the open-file limit, connects the store and binds the
+    /// listeners.
     ///
     /// # Errors
-    /// A [`StartupError`] when the address cannot be bound, the token file cannot be read,
-    /// or the Redis settings are contradictory or invalid. An unreachable Redis is not an error: the service starts
-    /// and reports not ready until Redis answers.
+    /// A [`StartupError`] when an address cannot be bound, a token file cannot be read,
+    /// worker routes would be open on an address that is not loopback, or the Redis
+    /// settings are contradictory or invalid. An unreachable Redis is not an error: the
+    /// service starts and reports not ready until Redis answers.
     pub async fn build(config: Config) -> Result<Self, StartupError> {
+        // Before anything else, so that a refused configuration says so at once.
+        let worker_token = worker_token(&config)?;
+        let admin_token = admin_token(&config)?;
         let store = store(&config).await?;
-        Self::with_store(config, store).await
+        Self::assemble(config, store, Tokens::new(admin_token, worker_token)).await
     }
 
     /// Binds the listener and serves `store`, which `config`'s store settings are taken to
@@ -86,7 +103,17 @@ impl Application {
     /// # Errors
     /// As [`Application::build`], but for the store.
     pub async fn with_store(config: Config, store: Arc<dyn Store>) -> Result<Self, StartupError> {
-        let tokens = Tokens::new(admin_token(&config)?, config.worker_token.clone());
+        let worker_token = worker_token(&config)?;
+        let admin_token = admin_token(&config)?;
+        Self::assemble(config, store, Tokens::new(admin_token, worker_token)).await
+    }
+
+    async fn assemble(
+        config: Config,
+        store: Arc<dyn Store>,
+        tokens: Tokens,
+    ) -> Result<Self, StartupError> {
+        let open_files = open_file_limit();
         crate::monitoring::prometheus();
         let snapshot = PoolSnapshot::default();
         let state = AppState {
@@ -94,23 +121,55 @@ impl Application {
             tokens: Arc::new(tokens),
             snapshot: snapshot.clone(),
         };
-        let router = http::app(
-            state,
-            Limits {
-                body_bytes: config.body_limit_bytes,
-                import_body_bytes: config.import_body_limit_bytes,
-            },
-        );
-        let listener =
-            TcpListener::bind(config.listen)
+        let limits = Limits {
+            body_bytes: config.body_limit_bytes,
+            import_body_bytes: config.import_body_limit_bytes,
+            body_read_timeout: config.body_read_timeout(),
+            import_body_read_timeout: config.import_body_read_timeout(),
+        };
+        let router = http::app(state.clone(), limits);
+        let probe_router = http::probe_app(state, limits);
+
+        let probe_budget = config
+            .probe_listen
+            .map(|_| usize::try_from(config.probe_max_connections).unwrap_or(usize::MAX));
+        let budget = connections::default_max_connections(open_files, probe_budget.unwrap_or(0));
+        let max_connections = match config.max_connections {
+            Some(configured) => {
+                let configured = usize::try_from(configured).unwrap_or(usize::MAX);
+                if configured > budget {
+                    tracing::warn!(
+                        max_connections = configured,
+                        open_files,
+                        within_budget = budget,
+                        "MAX_CONNECTIONS is more than the open-file limit leaves for the API \
+                         port: at the limit, accepts fail and outgoing connections cannot open"
+                    );
+                }
+                configured
+            }
+            None => budget,
+        };
+        let limits = |max_connections| ConnectionLimits {
+            max_connections,
+            header_read_timeout: config.header_read_timeout(),
+            keep_alive_timeout: config.keep_alive_timeout(),
+        };
+        let bind = |name, addr, max_connections| async move {
+            GuardedListener::bind(name, addr, limits(max_connections))
                 .await
-                .map_err(|source| StartupError::Bind {
-                    addr: config.listen,
-                    source,
-                })?;
+                .map_err(|source| StartupError::Bind { addr, source })
+        };
+        let api = bind("api", config.listen, max_connections).await?;
+        let probes = match (config.probe_listen, probe_budget) {
+            (Some(addr), Some(budget)) => Some(bind("probe", addr, budget).await?),
+            _ => None,
+        };
         Ok(Self {
-            listener,
+            api,
+            probes,
             router,
+            probe_router,
             store,
             snapshot,
             config,
@@ -119,7 +178,14 @@ impl Application {
 
     /// The address actually bound (useful with port 0).
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener.local_addr().unwrap_or(self.config.listen)
+        self.api.local_addr().unwrap_or(self.config.listen)
+    }
+
+    /// The probe port's address, when `PROBE_LISTEN` is set.
+    pub fn probe_addr(&self) -> Option<SocketAddr> {
+        self.probes
+            .as_ref()
+            .and_then(|probes| probes.local_addr().ok())
     }
 
     /// Serves until `shutdown` completes, then stops accepting connections and lets the
@@ -127,25 +193,30 @@ impl Application {
     /// background sweep, the active checks and the metrics refresher run alongside and stop
     /// with the server.
     ///
-    /// The accept loop is this crate's own rather than `axum::serve` so that HTTP/1 header
-    /// reads have a deadline: a client that trickles its headers byte by byte is cut off
-    /// after `HEADER_READ_TIMEOUT_MS` instead of holding a connection forever.
+    /// Both ports accept through [`GuardedListener`]s, which cap their connections and
+    /// close those that keep a request head (or an idle keep-alive) waiting too long.
     ///
     /// # Errors
-    /// An I/O error of the listener.
+    /// None today: accept errors are logged and retried; the type leaves room for one.
     pub async fn run_until_stopped(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let drain = self.config.shutdown_timeout();
-        let mut builder = Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(self.config.header_read_timeout())
-            .max_buf_size(MAX_HEADER_BYTES);
         let graceful = GracefulShutdown::new();
-        tracing::info!(addr = %self.local_addr(), "listening");
+        let api_limits = self.api.limits();
+        tracing::info!(
+            addr = %self.local_addr(),
+            max_connections = api_limits.max_connections,
+            "listening"
+        );
+        if let (Some(addr), Some(probes)) = (self.probe_addr(), &self.probes) {
+            tracing::info!(
+                %addr,
+                max_connections = probes.limits().max_connections,
+                "probes listening"
+            );
+        }
         // Background tasks stop when this flips to true, after the requests have drained.
         let (stop_tasks, stopping) = tokio::sync::watch::channel(false);
         let stopped = move || {
@@ -171,37 +242,27 @@ impl Application {
                 stopped(),
             )),
         ];
-        let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            let (stream, _peer) = tokio::select! {
-                accepted = self.listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(error) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
-                () = &mut shutdown => break,
-            };
-            let _ = stream.set_nodelay(true);
-            let service = TowerToHyperService::new(
-                self.router
-                    .clone()
-                    .map_request(|req: hyper::Request<hyper::body::Incoming>| req.map(Body::new)),
-            );
-            let connection = builder
-                .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                .into_owned();
-            let connection = graceful.watch(connection);
-            tokio::spawn(async move {
-                if let Err(error) = connection.await {
-                    tracing::debug!(error = %error, "connection ended with an error");
-                }
-            });
-        }
-        drop(self.listener);
+        // Both listeners stop accepting when the shutdown signal arrives.
+        let (stop_accepting, accepting) = tokio::sync::watch::channel(false);
+        let stop = || {
+            let mut accepting = accepting.clone();
+            async move {
+                let _ = accepting.wait_for(|stop| *stop).await;
+            }
+        };
+        let api = self.api.serve_http(service(self.router), &graceful, stop());
+        let probes = async {
+            if let Some(probes) = self.probes {
+                probes
+                    .serve_http(service(self.probe_router), &graceful, stop())
+                    .await;
+            }
+        };
+        let signal = async {
+            shutdown.await;
+            let _ = stop_accepting.send(true);
+        };
+        tokio::join!(api, probes, signal);
         tracing::info!(
             connections = graceful.count(),
             "shutting down: draining requests in flight"
@@ -227,9 +288,79 @@ impl Application {
     }
 }
 
-/// Largest request head (request line and headers) accepted, in bytes; beyond it the
-/// connection answers 431.
-const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// The router as a service of hyper's requests.
+fn service(
+    router: Router,
+) -> impl tower::Service<
+    hyper::Request<hyper::body::Incoming>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future = impl Send + 'static,
+> + Clone
++ Send
++ 'static {
+    router.map_request(|req: hyper::Request<hyper::body::Incoming>| req.map(Body::new))
+}
+
+/// Raises the soft open-file limit to the hard one and logs both; returns the limit in
+/// force.
+fn open_file_limit() -> u64 {
+    match connections::raise_open_file_limit() {
+        Ok(limit) => {
+            tracing::info!(
+                soft = limit.soft,
+                hard = limit.hard,
+                soft_at_start = limit.was,
+                "open-file limit"
+            );
+            limit.soft
+        }
+        Err(error) => {
+            let soft = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft);
+            tracing::warn!(%error, soft, "cannot raise the open-file limit");
+            soft
+        }
+    }
+}
+
+/// Reads a token from a file, surrounding white space left out.
+fn read_token_file(what: &'static str, path: &Path) -> Result<String, StartupError> {
+    let failure = |reason: String| StartupError::TokenFile {
+        what,
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| failure(e.to_string()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(failure("the file is empty".to_owned()));
+    }
+    Ok(token.to_owned())
+}
+
+/// The worker token, from `WORKER_TOKEN` or `WORKER_TOKEN_FILE`; without one, the listen
+/// address must be loopback unless open worker routes are explicitly allowed.
+fn worker_token(config: &Config) -> Result<Option<String>, StartupError> {
+    let token = match (&config.worker_token, &config.worker_token_file) {
+        (Some(token), _) if token.trim().is_empty() => {
+            return Err(StartupError::EmptyToken("WORKER_TOKEN"));
+        }
+        (Some(token), _) => Some(token.clone()),
+        (None, Some(path)) => Some(read_token_file("worker token", path)?),
+        (None, None) => None,
+    };
+    if token.is_none() && !config.listen.ip().to_canonical().is_loopback() {
+        if !config.allow_anonymous_workers {
+            return Err(StartupError::AnonymousWorkers(config.listen));
+        }
+        tracing::warn!(
+            addr = %config.listen,
+            "ALLOW_ANONYMOUS_WORKERS: worker routes are open on an address that is not \
+             loopback; anyone who reaches it is handed the proxies' credentials"
+        );
+    }
+    Ok(token)
+}
 
 /// The store `config` names: Redis, or the embedded store in `DATA_DIR` or in memory.
 ///
@@ -284,16 +415,7 @@ fn admin_token(config: &Config) -> Result<String, StartupError> {
         return Ok(token.clone());
     }
     if let Some(path) = &config.admin_token_file {
-        let failure = |reason: String| StartupError::AdminTokenFile {
-            path: path.display().to_string(),
-            reason,
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| failure(e.to_string()))?;
-        let token = text.trim();
-        if token.is_empty() {
-            return Err(failure("the file is empty".to_owned()));
-        }
-        return Ok(token.to_owned());
+        return read_token_file("admin token", path);
     }
     let token = random_token();
     // Logged once, on purpose: without it nobody could use the admin routes, and leaving

@@ -52,6 +52,10 @@ pub enum ApiError {
     /// has no members.
     #[error("the policy of a pool can only change while it has no members; remove them first")]
     PolicyChangeRequiresEmptyPool,
+    /// 408 `request_timeout`: the request's body did not arrive within its timeout; the
+    /// connection is closed after this answer.
+    #[error("the request body did not arrive within {} ms", .0.as_millis())]
+    RequestTimeout(Duration),
     /// 413 `payload_too_large`.
     #[error("request body is larger than {0} bytes")]
     PayloadTooLarge(usize),
@@ -85,6 +89,7 @@ impl ApiError {
             Self::PoolNotFound | Self::LeaseNotFound | Self::RouteNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::PolicyChangeRequiresEmptyPool => StatusCode::CONFLICT,
+            Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -106,6 +111,7 @@ impl ApiError {
             Self::RouteNotFound => "not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::PolicyChangeRequiresEmptyPool => "policy_change_requires_empty_pool",
+            Self::RequestTimeout(_) => "request_timeout",
             Self::PayloadTooLarge(_) => "payload_too_large",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::StoreUnavailable(_) => "store_unavailable",
@@ -146,6 +152,10 @@ impl IntoResponse for ApiError {
             }
             Self::Unauthorized => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            // The rest of the body may still come; the connection cannot be reused.
+            Self::RequestTimeout(_) => {
+                headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
             _ => {}
         }

@@ -4,6 +4,8 @@
 //! that malformed JSON, a wrong content type, an oversized body or a bad pool id all answer
 //! with `{"error": {...}}` and a stable code.
 
+use std::time::Duration;
+
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, JsonRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
@@ -56,9 +58,16 @@ pub struct Json<T>(pub T);
 #[derive(Debug, Clone)]
 pub struct JsonOrDefault<T>(pub T);
 
-/// The body limit the request ran into, for the 413 message.
+/// The body limits of the request's route: its size, for the 413 message, and how long the
+/// whole body may take to arrive.
 #[derive(Debug, Clone, Copy)]
-pub struct BodyLimit(pub usize);
+pub struct BodyLimit {
+    /// Largest body, in bytes.
+    pub bytes: usize,
+    /// Longest time the body may take to arrive, counted from when the handler reads it
+    /// (right after the head).
+    pub read_timeout: Duration,
+}
 
 fn body_rejection(rejection: BytesRejection, limit: usize) -> ApiError {
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
@@ -78,15 +87,28 @@ fn json_rejection(rejection: JsonRejection, limit: usize) -> ApiError {
     }
 }
 
-/// Reads the whole body within the limit set for the route, answering 413 with the limit
-/// that applied.
+/// Reads the whole body within the limits set for the route, answering 413 with the size
+/// limit that applied, or 408 when the body is slower than its timeout: a client that
+/// announces a body and trickles it (or never sends it) would otherwise hold the request,
+/// and whatever it waits for, for ever. The request then ends before reaching the store.
 async fn read_body(req: Request) -> Result<(Bytes, usize), ApiError> {
-    let limit = req
+    let BodyLimit {
+        bytes: limit,
+        read_timeout,
+    } = req
         .extensions()
         .get::<BodyLimit>()
-        .map_or(0, |limit| limit.0);
-    let bytes = Bytes::from_request(req, &())
+        .copied()
+        .unwrap_or(BodyLimit {
+            bytes: 0,
+            read_timeout: Duration::ZERO,
+        });
+    let bytes = tokio::time::timeout(read_timeout, Bytes::from_request(req, &()))
         .await
+        .map_err(|_| {
+            crate::monitoring::record_body_timeout();
+            ApiError::RequestTimeout(read_timeout)
+        })?
         .map_err(|rejection| body_rejection(rejection, limit))?;
     Ok((bytes, limit))
 }

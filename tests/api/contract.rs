@@ -80,3 +80,22 @@ fn the_contract_is_openapi_3_1_and_every_error_uses_the_shared_shape() {
         }
     }
 }
+
+#[test]
+fn every_operation_that_reads_a_body_documents_its_408_as_well_as_its_413() {
+    let spec = spec();
+    let mut checked = 0;
+    for (path, item) in spec["paths"].as_mapping().expect("paths") {
+        for (method, operation) in item.as_mapping().expect("a path item") {
+            let responses = &operation["responses"];
+            if responses.get("413").is_some() {
+                assert!(
+                    responses.get("408").is_some(),
+                    "{method:?} {path:?} documents 413 but not 408"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 9, "only {checked} operations with a body");
+}

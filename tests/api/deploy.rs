@@ -1,6 +1,7 @@
 //! The Dockerfile, the compose file and the Kubernetes manifests stay in step with the
 //! binary: every environment variable they set is one the binary reads, ports agree, the
-//! probes point at the real probe routes, and the hardening settings are in place. The
+//! probes point at the real probe routes on the probe port, the service gets a worker token
+//! wherever it listens on the network, and the hardening settings are in place. The
 //! container engine cannot run here, so these files are checked by reading them.
 
 use std::collections::BTreeSet;
@@ -45,6 +46,8 @@ fn the_binary_knows_the_variables_this_test_relies_on() {
         "ADMIN_TOKEN",
         "ADMIN_TOKEN_FILE",
         "WORKER_TOKEN",
+        "WORKER_TOKEN_FILE",
+        "PROBE_LISTEN",
         "KEY_PREFIX",
     ] {
         assert!(known.contains(name), "{name} missing from {known:?}");
@@ -83,17 +86,37 @@ fn the_compose_file_sets_only_known_variables_and_waits_for_a_persistent_redis()
         Value::from("service_healthy")
     );
 
-    // The admin token is a secret mounted where ADMIN_TOKEN_FILE points.
-    let secret = service["secrets"][0].as_str().expect("a secret");
-    assert_eq!(
-        env[&Value::from("ADMIN_TOKEN_FILE")].as_str(),
-        Some(format!("/run/secrets/{secret}").as_str())
-    );
-    assert!(compose["secrets"][secret]["file"].is_string());
-    assert!(
-        env.get(Value::from("ADMIN_TOKEN")).is_none(),
-        "no token in the file itself"
-    );
+    // Both tokens are secrets mounted where their _FILE variables point; on 0.0.0.0 the
+    // service would refuse to start without the worker token.
+    let secrets: Vec<&str> = service["secrets"]
+        .as_sequence()
+        .expect("secrets")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for (token, secret) in [
+        ("ADMIN_TOKEN", "admin_token"),
+        ("WORKER_TOKEN", "worker_token"),
+    ] {
+        assert!(secrets.contains(&secret), "{secret} in {secrets:?}");
+        assert_eq!(
+            env[&Value::from(format!("{token}_FILE"))].as_str(),
+            Some(format!("/run/secrets/{secret}").as_str())
+        );
+        assert!(compose["secrets"][secret]["file"].is_string());
+        assert!(
+            env.get(Value::from(token)).is_none(),
+            "no token in the file itself"
+        );
+    }
+
+    // The probes have their own port, which is not published.
+    let probes = env[&Value::from("PROBE_LISTEN")]
+        .as_str()
+        .expect("PROBE_LISTEN");
+    assert!(probes.starts_with("0.0.0.0:"), "{probes}");
+    assert_ne!(port_of(probes), port_of(listen));
+    assert_eq!(service["ports"].as_sequence().map(Vec::len), Some(1));
 
     let redis = &compose["services"]["redis"];
     let command: Vec<&str> = redis["command"]
@@ -143,6 +166,8 @@ fn the_kubernetes_deployment_is_hardened_probed_and_sets_only_known_variables() 
     let known = known_env();
     let secret = yaml("deploy/kubernetes/secret.example.yaml");
     let mut listen = None;
+    let mut probe_listen = None;
+    let mut worker_token_from_secret = false;
     for var in container["env"].as_sequence().expect("env") {
         let name = var["name"].as_str().expect("a name");
         assert!(
@@ -151,6 +176,12 @@ fn the_kubernetes_deployment_is_hardened_probed_and_sets_only_known_variables() 
         );
         if name == "LISTEN_ADDR" {
             listen = var["value"].as_str();
+        }
+        if name == "PROBE_LISTEN" {
+            probe_listen = var["value"].as_str();
+        }
+        if name == "WORKER_TOKEN" {
+            worker_token_from_secret = var["valueFrom"]["secretKeyRef"]["key"].is_string();
         }
         if let Some(key) = var["valueFrom"]["secretKeyRef"]["key"].as_str() {
             assert_eq!(
@@ -169,6 +200,28 @@ fn the_kubernetes_deployment_is_hardened_probed_and_sets_only_known_variables() 
         container["ports"][0]["containerPort"].as_u64(),
         Some(u64::from(port_of(listen)))
     );
+    assert!(
+        worker_token_from_secret,
+        "on 0.0.0.0 the service needs a worker token, from the secret"
+    );
+
+    // Both probes point at the named port whose number is PROBE_LISTEN's.
+    let probe_listen = probe_listen.expect("PROBE_LISTEN is set");
+    assert!(probe_listen.starts_with("0.0.0.0:"));
+    for probe in ["livenessProbe", "readinessProbe"] {
+        let name = &container[probe]["httpGet"]["port"];
+        let port = container["ports"]
+            .as_sequence()
+            .expect("ports")
+            .iter()
+            .find(|port| &port["name"] == name)
+            .unwrap_or_else(|| panic!("{probe} names the port {name:?}, which is not declared"));
+        assert_eq!(
+            port["containerPort"].as_u64(),
+            Some(u64::from(port_of(probe_listen))),
+            "{probe}"
+        );
+    }
 
     let service = yaml("deploy/kubernetes/service.yaml");
     assert_eq!(service["spec"]["selector"], spec["selector"]["matchLabels"]);
@@ -184,6 +237,7 @@ fn the_dockerfile_runs_as_non_root_checks_livez_and_sets_only_known_variables() 
     let known = known_env();
     let mut env_names = Vec::new();
     let mut listen = None;
+    let mut probe_listen = None;
     // ENV lines may continue with backslashes; join them first.
     let joined = dockerfile.replace("\\\n", " ");
     for line in joined.lines().map(str::trim) {
@@ -193,6 +247,9 @@ fn the_dockerfile_runs_as_non_root_checks_livez_and_sets_only_known_variables() 
                 env_names.push(name.to_owned());
                 if name == "LISTEN_ADDR" {
                     listen = Some(value.to_owned());
+                }
+                if name == "PROBE_LISTEN" {
+                    probe_listen = Some(value.to_owned());
                 }
             }
         }
@@ -204,12 +261,22 @@ fn the_dockerfile_runs_as_non_root_checks_livez_and_sets_only_known_variables() 
         );
     }
     let listen = listen.expect("the image sets LISTEN_ADDR");
+    let probe_listen = probe_listen.expect("the image sets PROBE_LISTEN");
     assert!(listen.starts_with("0.0.0.0:"));
-    assert!(joined.contains(&format!("EXPOSE {}", port_of(&listen))));
+    let exposed: Vec<u16> = joined
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("EXPOSE "))
+        .flat_map(str::split_whitespace)
+        .map(|port| port.parse().expect("a port"))
+        .collect();
+    assert_eq!(exposed, [port_of(&listen), port_of(&probe_listen)]);
     assert!(joined.lines().any(|l| l.trim().starts_with("USER nonroot")));
     let healthcheck = joined
         .lines()
         .find(|l| l.starts_with("HEALTHCHECK"))
         .expect("a HEALTHCHECK");
-    assert!(healthcheck.contains("/livez"), "{healthcheck}");
+    assert!(
+        healthcheck.contains(&format!("127.0.0.1:{}/livez", port_of(&probe_listen))),
+        "{healthcheck}"
+    );
 }

@@ -189,6 +189,10 @@ pub fn test_config(redis_url: Option<String>) -> Config {
     config.admin_token = Some(ADMIN.to_owned());
     config.admin_token_file = None;
     config.worker_token = None;
+    config.worker_token_file = None;
+    config.allow_anonymous_workers = false;
+    config.probe_listen = None;
+    config.max_connections = None;
     config.store_timeout_ms = 1000;
     config.shutdown_timeout_ms = 5000;
     config.body_limit_bytes = 1024 * 1024;

@@ -17,9 +17,17 @@ pub struct ServiceProcess {
 }
 
 /// The service binary with `env` on top of a clean test environment, its standard output
-/// piped.
-fn command(env: &[(&str, String)]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_proxy-allocator"));
+/// piped; run by the command `wrapper` when it is not empty.
+fn command(wrapper: &[&str], env: &[(&str, String)]) -> Command {
+    let binary = env!("CARGO_BIN_EXE_proxy-allocator");
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(args).arg(binary);
+            cmd
+        }
+        None => Command::new(binary),
+    };
     cmd.env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("LISTEN_ADDR", "127.0.0.1:0")
@@ -37,7 +45,9 @@ fn command(env: &[(&str, String)]) -> Command {
 /// Runs the binary with `env` until it exits by itself (within 10 s, or it is killed):
 /// its exit code and every line it wrote. For starts that must fail.
 pub fn run_to_exit(env: &[(&str, String)]) -> (Option<i32>, Vec<String>) {
-    let mut child = command(env).spawn().expect("the service binary starts");
+    let mut child = command(&[], env)
+        .spawn()
+        .expect("the service binary starts");
     let stdout = child.stdout.take().expect("stdout");
     let reader = std::thread::spawn(move || {
         BufReader::new(stdout)
@@ -66,7 +76,15 @@ pub fn run_to_exit(env: &[(&str, String)]) -> (Option<i32>, Vec<String>) {
 impl ServiceProcess {
     /// Starts the binary on a free port with `env` on top of a clean test environment.
     pub fn start(env: &[(&str, String)]) -> Self {
-        let mut child = command(env).spawn().expect("the service binary starts");
+        Self::start_via(&[], env)
+    }
+
+    /// Starts the binary as [`ServiceProcess::start`] does, run by the command `wrapper`
+    /// (`prlimit --nofile=...`, to start it with other limits) when it is not empty.
+    pub fn start_via(wrapper: &[&str], env: &[(&str, String)]) -> Self {
+        let mut child = command(wrapper, env)
+            .spawn()
+            .expect("the service binary starts");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         let lines = Arc::new(Mutex::new(Vec::new()));

@@ -1,5 +1,6 @@
 //! The fault suite: Redis killed, flushed, slowed and cut off; the service stopped under
-//! load; several service processes on one Redis; hostile requests. Everything runs on
+//! load; several service processes on one Redis; hostile requests and connections (idle,
+//! beyond the cap, slow bodies, a flood past the open-file limit). Everything runs on
 //! loopback, is bounded in time, and stops what it starts.
 
 #[expect(
@@ -10,6 +11,7 @@
 mod helpers;
 
 mod chaos;
+mod connections;
 #[expect(
     dead_code,
     reason = "shared with the data directory suite, which reads the counts of the answers"
@@ -17,7 +19,7 @@ mod chaos;
 mod load;
 #[expect(
     dead_code,
-    reason = "shared with the API suite, which also reads the log"
+    reason = "shared with the data directory suite, which also kills and watches starts fail"
 )]
 #[path = "../api/process.rs"]
 mod process;

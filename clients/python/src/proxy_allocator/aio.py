@@ -47,7 +47,7 @@ class AsyncClient:
     ``token`` is sent as ``Authorization: Bearer <token>``. Each call waits at most
     ``timeout`` seconds, including the wait for one of ``max_connections`` kept-alive
     connections, each reused while it was idle less than ``idle_timeout`` seconds (below
-    the service's ``HEADER_READ_TIMEOUT_MS``, after which it closes idle connections). The
+    the service's ``KEEP_ALIVE_TIMEOUT_MS``, after which it closes idle connections). The
     connections are opened on first use, in the running event loop, and belong to it. Use it as ``async with AsyncClient(...) as client:`` or call
     :meth:`aclose`. Proxy settings of the environment are ignored for calls to the service.
     """

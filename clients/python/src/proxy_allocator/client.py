@@ -33,7 +33,7 @@ RESULTS = ("ok", "failed", "blocked")
 DEFAULT_TIMEOUT = 10.0
 
 #: Seconds a kept-alive connection may stay idle and still be reused. Below the service's
-#: own limit (``HEADER_READ_TIMEOUT_MS``, 5 s by default, after which it closes an idle
+#: own limit (``KEEP_ALIVE_TIMEOUT_MS``, 5 s by default, after which it closes an idle
 #: connection), so that a call never races the service closing its connection.
 DEFAULT_IDLE_TIMEOUT = 4.0
 
@@ -193,7 +193,7 @@ class Client:
     the service's worker routes are open). Each call makes one HTTP request and waits at
     most ``timeout`` seconds. Calls reuse one kept-alive connection per thread, so a
     client may be shared by threads, for as long as it was idle less than
-    ``idle_timeout`` seconds (keep it below the service's ``HEADER_READ_TIMEOUT_MS``);
+    ``idle_timeout`` seconds (keep it below the service's ``KEEP_ALIVE_TIMEOUT_MS``);
     ``close()`` (or ``with Client(...) as client:``) closes them. Proxy settings of the environment (``HTTP_PROXY``...) are ignored for
     calls to the service: they are meant for the worker's own traffic.
     """
