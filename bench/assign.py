@@ -1,5 +1,10 @@
 """Drives bench/assign.sh: starts Redis and the release build, seeds pools, measures.
 
+Then the embedded store in memory against the embedded store in a data directory
+(`DATA_DIR`), two services side by side, their runs alternating; the disk written per
+assign, the log's size before and after compaction, and the time a restart takes to
+recover the data directory.
+
 Every number in the table comes from this one run, on this machine, with the load
 generator, Redis and the service sharing its cores; compare the ratios, not the absolute
 figures, across machines.
@@ -38,6 +43,11 @@ CONNECTIONS = int(os.environ.get("CONNECTIONS", "64"))
 # yardstick is fair only if both generators take the same share. The middle pool size is
 # also measured with two wrk threads, in the same rounds, to show what the choice is worth.
 WRK_THREADS = int(os.environ.get("WRK_THREADS", "1"))
+# Pool sizes of the in-memory against DATA_DIR comparison.
+DURABLE_SIZES = [int(s) for s in os.environ.get("DURABLE_SIZES", "100 1000000").split()]
+FSYNC_INTERVAL_S = int(os.environ.get("FSYNC_INTERVAL_MS", "1000")) / 1000
+# Which parts run: "redis", "embedded", "durable" (all by default).
+PARTS = os.environ.get("PARTS", "redis embedded durable").split()
 TOKEN = "bench-token"
 ASSIGN = "service `POST /assign`"
 PREFIX = "bench"
@@ -147,20 +157,161 @@ def peak_rss_mb(pid):
     return float("nan")
 
 
-def start_service(redis_url):
+def start_service(redis_url, data_dir=None, log_to=os.devnull):
     port = free_port()
     env = dict(os.environ, ADMIN_TOKEN=TOKEN, LISTEN_ADDR=f"127.0.0.1:{port}",
                KEY_PREFIX=PREFIX, LOG_FORMAT="json")
     env.pop("REDIS_URL", None)
+    env.pop("DATA_DIR", None)
     if redis_url:
         env["REDIS_URL"] = redis_url
-    log = open(os.devnull, "w")
+    if data_dir:
+        env["DATA_DIR"] = data_dir
+    log = open(log_to, "w")
     proc = subprocess.Popen([BINARY], env=env, stdout=log, stderr=log)
-    wait_port(port)
+    wait_port(port, timeout=60)
     return proc, f"http://127.0.0.1:{port}"
 
 
+def storage_written(pid):
+    """Bytes the process has sent to the storage layer so far (`write_bytes`)."""
+    with open(f"/proc/{pid}/io") as io:
+        for line in io:
+            if line.startswith("write_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
+def data_files(data_dir):
+    """(total bytes of log files, total bytes of snapshots) in the directory now."""
+    logs = snapshots = 0
+    for name in os.listdir(data_dir):
+        try:
+            size = os.path.getsize(os.path.join(data_dir, name))
+        except OSError:
+            continue
+        if name.startswith("log."):
+            logs += size
+        elif name.startswith("snapshot.") and not name.endswith(".partial"):
+            snapshots += size
+    return logs, snapshots
+
+
+class DirectoryWatch:
+    """Samples the data directory every 0.2 s: the log's largest size before each
+    compaction, and its size and the snapshot's right after."""
+
+    def __init__(self, data_dir):
+        import threading
+        self.data_dir, self.compactions, self.running = data_dir, [], True
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        largest_log, last_snapshot = 0, data_files(self.data_dir)[1]
+        while self.running:
+            logs, snapshot = data_files(self.data_dir)
+            if snapshot != last_snapshot and snapshot > 0:
+                self.compactions.append({"log_before": largest_log, "log_after": logs,
+                                         "snapshot": snapshot})
+                largest_log, last_snapshot = logs, snapshot
+            largest_log = max(largest_log, logs)
+            time.sleep(0.2)
+
+    def stop(self):
+        self.running = False
+        self.thread.join()
+
+
+def recover(data_dir):
+    """Restarts a service on `data_dir`: seconds until it listens, and the recovery's own
+    figure from its log line."""
+    log = os.path.join(tempfile.mkdtemp(), "recovery.log")
+    started = time.time()
+    proc, _ = start_service(None, data_dir=data_dir, log_to=log)
+    listening = time.time() - started
+    # CPU the process used to get there (recovery, mostly): on a busy machine the wall
+    # time says more about the neighbours.
+    with open(f"/proc/{proc.pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    took_ms = None
+    deadline = time.time() + 10
+    while took_ms is None and time.time() < deadline:
+        with open(log) as lines:
+            for line in lines:
+                if "recovered the data directory" in line:
+                    took_ms = json.loads(line)["took_ms"]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    return listening, took_ms, cpu
+
+
+def durable_rows():
+    """In memory against DATA_DIR: one service of each, alternating runs."""
+    rows, extra = [], []
+    data_dir = tempfile.mkdtemp(prefix="pa-bench-data-")
+    memory, memory_base = start_service(None)
+    disk, disk_base = start_service(None, data_dir=data_dir)
+    watch = DirectoryWatch(data_dir)
+    written, assigns = 0, 0
+    try:
+        for size in DURABLE_SIZES:
+            pool = f"p{size}"
+            seed(memory_base, pool, size)
+            seed(disk_base, pool, size)
+            on_memory, on_disk = [], []
+            for _ in range(ROUNDS):
+                on_memory.append(wrk(f"{memory_base}/pools/{pool}/assign"))
+                before = storage_written(disk.pid)
+                on_disk.append(wrk(f"{disk_base}/pools/{pool}/assign"))
+                # The last interval's records reach the file after the run: wait for them.
+                time.sleep(FSYNC_INTERVAL_S + 0.5)
+                written += storage_written(disk.pid) - before
+                assigns += on_disk[-1]["rps"] * DURATION
+            memory_figure = median(on_memory)
+            disk_figure = with_ratios(median(on_disk), on_disk, on_memory)
+            rows.append((ASSIGN + ", in memory", "embedded", size, memory_figure, None))
+            rows.append((ASSIGN + ", `DATA_DIR`", "embedded", size, disk_figure, None))
+        rows.append(("peak RSS of the service, in memory", "embedded", "-",
+                     {"rss": peak_rss_mb(memory.pid)}, None))
+        rows.append(("peak RSS of the service, `DATA_DIR`", "embedded", "-",
+                     {"rss": peak_rss_mb(disk.pid)}, None))
+    finally:
+        watch.stop()
+        for proc in (memory, disk):
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    logs, snapshot = data_files(data_dir)
+    extra.append(f"disk written per assign with DATA_DIR: {written / max(assigns, 1):.1f} bytes "
+                 f"({written / 1e6:,.0f} MB for {assigns:,.0f} assigns, compactions included)")
+    for c in watch.compactions:
+        extra.append(f"compaction: log {c['log_before'] / 1e6:,.1f} MB before, "
+                     f"{c['log_after'] / 1e6:,.1f} MB after, snapshot {c['snapshot'] / 1e6:,.1f} MB")
+    extra.append(f"at shutdown: log {logs / 1e6:,.1f} MB, snapshot {snapshot / 1e6:,.1f} MB")
+    for attempt in (1, 2):
+        listening, took_ms, cpu = recover(data_dir)
+        extra.append(f"restart {attempt} on the directory (pools of {', '.join(f'{s:,}' for s in DURABLE_SIZES)} "
+                     f"members): recovery {took_ms} ms, listening after {listening:.2f} s, "
+                     f"{cpu:.2f} s of CPU until then; load average {os.getloadavg()[0]:.1f}")
+    subprocess.run(["rm", "-rf", data_dir], check=False)
+    return rows, extra
+
+
+
 def main():
+    rows, durable, extra = [], [], []
+    if "redis" in PARTS or "embedded" in PARTS:
+        rows = redis_and_embedded_rows()
+    if "durable" in PARTS:
+        durable, extra = durable_rows()
+    report(rows)
+    if durable:
+        report_durable(durable, extra)
+
+
+def redis_and_embedded_rows():
     redis_port = free_port()
     redis = subprocess.Popen(
         ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
@@ -171,7 +322,7 @@ def main():
         text = "".join(open(os.path.join(SCRIPTS, part)).read() for part in SCRIPT_PARTS)
         sha = subprocess.run(["redis-cli", "-p", str(redis_port), "-x", "SCRIPT", "LOAD"],
                              input=text, check=True, capture_output=True, text=True).stdout.strip()
-        for store in ["redis", "embedded"]:
+        for store in [p for p in ["redis", "embedded"] if p in PARTS]:
             url = f"redis://127.0.0.1:{redis_port}" if store == "redis" else None
             proc, base = start_service(url)
             try:
@@ -211,10 +362,32 @@ def main():
     finally:
         redis.terminate()
         redis.wait()
-    report(rows)
+    return rows
+
+
+def report_durable(rows, extra):
+    print(f"\n{date.today()} · embedded store in memory against DATA_DIR (FSYNC_INTERVAL_MS "
+          f"{os.environ.get('FSYNC_INTERVAL_MS', '1000')}), two services side by side · "
+          f"{CONNECTIONS} connections · median of {ROUNDS} runs of {DURATION} s, alternating · "
+          f"wrk -t{WRK_THREADS}\n")
+    print("| what | pool size | requests/s | p50 ms | p99 ms (range) | non-2xx | vs in memory (range) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for what, _, size, r, _ in rows:
+        if "rss" in r:
+            print(f"| {what} | | {r['rss']:.1f} MB | | | | |")
+            continue
+        ratio = (f"{r['vs_bench']:.2f} ({r['vs_bench_range'][0]:.2f}–{r['vs_bench_range'][1]:.2f})"
+                 if "vs_bench" in r else "")
+        print(f"| {what} | {size:,} | {r['rps']:,.0f} | {r['p50']:.2f} | {r['p99']:.2f} "
+              f"({r['p99_range'][0]:.2f}–{r['p99_range'][1]:.2f}) | {r['non2xx']} | {ratio} |")
+    for line in extra:
+        print(f"\n{line}", end="")
+    print()
 
 
 def report(rows):
+    if not rows:
+        return
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
     print(f"\n{date.today()} · {os.cpu_count()} cores ({cpu}) · {CONNECTIONS} connections · "
           f"median of {ROUNDS} runs of {DURATION} s, alternating · wrk -t{WRK_THREADS} and "

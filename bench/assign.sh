@@ -7,6 +7,7 @@
 #   ROUNDS=9 bash bench/assign.sh        # more runs per figure on a noisier machine
 #   SIZES="100 10000" DURATION=5 bash bench/assign.sh
 #   WRK_THREADS=2 bash bench/assign.sh   # two wrk threads (redis-benchmark always runs one)
+#   PARTS=durable bash bench/assign.sh   # only the embedded store in memory against DATA_DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -49,10 +49,23 @@ pub struct Config {
     pub max_connections: Option<u64>,
 
     /// Redis URL (`redis://` or `rediss://`). Without it (and without a Cluster or Sentinel
-    /// setting) the service runs on its embedded store: state is neither shared between
-    /// replicas nor kept across restarts.
+    /// setting) the service runs on its embedded store, for one replica: in memory, or in
+    /// `DATA_DIR` when that is set.
     #[arg(long, env = "REDIS_URL")]
     pub redis_url: Option<String>,
+
+    /// Directory where the embedded store keeps its state (created when missing): it is
+    /// recovered at start, and only one process may open it. Without it the embedded store
+    /// keeps nothing across a restart. Not used with Redis.
+    #[arg(long, env = "DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// With `DATA_DIR`: at most how long, in milliseconds, an assignment count or an
+    /// outcome (health) change stays in memory only; 0 fsyncs before every answer. Changes
+    /// of configuration and membership, and leases issued, are always fsynced before their
+    /// answer.
+    #[arg(long, env = "FSYNC_INTERVAL_MS", default_value_t = 1000)]
+    pub fsync_interval_ms: u64,
 
     /// Seed nodes of a Redis Cluster, comma-separated URLs; the rest of the cluster is
     /// discovered from them. An alternative to `REDIS_URL`.
@@ -207,6 +220,11 @@ impl Config {
     /// The metrics refresh interval as a duration.
     pub fn metrics_refresh(&self) -> Duration {
         Duration::from_millis(self.metrics_refresh_ms)
+    }
+
+    /// The fsync interval of the embedded store's data directory as a duration.
+    pub fn fsync_interval(&self) -> Duration {
+        Duration::from_millis(self.fsync_interval_ms)
     }
 
     /// The check tick as a duration.

@@ -25,7 +25,11 @@
 //!   the key layout, running a script with its retries, decoding each script's reply into
 //!   one type, and the operations in modules of their own; the scripts are
 //!   `src/store/scripts/*.lua`; one server, a Redis Cluster or Sentinel's primary is
-//!   reached through `src/store/redis/connection.rs`.
+//!   reached through `src/store/redis/connection.rs`. The embedded one (`src/store/embedded/`) keeps
+//!   its pools in memory and, with a data directory, on disk: the records of what each
+//!   operation changed (`codec.rs`), their checksummed files (`files.rs`), the writer that
+//!   group-commits them (`journal.rs`), snapshots written while operations go on
+//!   (`snapshot.rs`) and recovery (`recovery.rs`).
 //! - [`http`]: the route table (each route with its method, who may call it and what body
 //!   it reads; the router is built from it and the tests walk it), handlers per resource
 //!   (assign, outcomes, leases, pools, members, the import with its own body limit,

@@ -14,7 +14,9 @@ use crate::config::{Config, RedisSettingsError};
 use crate::connections::{self, GuardedListener, Limits as ConnectionLimits};
 use crate::http::{self, AppState, Limits, Tokens};
 use crate::monitoring::PoolSnapshot;
-use crate::store::{EmbeddedStore, RedisStore, RedisStoreOptions, Store, StoreError};
+use crate::store::{
+    DataDirOptions, EmbeddedStore, OpenError, RedisStore, RedisStoreOptions, Store, StoreError,
+};
 use crate::{checker, sweep};
 
 /// Why the service could not start.
@@ -56,6 +58,15 @@ pub enum StartupError {
     /// The store could not be set up.
     #[error("cannot set up the store: {0}")]
     Store(#[from] StoreError),
+    /// `DATA_DIR` is set together with a Redis setting.
+    #[error(
+        "DATA_DIR is where the embedded store keeps its state, but a Redis setting is given \
+         and the state lives in Redis: set one or the other"
+    )]
+    DataDirWithRedis,
+    /// The data directory could not be opened.
+    #[error("cannot open the data directory: {0}")]
+    DataDir(#[from] OpenError),
 }
 
 /// A bound, ready-to-run service.
@@ -79,43 +90,30 @@ impl Application {
     /// settings are contradictory or invalid. An unreachable Redis is not an error: the
     /// service starts and reports not ready until Redis answers.
     pub async fn build(config: Config) -> Result<Self, StartupError> {
-        Self::build_with(config, |store| store).await
-    }
-
-    /// [`Application::build`], with `wrap` put around the store the configuration names:
-    /// how a test watches, or steps in between, what the service asks of its store.
-    ///
-    /// # Errors
-    /// As [`Application::build`].
-    pub async fn build_with(
-        config: Config,
-        wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
-    ) -> Result<Self, StartupError> {
         // Before anything else, so that a refused configuration says so at once.
         let worker_token = worker_token(&config)?;
         let admin_token = admin_token(&config)?;
+        let store = store(&config).await?;
+        Self::assemble(config, store, Tokens::new(admin_token, worker_token)).await
+    }
+
+    /// Binds the listener and serves `store`, which `config`'s store settings are taken to
+    /// describe.
+    ///
+    /// # Errors
+    /// As [`Application::build`], but for the store.
+    pub async fn with_store(config: Config, store: Arc<dyn Store>) -> Result<Self, StartupError> {
+        let worker_token = worker_token(&config)?;
+        let admin_token = admin_token(&config)?;
+        Self::assemble(config, store, Tokens::new(admin_token, worker_token)).await
+    }
+
+    async fn assemble(
+        config: Config,
+        store: Arc<dyn Store>,
+        tokens: Tokens,
+    ) -> Result<Self, StartupError> {
         let open_files = open_file_limit();
-        let store: Arc<dyn Store> = match config.redis_topology()? {
-            Some(topology) => Arc::new(
-                RedisStore::connect(RedisStoreOptions {
-                    topology,
-                    key_prefix: config.key_prefix.clone(),
-                    timeout: config.store_timeout(),
-                    connections: config.redis_connections,
-                })
-                .await?,
-            ),
-            None => {
-                tracing::warn!(
-                    "no REDIS_URL, REDIS_CLUSTER_URLS or REDIS_SENTINEL_URLS: using the \
-                     embedded store; pools are neither shared with other replicas nor kept \
-                     across restarts"
-                );
-                Arc::new(EmbeddedStore::new())
-            }
-        };
-        let store = wrap(store);
-        let tokens = Tokens::new(admin_token, worker_token);
         crate::monitoring::prometheus();
         let snapshot = PoolSnapshot::default();
         let state = AppState {
@@ -284,6 +282,8 @@ impl Application {
         for task in tasks {
             let _ = task.await;
         }
+        // Last: everything answered is made durable, and nothing after it is accepted.
+        self.store.close().await;
         Ok(())
     }
 }
@@ -360,6 +360,54 @@ fn worker_token(config: &Config) -> Result<Option<String>, StartupError> {
         );
     }
     Ok(token)
+}
+
+/// The store `config` names: Redis, or the embedded store in `DATA_DIR` or in memory.
+///
+/// # Errors
+/// [`StartupError`] when the settings contradict each other or the data directory cannot
+/// be opened (in use, damaged, unreadable).
+pub async fn store(config: &Config) -> Result<Arc<dyn Store>, StartupError> {
+    let topology = config.redis_topology()?;
+    if topology.is_some() && config.data_dir.is_some() {
+        return Err(StartupError::DataDirWithRedis);
+    }
+    if let Some(topology) = topology {
+        return Ok(Arc::new(
+            RedisStore::connect(RedisStoreOptions {
+                topology,
+                key_prefix: config.key_prefix.clone(),
+                timeout: config.store_timeout(),
+                connections: config.redis_connections,
+            })
+            .await?,
+        ));
+    }
+    let Some(dir) = &config.data_dir else {
+        tracing::warn!(
+            "no REDIS_URL, REDIS_CLUSTER_URLS or REDIS_SENTINEL_URLS: using the embedded store \
+             in memory; pools are neither shared with other replicas nor kept across restarts \
+             (set DATA_DIR to keep them)"
+        );
+        return Ok(Arc::new(EmbeddedStore::new()));
+    };
+    let options = DataDirOptions {
+        fsync_interval: config.fsync_interval(),
+        timeout: config.store_timeout(),
+        ..DataDirOptions::new(dir.clone())
+    };
+    // Reading a large directory takes a moment of blocking file I/O.
+    let store = tokio::task::spawn_blocking(move || EmbeddedStore::open(options))
+        .await
+        .map_err(|error| StartupError::Store(StoreError::Unavailable(Box::new(error))))??;
+    tracing::info!(
+        data_dir = %dir.display(),
+        fsync_interval_ms = config.fsync_interval_ms,
+        "using the embedded store in DATA_DIR: pools are kept across restarts, not shared \
+         with other replicas; changes of configuration and membership are on disk before \
+         they are answered, counts within FSYNC_INTERVAL_MS"
+    );
+    Ok(Arc::new(store))
 }
 
 fn admin_token(config: &Config) -> Result<String, StartupError> {

@@ -47,7 +47,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Serialize;
 
-pub use self::embedded::EmbeddedStore;
+pub use self::embedded::{DataDirOptions, EmbeddedStore, OpenError};
 pub use self::redis::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
     LeaseId, LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId, RestorePolicy, Timestamp,
@@ -598,6 +598,11 @@ pub trait Store: Send + Sync + 'static {
         pool: &PoolId,
         members: &[MemberId],
     ) -> Result<RemoveReport, StoreError>;
+
+    /// Called once at shutdown, after the requests have drained: makes everything
+    /// answered so far durable and refuses what comes after. Nothing to do for a store
+    /// whose state lives elsewhere.
+    async fn close(&self) {}
 }
 
 /// A jitter draw in `[-1, 1]` for one report call. Drawn by the service, never inside a

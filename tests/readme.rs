@@ -13,7 +13,8 @@
 //!   `[ID]` for 32 hexadecimal digits (lease and request ids).
 //! - `<!-- replay: start NAME=value ... -->` on the line before a block (re)starts the
 //!   service with those settings, on the same address, before the block runs. The first block
-//!   needs one.
+//!   needs one. `<!-- replay: by <path> -->` leaves a block to the test in that file, which
+//!   replays it against a service of its own (a restart on a data directory).
 //! - The service listens on a free port, which the test writes wherever a command says
 //!   `127.0.0.1:8080` or `localhost:8080` (and reads back as 8080 in outputs);
 //!   `PROXY_ALLOCATOR_URL` points the operator commands at it. The shell runs in a directory
@@ -64,13 +65,23 @@ struct Step {
 struct Block {
     /// 1-based line of README.md of the opening fence.
     line: usize,
-    /// Service settings from a `<!-- replay: start ... -->` line right before the block.
-    start: Option<Vec<(String, String)>>,
+    /// What the `<!-- replay: ... -->` line right before the block says, if there is one.
+    directive: Option<Directive>,
     steps: Vec<Step>,
 }
 
-/// The settings of a `<!-- replay: start NAME=value ... -->` line, when `line` is one.
-fn start_directive(line: &str, number: usize) -> Option<Vec<(String, String)>> {
+/// A `<!-- replay: ... -->` line.
+#[derive(Debug, PartialEq, Eq)]
+enum Directive {
+    /// `start NAME=value ...`: (re)start the service with these settings first.
+    Start(Vec<(String, String)>),
+    /// `by <path>`: another test, in the file named, replays this block (one that needs a
+    /// service of its own, such as a restart on a data directory).
+    By(String),
+}
+
+/// The directive of `line`, when it is a `<!-- replay: ... -->` line.
+fn directive(line: &str, number: usize) -> Option<Directive> {
     let inner = line
         .trim()
         .strip_prefix("<!--")?
@@ -78,10 +89,13 @@ fn start_directive(line: &str, number: usize) -> Option<Vec<(String, String)>> {
         .trim()
         .strip_prefix("replay:")?
         .trim();
+    if let Some(path) = inner.strip_prefix("by ") {
+        return Some(Directive::By(path.trim().to_owned()));
+    }
     let rest = inner
         .strip_prefix("start")
         .unwrap_or_else(|| panic!("README.md:{number}: unknown replay directive {inner:?}"));
-    Some(
+    Some(Directive::Start(
         rest.split_whitespace()
             .map(|setting| {
                 let (name, value) = setting
@@ -90,7 +104,7 @@ fn start_directive(line: &str, number: usize) -> Option<Vec<(String, String)>> {
                 (name.to_owned(), value.to_owned())
             })
             .collect(),
-    )
+    ))
 }
 
 /// Every console block of `text`, with its commands and outputs.
@@ -105,12 +119,12 @@ fn console_blocks(text: &str) -> Vec<Block> {
             at += 1;
             continue;
         }
-        let start = at
+        let directive = at
             .checked_sub(1)
-            .and_then(|before| start_directive(lines[before], before + 1));
+            .and_then(|before| directive(lines[before], before + 1));
         let mut block = Block {
             line: at + 1,
-            start,
+            directive,
             steps: Vec::new(),
         };
         at += 1;
@@ -320,7 +334,20 @@ fn every_console_session_of_the_readme_replays_as_printed() {
     let overwrite = std::env::var("README_REPLAY").is_ok_and(|mode| mode == "overwrite");
     let mut rewrites: Vec<(std::ops::Range<usize>, usize, String)> = Vec::new();
     for block in &blocks {
-        if let Some(settings) = &block.start {
+        if let Some(Directive::By(path)) = &block.directive {
+            // Replayed there: that file must exist and read the README.
+            let test = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path))
+                .unwrap_or_else(|error| {
+                    panic!("README.md:{}: the test named, {path}: {error}", block.line)
+                });
+            assert!(
+                test.contains("README.md"),
+                "README.md:{}: {path} does not read README.md",
+                block.line
+            );
+            continue;
+        }
+        if let Some(Directive::Start(settings)) = &block.directive {
             if let Some(mut running) = service.take() {
                 running.terminate();
                 running.wait_exit(Duration::from_secs(10));
@@ -409,15 +436,23 @@ fn blocks_commands_continuations_outputs_and_directives_are_read_as_documented()
                 \x20 ```\n\
                 ```text\n\
                 $ not replayed\n\
+                ```\n\
+                <!-- replay: by tests/durable/data_dir.rs -->\n\
+                ```console\n\
+                $ kill -TERM %1\n\
                 ```\n";
     let blocks = console_blocks(text);
-    assert_eq!(blocks.len(), 2);
+    assert_eq!(blocks.len(), 3);
     assert_eq!(
-        blocks[0].start,
-        Some(vec![
+        blocks[2].directive,
+        Some(Directive::By("tests/durable/data_dir.rs".to_owned()))
+    );
+    assert_eq!(
+        blocks[0].directive,
+        Some(Directive::Start(vec![
             ("ADMIN_TOKEN".to_owned(), "s3cret".to_owned()),
             ("RUST_LOG".to_owned(), "warn".to_owned())
-        ])
+        ]))
     );
     let steps: Vec<(usize, &str, &str, std::ops::Range<usize>)> = blocks[0]
         .steps
@@ -439,7 +474,7 @@ fn blocks_commands_continuations_outputs_and_directives_are_read_as_documented()
             (14, "true", "", 14..14)
         ]
     );
-    assert_eq!((blocks[1].line, &blocks[1].start), (17, &None));
+    assert_eq!((blocks[1].line, &blocks[1].directive), (17, &None));
     assert_eq!(blocks[1].steps[0].command, "echo two");
     assert_eq!(blocks[1].steps[0].expected, "two");
     assert_eq!(

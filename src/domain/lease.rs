@@ -49,6 +49,14 @@ impl LeaseId {
     }
 }
 
+// Maps keyed by ids can be searched with the text of one (the embedded store's recovery
+// looks ids up as it reads them): an id hashes and compares exactly as its text.
+impl std::borrow::Borrow<str> for LeaseId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Display for LeaseId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

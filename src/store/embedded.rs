@@ -1,12 +1,37 @@
-//! `EmbeddedStore`: every pool in this process's memory, for a single replica.
+//! `EmbeddedStore`: every pool in this process's memory, for a single replica, kept on disk
+//! when it is given a data directory.
 //!
 //! It follows the Redis store rule for rule (the shared behavioural suite runs against
-//! both), but its state is neither shared with other replicas nor persisted: a restart
-//! starts from nothing. One mutex guards all pools; every operation holds it for its whole
-//! duration, which gives the same atomicity as one Lua script in Redis.
+//! it in memory and on disk). One mutex guards all pools; every operation holds it for its
+//! whole duration, which gives the same atomicity as one Lua script in Redis. The memory
+//! is the source of truth: the disk only ever receives what operations changed.
+//!
+//! # On disk (`DATA_DIR`)
+//! Each operation, still under the lock, appends the records of what it changed (see
+//! [`codec`]: after-images of the pools, members and leases it touched, or the assign's
+//! count update) to an in-memory buffer. A writer thread ([`journal`]) takes whole
+//! buffers, so the log holds whole operations in the order they happened, writes each as
+//! one checksummed frame ([`files`]) and fsyncs: at once when an operation waits for it
+//! (changes of configuration and membership, leases issued, and every operation when
+//! `FSYNC_INTERVAL_MS` is 0; operations waiting together share one fsync), otherwise every
+//! `FSYNC_INTERVAL_MS`. An assign on a least-used pool makes no system call.
+//!
+//! A compactor thread ([`snapshot`]) starts a new log generation and writes every pool
+//! into a snapshot, a few thousand entries per turn of the lock, while operations go on.
+//! Recovery ([`recovery`]) loads the newest complete snapshot and replays the logs after
+//! it; it needs no clock or randomness, since the records hold every time, lease id and
+//! jitter draw the operations used.
 
+mod codec;
+mod files;
+mod journal;
+mod recovery;
+mod snapshot;
+
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -22,10 +47,119 @@ use crate::domain::{
     Timestamp,
 };
 
+use self::codec::{MemberImage, PoolImage};
+use self::journal::{Buffer, Disk};
+
 /// The in-process store. Cloning is not needed: the application holds it behind an `Arc`.
 #[derive(Debug, Default)]
 pub struct EmbeddedStore {
-    pools: Mutex<BTreeMap<PoolId, Pool>>,
+    inner: Arc<Mutex<Inner>>,
+    /// With a data directory: the writer and compactor threads and the durability waits.
+    disk: Option<Disk>,
+}
+
+/// What the lock guards.
+#[derive(Debug, Default)]
+struct Inner {
+    pools: BTreeMap<PoolId, Pool>,
+    /// With a data directory: records of whole operations not yet taken by the writer.
+    journal: Option<Buffer>,
+    /// Why every operation is refused from now on: the store was closed, or its disk
+    /// failed and memory and disk can no longer be trusted to agree.
+    refused: Option<Refused>,
+}
+
+#[derive(Debug, Clone)]
+enum Refused {
+    Closed,
+    DiskFailed(String),
+}
+
+/// How a data directory is used.
+#[derive(Debug, Clone)]
+pub struct DataDirOptions {
+    /// The directory; created when missing.
+    pub dir: PathBuf,
+    /// How often counts and outcome state are fsynced; zero fsyncs before every answer.
+    pub fsync_interval: Duration,
+    /// Longest time an operation waits for its fsync before answering 503.
+    pub timeout: Duration,
+    /// A compaction starts once the current log is larger than this and than half the
+    /// last snapshot: replaying a log costs more per record than loading a snapshot, so the
+    /// log is kept smaller than the snapshot to keep recovery short.
+    pub compact_min_log_bytes: u64,
+    /// Pools, members and leases one turn of the lock copies into a snapshot.
+    pub snapshot_chunk: usize,
+}
+
+impl DataDirOptions {
+    /// `dir` with the service's defaults: fsync every second, compaction past 8 MiB of
+    /// log (and half the snapshot), 4,096 entries per turn of the lock.
+    pub fn new(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            fsync_interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            compact_min_log_bytes: 8 << 20,
+            snapshot_chunk: 4096,
+        }
+    }
+}
+
+/// Why a data directory could not be opened. The store never starts on part of its state.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Reading or writing a file failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Another process holds the directory.
+    #[error(
+        "{} is in use by another process{}: only one process may open a data directory",
+        dir.display(),
+        holder.as_ref().map(|pid| format!(" (pid {pid})")).unwrap_or_default()
+    )]
+    Locked {
+        /// The directory.
+        dir: PathBuf,
+        /// The pid the lock file names, when it names one.
+        holder: Option<String>,
+    },
+    /// A file is damaged (other than a last record cut short by a crash, which is dropped).
+    #[error(
+        "{} is damaged at byte {offset}: {reason}; refusing to start on part of the data",
+        path.display()
+    )]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// Where its damaged frame starts.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// What an operation changed, so that its records can be written: the pool's own state,
+/// and the members and leases whose after-images (or removals) the log needs. Marked where
+/// the state changes, in the helpers below; taken when the operation ends.
+#[derive(Debug, Default)]
+struct Changes {
+    pool: bool,
+    members: Vec<MemberId>,
+    leases: Vec<LeaseId>,
+}
+
+impl Changes {
+    fn clear(&mut self) {
+        self.pool = false;
+        self.members.clear();
+        self.leases.clear();
+    }
 }
 
 #[derive(Debug)]
@@ -58,6 +192,8 @@ struct Pool {
     recovered: u64,
     /// Until when the last check round holds the pool.
     check_round_until: Option<Timestamp>,
+    /// What the operation under way changed (not part of the pool's state).
+    changes: Changes,
 }
 
 /// Members ordered by `(count, id)`, the order Redis gives a sorted set, with a map for
@@ -91,6 +227,13 @@ impl Ranked {
                 self.order.insert((count, member));
             }
         }
+    }
+
+    /// Adds a member known not to be here: one hash instead of two (recovery inserts a
+    /// million of them).
+    fn insert_absent(&mut self, member: MemberId, count: u64) {
+        self.counts.insert(member.clone(), count);
+        self.order.insert((count, member));
     }
 
     /// Adds one to the count of the first member (fewest, then lowest id) and returns it
@@ -128,10 +271,10 @@ impl Ranked {
 }
 
 impl Pool {
-    fn new(config: PoolConfig) -> Self {
+    fn new(config: PoolConfig, created_at: Timestamp) -> Self {
         Self {
             config,
-            created_at: Timestamp::now(),
+            created_at,
             total_assignments: 0,
             eligible: Ranked::default(),
             ineligible: Ranked::default(),
@@ -148,7 +291,59 @@ impl Pool {
             tripped: 0,
             recovered: 0,
             check_round_until: None,
+            changes: Changes::default(),
         }
+    }
+
+    fn mark_member(&mut self, member: &MemberId) {
+        self.changes.members.push(member.clone());
+    }
+
+    fn mark_lease(&mut self, lease: &LeaseId) {
+        self.changes.leases.push(lease.clone());
+    }
+
+    /// The pool's own state, as records and snapshots hold it.
+    fn image(&self) -> PoolImage<'_> {
+        PoolImage {
+            config: Cow::Borrowed(&self.config),
+            created_at: self.created_at,
+            total_assignments: self.total_assignments,
+            abandoned: self.abandoned,
+            tripped: self.tripped,
+            recovered: self.recovered,
+            check_round_until: self.check_round_until,
+        }
+    }
+
+    /// Everything the pool keeps about `member`, given its count and set; see
+    /// [`Pool::member_image`].
+    fn member_image_with(
+        &self,
+        member: &MemberId,
+        assignments: u64,
+        eligible: bool,
+    ) -> MemberImage<'_> {
+        MemberImage {
+            eligible,
+            assignments,
+            taken_out: self
+                .taken_out
+                .get(member)
+                .map(|(reason, since)| (Cow::Borrowed(reason.as_str()), *since)),
+            health: self.health_of(member),
+            returns_at: self.return_at.get(member).copied(),
+            last_check: self.checks.get(member).map(Cow::Borrowed),
+        }
+    }
+
+    /// Everything the pool keeps about `member`; `None` when it is not a member.
+    fn member_image(&self, member: &MemberId) -> Option<MemberImage<'_>> {
+        if let Some(count) = self.eligible.get(member) {
+            return Some(self.member_image_with(member, count, true));
+        }
+        let count = self.ineligible.get(member)?;
+        Some(self.member_image_with(member, count, false))
     }
 
     fn health_of(&self, member: &MemberId) -> Health {
@@ -156,6 +351,7 @@ impl Pool {
     }
 
     fn set_health(&mut self, member: &MemberId, health: Health) {
+        self.mark_member(member);
         if health.streak == 0 && health.trips == 0 {
             self.health.remove(member);
         } else {
@@ -166,13 +362,17 @@ impl Pool {
     /// Cancels a member's scheduled return; false when it was not cooling down.
     fn cancel_return(&mut self, member: &MemberId) -> bool {
         match self.return_at.remove(member) {
-            Some(at) => self.returns.remove(&(at, member.clone())),
+            Some(at) => {
+                self.mark_member(member);
+                self.returns.remove(&(at, member.clone()))
+            }
             None => false,
         }
     }
 
     fn schedule_return(&mut self, member: &MemberId, at: Timestamp) {
         self.cancel_return(member);
+        self.mark_member(member);
         self.return_at.insert(member.clone(), at);
         self.returns.insert((at, member.clone()));
     }
@@ -184,6 +384,7 @@ impl Pool {
         let Some(count) = self.eligible.remove(member) else {
             return false;
         };
+        self.mark_member(member);
         self.ineligible.set(member.clone(), count);
         self.taken_out
             .insert(member.clone(), (reason.to_owned(), now));
@@ -201,6 +402,7 @@ impl Pool {
         minimum: Option<u64>,
     ) -> Option<(u64, u64)> {
         let kept = self.ineligible.remove(member)?;
+        self.mark_member(member);
         let restored = policy.restored_count(kept, minimum);
         self.taken_out.remove(member);
         self.eligible.set(member.clone(), restored);
@@ -237,7 +439,10 @@ impl Pool {
                 self.restore(member, policy, minimum).is_some()
             })
             .count() as u64;
-        self.recovered += returned;
+        if returned > 0 {
+            self.recovered += returned;
+            self.changes.pool = true;
+        }
         returned
     }
 
@@ -253,6 +458,7 @@ impl Pool {
         let trips = health.trips + 1;
         let cooldown_ms = self.config.health.cooldown_ms(trips, draw);
         if !self.take_out(member, reason, now) {
+            self.mark_member(member);
             self.taken_out
                 .insert(member.clone(), (reason.to_owned(), now));
         }
@@ -266,6 +472,7 @@ impl Pool {
             },
         );
         self.tripped += 1;
+        self.changes.pool = true;
     }
 
     /// One report, by the rules of `scripts/outcomes.lua`. `None` for an unknown member.
@@ -292,6 +499,7 @@ impl Pool {
                 let minimum = self.eligible.min();
                 self.restore(member, self.config.restore, minimum);
                 self.recovered += 1;
+                self.changes.pool = true;
                 Effect::Returned
             } else {
                 self.set_health(member, Health::default());
@@ -312,6 +520,7 @@ impl Pool {
             }
         };
         if check {
+            self.mark_member(member);
             self.checks.insert(
                 member.clone(),
                 LastCheck {
@@ -345,6 +554,11 @@ impl Pool {
 
     /// Takes the member out of the choosing order, before its numbers change.
     fn unplace(&mut self, member: &MemberId) {
+        // Only least-in-flight pools have the order (a policy changes only while the pool
+        // is empty), and building a key costs a copy of the id.
+        if self.config.policy != Policy::LeastInFlight {
+            return;
+        }
         if let Some(key) = self.order_key(member) {
             self.order.remove(&key);
         }
@@ -365,6 +579,7 @@ impl Pool {
         let expires_at = Timestamp(now.0.saturating_add(ttl.as_millis()));
         self.leases.insert(id.clone(), (member.clone(), expires_at));
         self.expiry.insert((expires_at, id.clone()));
+        self.mark_lease(&id);
         Lease {
             id,
             expires_at,
@@ -377,6 +592,7 @@ impl Pool {
     fn end_lease(&mut self, id: &LeaseId) -> Option<MemberId> {
         let (member, expires_at) = self.leases.remove(id)?;
         self.expiry.remove(&(expires_at, id.clone()));
+        self.mark_lease(id);
         self.unplace(&member);
         match self.in_flight.get_mut(&member) {
             Some(count) if *count > 1 => *count -= 1,
@@ -409,7 +625,10 @@ impl Pool {
             .iter()
             .filter(|id| self.end_lease(id).is_some())
             .count() as u64;
-        self.abandoned += reclaimed;
+        if reclaimed > 0 {
+            self.abandoned += reclaimed;
+            self.changes.pool = true;
+        }
         reclaimed
     }
 
@@ -484,24 +703,110 @@ impl Pool {
     }
 }
 
+/// When an operation's answer waits for the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Change {
+    /// Configuration, membership or a lease issued: on disk before the answer.
+    Durable,
+    /// Counts and outcome state: on disk within the fsync interval (before the answer when
+    /// the interval is zero).
+    Counts,
+}
+
 impl EmbeddedStore {
-    /// An empty store.
+    /// An empty store in memory: nothing is kept across a restart.
     pub fn new() -> Self {
         Self::default()
     }
 
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<PoolId, Pool>> {
+    /// Opens (or creates) a data directory, recovers the state it holds and keeps every
+    /// change there from now on.
+    ///
+    /// # Errors
+    /// An [`OpenError`] when the directory cannot be read or written, another process
+    /// holds it, or a file in it is damaged (other than a last record cut short by a
+    /// crash, which is dropped with a warning).
+    pub fn open(options: DataDirOptions) -> Result<Self, OpenError> {
+        let recovered = recovery::recover(&options)?;
+        let inner = Arc::new(Mutex::new(Inner {
+            pools: recovered.pools,
+            journal: None,
+            refused: None,
+        }));
+        let disk = Disk::start(&inner, options, recovered.disk)?;
+        Ok(Self {
+            inner,
+            disk: Some(disk),
+        })
+    }
+
+    /// Whether this store keeps its state in a data directory.
+    pub fn is_durable(&self) -> bool {
+        self.disk.is_some()
+    }
+
+    /// Every pool, member and lease, one line each in a fixed order: the same state gives
+    /// the same lines. For comparing a recovered store with the one it came from.
+    pub fn state_lines(&self) -> Vec<String> {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        snapshot::describe(&inner.pools)
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, Inner>, StoreError> {
         // A panic while holding the lock cannot leave a pool half-updated in a way later
         // operations would trip on (each step keeps `order` and `counts` in step), so a
         // poisoned lock is still usable.
-        self.pools.lock().unwrap_or_else(PoisonError::into_inner)
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        match &inner.refused {
+            None => Ok(inner),
+            Some(Refused::Closed) => Err(StoreError::Unavailable("the store is closed".into())),
+            Some(Refused::DiskFailed(error)) => Err(StoreError::Unavailable(
+                format!("the data directory failed ({error}); restart the service").into(),
+            )),
+        }
     }
 
-    fn with_pool<T>(&self, pool: &PoolId, f: impl FnOnce(&mut Pool) -> T) -> Result<T, StoreError> {
-        self.lock()
-            .get_mut(pool)
-            .map(f)
-            .ok_or(StoreError::PoolNotFound)
+    /// Runs `f` on the pool under the lock and records what it changed; returns its answer
+    /// and the end of the log as the operation left it.
+    fn with_pool<T>(
+        &self,
+        pool: &PoolId,
+        f: impl FnOnce(&mut Pool, Option<&mut Buffer>) -> T,
+    ) -> Result<(T, Option<u64>), StoreError> {
+        let mut inner = self.lock()?;
+        let Inner { pools, journal, .. } = &mut *inner;
+        let p = pools.get_mut(pool).ok_or(StoreError::PoolNotFound)?;
+        let value = f(p, journal.as_mut());
+        Ok((value, finish(journal.as_mut(), pool, p)))
+    }
+
+    /// Answers `value` once what it depends on is on disk as `change` requires.
+    async fn settle<T>(
+        &self,
+        (value, end): (T, Option<u64>),
+        change: Change,
+    ) -> Result<T, StoreError> {
+        if let (Some(disk), Some(end)) = (&self.disk, end)
+            && (change == Change::Durable || disk.fsyncs_every_answer())
+        {
+            disk.wait(end).await?;
+        }
+        Ok(value)
+    }
+}
+
+/// Hands what the operation changed in `pool` to the journal (or forgets it, in memory);
+/// the log's end afterwards.
+fn finish(journal: Option<&mut Buffer>, id: &PoolId, pool: &mut Pool) -> Option<u64> {
+    match journal {
+        Some(journal) => {
+            journal.record(id, pool);
+            Some(journal.end())
+        }
+        None => {
+            pool.changes.clear();
+            None
+        }
     }
 }
 
@@ -512,6 +817,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn status(&self) -> Result<StoreStatus, StoreError> {
+        drop(self.lock()?);
         Ok(StoreStatus {
             store: "embedded",
             topology: "in-process".to_owned(),
@@ -521,31 +827,57 @@ impl Store for EmbeddedStore {
     }
 
     async fn assign(&self, pool: &PoolId, ttl: Option<LeaseTtl>) -> Result<Assignment, StoreError> {
-        self.with_pool(pool, |p| {
+        let answer = self.with_pool(pool, |p, journal| {
             let now = Timestamp::now();
             p.return_due(now, RETURN_ON_ASSIGN);
-            if p.config.policy == Policy::LeastInFlight {
-                return p.assign_least_in_flight(ttl, now);
-            }
-            let Some((member, assignments)) = p.eligible.add_one_to_first() else {
-                return Assignment::Empty {
+            let assignment = if p.config.policy == Policy::LeastInFlight {
+                p.assign_least_in_flight(ttl, now)
+            } else if let Some((member, assignments)) = p.eligible.add_one_to_first() {
+                p.total_assignments += 1;
+                Assignment::Assigned {
+                    member,
+                    assignments,
+                }
+            } else {
+                Assignment::Empty {
                     next_return: p.next_return(now),
-                };
+                }
             };
-            p.total_assignments += 1;
-            Assignment::Assigned {
-                member,
-                assignments,
+            if let (
+                Some(journal),
+                Assignment::Assigned {
+                    member,
+                    assignments,
+                }
+                | Assignment::Leased {
+                    member,
+                    assignments,
+                    ..
+                },
+            ) = (journal, &assignment)
+            {
+                // The count update is the one record written on every assign: it carries
+                // only what changed, and costs no lookup.
+                journal.assigned(pool, member, *assignments, p.total_assignments);
             }
-        })
+            assignment
+        })?;
+        // A lease issued is on disk before the worker holds it.
+        let change = match answer.0 {
+            Assignment::Leased { .. } => Change::Durable,
+            _ => Change::Counts,
+        };
+        self.settle(answer, change).await
     }
 
     async fn release(&self, pool: &PoolId, lease: &LeaseId) -> Result<(), StoreError> {
-        self.with_pool(pool, |p| {
+        let (released, end) = self.with_pool(pool, |p, _| {
             p.live_lease(lease, Timestamp::now())?;
             p.end_lease(lease);
             Ok(())
-        })?
+        })?;
+        // A release lost in a crash leaves a lease that is reclaimed when it expires.
+        self.settle((released, end), Change::Counts).await?
     }
 
     async fn renew(
@@ -554,7 +886,7 @@ impl Store for EmbeddedStore {
         lease: &LeaseId,
         ttl: Option<LeaseTtl>,
     ) -> Result<Renewed, StoreError> {
-        self.with_pool(pool, |p| {
+        let answer = self.with_pool(pool, |p, _| {
             let now = Timestamp::now();
             let member = p.live_lease(lease, now)?;
             // Re-issued under the same id: the old expiry entry goes, the new one comes.
@@ -565,6 +897,7 @@ impl Store for EmbeddedStore {
             let expires_at = Timestamp(now.0.saturating_add(ttl.as_millis()));
             p.leases.insert(lease.clone(), (member.clone(), expires_at));
             p.expiry.insert((expires_at, lease.clone()));
+            p.mark_lease(lease);
             Ok(Renewed {
                 member,
                 lease: Lease {
@@ -573,17 +906,29 @@ impl Store for EmbeddedStore {
                     ttl_ms: ttl,
                 },
             })
-        })?
+        })?;
+        // A renewed lease is issued anew: a worker relies on it as on a new one.
+        self.settle(answer, Change::Durable).await?
     }
 
     async fn sweep(&self) -> Result<Swept, StoreError> {
         let now = Timestamp::now();
-        Ok(self.lock().values_mut().fold(Swept::default(), |sum, p| {
-            sum + Swept {
-                reclaimed: p.reclaim_expired(now, u64::MAX),
-                returned: p.return_due(now, u64::MAX),
+        let (swept, end) = {
+            let mut inner = self.lock()?;
+            let Inner { pools, journal, .. } = &mut *inner;
+            let mut swept = Swept::default();
+            let mut end = None;
+            for (id, p) in pools.iter_mut() {
+                swept = swept
+                    + Swept {
+                        reclaimed: p.reclaim_expired(now, u64::MAX),
+                        returned: p.return_due(now, u64::MAX),
+                    };
+                end = finish(journal.as_mut(), id, p);
             }
-        }))
+            (swept, end)
+        };
+        self.settle((swept, end), Change::Counts).await
     }
 
     async fn report(
@@ -593,7 +938,7 @@ impl Store for EmbeddedStore {
         reports: &[Report],
     ) -> Result<ReportSummary, StoreError> {
         let draw = super::jitter_draw();
-        self.with_pool(pool, |p| {
+        let answer = self.with_pool(pool, |p, _| {
             let now = Timestamp::now();
             let mut summary = ReportSummary::default();
             for report in reports {
@@ -607,7 +952,8 @@ impl Store for EmbeddedStore {
                 }
             }
             summary
-        })
+        })?;
+        self.settle(answer, Change::Counts).await
     }
 
     async fn claim_check_round(
@@ -615,13 +961,14 @@ impl Store for EmbeddedStore {
         pool: &PoolId,
         interval: Duration,
     ) -> Result<Option<CheckRound>, StoreError> {
-        self.with_pool(pool, |p| {
+        let answer = self.with_pool(pool, |p, _| {
             let now = Timestamp::now();
             if p.check_round_until.is_some_and(|until| until > now) {
                 return None;
             }
             let millis = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
             p.check_round_until = Some(Timestamp(now.0.saturating_add(millis.max(1))));
+            p.changes.pool = true;
             let limit = usize::try_from(MAX_PROBES_PER_ROUND).unwrap_or(usize::MAX);
             let eligible: Vec<MemberId> = p
                 .eligible
@@ -637,41 +984,59 @@ impl Store for EmbeddedStore {
                 .map(|(_, m)| m.clone())
                 .collect();
             Some(CheckRound { eligible, cooling })
-        })
+        })?;
+        self.settle(answer, Change::Counts).await
     }
 
     async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError> {
-        let mut pools = self.lock();
-        if let Some(existing) = pools.get_mut(pool) {
-            let has_members = existing.eligible.len() + existing.ineligible.len() > 0;
-            if existing.config.policy != config.policy && has_members {
-                return Err(StoreError::PolicyChangeRequiresEmptyPool);
-            }
-            existing.config = config.clone();
-            Ok(PutPool::Updated)
-        } else {
-            pools.insert(pool.clone(), Pool::new(config.clone()));
-            Ok(PutPool::Created)
-        }
+        let answer = {
+            let mut inner = self.lock()?;
+            let Inner { pools, journal, .. } = &mut *inner;
+            let put = if let Some(existing) = pools.get_mut(pool) {
+                let has_members = existing.eligible.len() + existing.ineligible.len() > 0;
+                if existing.config.policy != config.policy && has_members {
+                    return Err(StoreError::PolicyChangeRequiresEmptyPool);
+                }
+                existing.config = config.clone();
+                PutPool::Updated
+            } else {
+                pools.insert(pool.clone(), Pool::new(config.clone(), Timestamp::now()));
+                PutPool::Created
+            };
+            let p = pools.get_mut(pool).ok_or(StoreError::PoolNotFound)?;
+            p.changes.pool = true;
+            (put, finish(journal.as_mut(), pool, p))
+        };
+        self.settle(answer, Change::Durable).await
     }
 
     async fn pool(&self, pool: &PoolId) -> Result<PoolInfo, StoreError> {
-        self.with_pool(pool, |p| p.info(pool))
+        Ok(self.with_pool(pool, |p, _| p.info(pool))?.0)
     }
 
     async fn pools(&self) -> Result<Vec<PoolInfo>, StoreError> {
-        Ok(self.lock().iter().map(|(id, p)| p.info(id)).collect())
+        Ok(self
+            .lock()?
+            .pools
+            .iter()
+            .map(|(id, p)| p.info(id))
+            .collect())
     }
 
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError> {
-        self.lock()
-            .remove(pool)
-            .map(drop)
-            .ok_or(StoreError::PoolNotFound)
+        let end = {
+            let mut inner = self.lock()?;
+            inner.pools.remove(pool).ok_or(StoreError::PoolNotFound)?;
+            inner.journal.as_mut().map(|journal| {
+                journal.pool_deleted(pool);
+                journal.end()
+            })
+        };
+        self.settle(((), end), Change::Durable).await
     }
 
     async fn add_members(&self, pool: &PoolId, seed: &Seed) -> Result<SeedReport, StoreError> {
-        self.with_pool(pool, |p| {
+        let answer = self.with_pool(pool, |p, _| {
             let start = seed
                 .assignments
                 .or(p.config.start_assignments)
@@ -697,6 +1062,7 @@ impl Store for EmbeddedStore {
                         };
                         ranked.set(member.clone(), start);
                         p.place(member);
+                        p.mark_member(member);
                     }
                     report.existing.push(member.clone());
                 } else if max.is_some_and(|max| size >= max) {
@@ -705,13 +1071,15 @@ impl Store for EmbeddedStore {
                     if !seed.dry_run {
                         p.eligible.set(member.clone(), start);
                         p.place(member);
+                        p.mark_member(member);
                     }
                     size += 1;
                     report.added.push(member.clone());
                 }
             }
             report
-        })
+        })?;
+        self.settle(answer, Change::Durable).await
     }
 
     async fn members(
@@ -721,7 +1089,7 @@ impl Store for EmbeddedStore {
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
-        self.with_pool(pool, |p| {
+        let (page, _) = self.with_pool(pool, |p, _| {
             // Take one more than a page from each set so that the merge knows whether
             // anything is left after this page.
             let eligible: Vec<MemberView> = match filter {
@@ -754,7 +1122,8 @@ impl Store for EmbeddedStore {
                     .collect(),
             };
             super::merge_page(eligible, ineligible, limit, cursor)
-        })
+        })?;
+        Ok(page)
     }
 
     async fn disable_members(
@@ -763,7 +1132,7 @@ impl Store for EmbeddedStore {
         members: &[MemberId],
         reason: &str,
     ) -> Result<DisableReport, StoreError> {
-        self.with_pool(pool, |p| {
+        let answer = self.with_pool(pool, |p, _| {
             let now = Timestamp::now();
             let mut report = DisableReport::default();
             for member in members {
@@ -780,7 +1149,8 @@ impl Store for EmbeddedStore {
                 }
             }
             report
-        })
+        })?;
+        self.settle(answer, Change::Durable).await
     }
 
     async fn enable_members(
@@ -789,7 +1159,7 @@ impl Store for EmbeddedStore {
         members: &[MemberId],
         restore: Option<RestorePolicy>,
     ) -> Result<EnableReport, StoreError> {
-        self.with_pool(pool, |p| {
+        let answer = self.with_pool(pool, |p, _| {
             let restore = restore.unwrap_or(p.config.restore);
             // Every member of one call is placed against the same minimum: the one among
             // members that were eligible before the call.
@@ -814,7 +1184,8 @@ impl Store for EmbeddedStore {
                 }
             }
             report
-        })
+        })?;
+        self.settle(answer, Change::Durable).await
     }
 
     async fn remove_members(
@@ -822,7 +1193,7 @@ impl Store for EmbeddedStore {
         pool: &PoolId,
         members: &[MemberId],
     ) -> Result<RemoveReport, StoreError> {
-        self.with_pool(pool, |p| {
+        let answer = self.with_pool(pool, |p, _| {
             let mut report = RemoveReport::default();
             let removed: std::collections::HashSet<&MemberId> = members.iter().collect();
             let ended: Vec<LeaseId> = p
@@ -843,12 +1214,365 @@ impl Store for EmbeddedStore {
                 p.cancel_return(member);
                 p.checks.remove(member);
                 if was_eligible || was_ineligible {
+                    p.mark_member(member);
                     report.removed.push(member.clone());
                 } else {
                     report.unknown.push(member.clone());
                 }
             }
             report
-        })
+        })?;
+        self.settle(answer, Change::Durable).await
+    }
+
+    async fn close(&self) {
+        if let Some(disk) = &self.disk {
+            disk.close(&self.inner);
+        }
+    }
+}
+
+impl Drop for EmbeddedStore {
+    fn drop(&mut self) {
+        // A store dropped without `close` (a test, a failed start) still writes what it
+        // answered and lets go of its directory.
+        if let Some(disk) = &self.disk {
+            disk.close(&self.inner);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU64;
+
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    use super::*;
+    use crate::domain::{HealthConfig, OutcomeResult};
+
+    /// A fresh directory, removed afterwards.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new() -> Self {
+            let dir =
+                std::env::temp_dir().join(format!("pa-embedded-{:016x}", rand::random::<u64>()));
+            Self(dir)
+        }
+
+        fn options(&self, chunk: usize) -> DataDirOptions {
+            DataDirOptions {
+                timeout: Duration::from_secs(10),
+                // Compactions only when a test asks for one.
+                compact_min_log_bytes: u64::MAX,
+                snapshot_chunk: chunk,
+                ..DataDirOptions::new(self.0.clone())
+            }
+        }
+
+        /// The state a store recovers from a copy of the directory as it is now.
+        fn recovered_copy(&self) -> Vec<String> {
+            let copy = TempDir::new();
+            std::fs::create_dir_all(&copy.0).expect("a directory");
+            for name in self.names().iter().filter(|name| *name != "LOCK") {
+                std::fs::copy(self.0.join(name), copy.0.join(name)).expect("copied");
+            }
+            EmbeddedStore::open(copy.options(4096))
+                .expect("the copy opens")
+                .state_lines()
+        }
+
+        fn names(&self) -> Vec<String> {
+            let mut names: Vec<String> = std::fs::read_dir(&self.0)
+                .expect("listed")
+                .map(|e| e.expect("entry").file_name().into_string().expect("utf-8"))
+                .collect();
+            names.sort();
+            names
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn pool(text: &str) -> PoolId {
+        PoolId::parse(text).expect("a pool id")
+    }
+
+    fn member(i: u64) -> MemberId {
+        MemberId::parse(&format!("http://p{i}.example.net:3128")).expect("a member id")
+    }
+
+    fn members(range: std::ops::Range<u64>) -> Vec<MemberId> {
+        range.map(member).collect()
+    }
+
+    fn least_in_flight() -> PoolConfig {
+        PoolConfig {
+            policy: Policy::LeastInFlight,
+            max_in_flight: NonZeroU64::new(50),
+            health: HealthConfig {
+                max_consecutive_failures: 2,
+                cooldown_ms: 100,
+                ..HealthConfig::default()
+            },
+            ..PoolConfig::default()
+        }
+    }
+
+    /// One random operation of every kind the store has, on pools `a` (least-used) and
+    /// `b` (least-in-flight), members `p0` to `p39`.
+    async fn random_operation(store: &EmbeddedStore, rng: &mut StdRng, leases: &mut Vec<LeaseId>) {
+        let (a, b) = (pool("a"), pool("b"));
+        let some = |rng: &mut StdRng| {
+            let first = rng.random_range(0..40);
+            members(first..(first + rng.random_range(1..6)).min(40))
+        };
+        let target = if rng.random_bool(0.5) { &a } else { &b };
+        let answer = match rng.random_range(0..100) {
+            0..40 => store.assign(&a, None).await.map(drop),
+            40..55 => match store.assign(&b, None).await {
+                Ok(Assignment::Leased { lease, .. }) => {
+                    leases.push(lease.id);
+                    Ok(())
+                }
+                other => other.map(drop),
+            },
+            55..60 if !leases.is_empty() => {
+                let lease = leases.swap_remove(rng.random_range(0..leases.len()));
+                store.release(&b, &lease).await.or(Ok(()))
+            }
+            60..64 if !leases.is_empty() => {
+                // Shorter and longer ttls, so that leases move both ways in expiry order.
+                let lease = &leases[rng.random_range(0..leases.len())];
+                let ttl = LeaseTtl::from_millis(rng.random_range(100..60_000)).ok();
+                store.renew(&b, lease, ttl).await.map(drop).or(Ok(()))
+            }
+            64..72 => {
+                let reports: Vec<Report> = some(rng)
+                    .into_iter()
+                    .map(|member| Report {
+                        member,
+                        result: [
+                            OutcomeResult::Ok,
+                            OutcomeResult::Failed,
+                            OutcomeResult::Blocked,
+                        ][rng.random_range(0..3)],
+                        detail: "status 200".to_owned(),
+                    })
+                    .collect();
+                let source = if rng.random_bool(0.5) {
+                    ReportSource::Worker
+                } else {
+                    ReportSource::Check
+                };
+                store.report(target, source, &reports).await.map(drop)
+            }
+            72..78 => store
+                .disable_members(target, &some(rng), "timeouts")
+                .await
+                .map(drop),
+            78..84 => {
+                let restore = [
+                    RestorePolicy::Minimum,
+                    RestorePolicy::Zero,
+                    RestorePolicy::History,
+                ][rng.random_range(0..3)];
+                store
+                    .enable_members(target, &some(rng), Some(restore))
+                    .await
+                    .map(drop)
+            }
+            84..90 => {
+                // Counts set lower and higher: members move back in the order too.
+                let seed = Seed {
+                    assignments: Some(rng.random_range(0..30)),
+                    reset: rng.random_bool(0.5),
+                    ..Seed::new(some(rng))
+                };
+                store.add_members(target, &seed).await.map(drop)
+            }
+            90..94 => store.remove_members(target, &some(rng)).await.map(drop),
+            94..96 => store.sweep().await.map(drop),
+            96..98 => store
+                .claim_check_round(target, Duration::from_millis(50))
+                .await
+                .map(drop),
+            _ => {
+                // A whole pool goes and comes back.
+                let config = if target == &a {
+                    PoolConfig::default()
+                } else {
+                    least_in_flight()
+                };
+                if rng.random_bool(0.3) {
+                    store.delete_pool(target).await.expect("deleted");
+                    if target == &b {
+                        leases.clear();
+                    }
+                }
+                store.put_pool(target, &config).await.map(drop)
+            }
+        };
+        answer.expect("the operation succeeds");
+    }
+
+    async fn seeded(store: &EmbeddedStore) {
+        store
+            .put_pool(&pool("a"), &PoolConfig::default())
+            .await
+            .expect("a");
+        store
+            .put_pool(&pool("b"), &least_in_flight())
+            .await
+            .expect("b");
+        for p in ["a", "b"] {
+            store
+                .add_members(&pool(p), &Seed::new(members(0..40)))
+                .await
+                .expect("seeded");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reopened_store_holds_exactly_the_state_it_was_closed_with() {
+        let dir = TempDir::new();
+        let store = EmbeddedStore::open(dir.options(4096)).expect("opened");
+        seeded(&store).await;
+        let mut rng = StdRng::seed_from_u64(1);
+        let mut leases = Vec::new();
+        for _ in 0..2000 {
+            random_operation(&store, &mut rng, &mut leases).await;
+        }
+        store.close().await;
+        let before = store.state_lines();
+        let pools_before = store.inner.lock().expect("lock").pools.len();
+        drop(store);
+
+        let reopened = EmbeddedStore::open(dir.options(4096)).expect("reopened");
+        assert_eq!(reopened.state_lines(), before);
+        assert_eq!(pools_before, 2);
+        assert!(
+            before.len() > 40,
+            "the state is not trivial: {}",
+            before.len()
+        );
+        // It goes on where it stopped: the next assign counts on from the recovered count.
+        let next = reopened.assign(&pool("a"), None).await.expect("assigned");
+        assert!(matches!(
+            next,
+            Assignment::Assigned { .. } | Assignment::Empty { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn snapshots_copied_between_operations_recover_the_exact_state() {
+        let dir = TempDir::new();
+        let store = EmbeddedStore::open(dir.options(2)).expect("opened");
+        let disk = store.disk.as_ref().expect("on disk");
+        seeded(&store).await;
+        let mut rng = StdRng::seed_from_u64(2);
+        let mut leases = Vec::new();
+        for _ in 0..6 {
+            // Two entries per turn of the lock, and operations between the turns: members
+            // move, go and come back while the snapshot is half copied.
+            let mut compaction = disk.begin_compaction(&store.inner);
+            while !compaction.step(&store.inner, 2).expect("a chunk") {
+                for _ in 0..rng.random_range(0..4) {
+                    random_operation(&store, &mut rng, &mut leases).await;
+                }
+            }
+            disk.finish_compaction(compaction);
+            // Snapshot and log as they are right after the compaction recover the live
+            // state (a later compaction would copy it again from memory).
+            let end = store
+                .lock()
+                .expect("open")
+                .journal
+                .as_ref()
+                .expect("a log")
+                .end();
+            disk.wait(end).await.expect("fsynced");
+            assert_eq!(dir.recovered_copy(), store.state_lines());
+            for _ in 0..50 {
+                random_operation(&store, &mut rng, &mut leases).await;
+            }
+        }
+        store.close().await;
+        let before = store.state_lines();
+        drop(store);
+        // The last compaction replaced everything before it.
+        assert_eq!(dir.names(), ["LOCK", "log.000007", "snapshot.000007"]);
+
+        let reopened = EmbeddedStore::open(dir.options(2)).expect("reopened");
+        assert_eq!(reopened.state_lines(), before);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_compactor_thread_compacts_while_operations_go_on() {
+        let dir = TempDir::new();
+        let store = Arc::new(EmbeddedStore::open(dir.options(2)).expect("opened"));
+        seeded(&store).await;
+        let compactions = {
+            let store = Arc::clone(&store);
+            tokio::task::spawn_blocking(move || {
+                (0..3)
+                    .filter_map(|_| {
+                        let disk = store.disk.as_ref().expect("on disk");
+                        disk.compact_now(&store.inner)
+                    })
+                    .count()
+            })
+        };
+        let mut rng = StdRng::seed_from_u64(3);
+        let mut leases = Vec::new();
+        while !compactions.is_finished() {
+            random_operation(&store, &mut rng, &mut leases).await;
+        }
+        assert_eq!(compactions.await.expect("joined"), 3);
+        store.close().await;
+        let before = store.state_lines();
+        drop(store);
+        assert_eq!(dir.names(), ["LOCK", "log.000004", "snapshot.000004"]);
+        let reopened = EmbeddedStore::open(dir.options(2)).expect("reopened");
+        assert_eq!(reopened.state_lines(), before);
+    }
+
+    #[tokio::test]
+    async fn a_second_store_on_one_directory_is_refused_until_the_first_closes() {
+        let dir = TempDir::new();
+        let first = EmbeddedStore::open(dir.options(4096)).expect("opened");
+        match EmbeddedStore::open(dir.options(4096)) {
+            Err(OpenError::Locked {
+                dir: locked,
+                holder,
+            }) => {
+                assert_eq!(locked, dir.0);
+                assert_eq!(holder, Some(std::process::id().to_string()));
+            }
+            other => panic!("refused expected, got {other:?}"),
+        }
+        drop(first);
+        EmbeddedStore::open(dir.options(4096)).expect("opened once the first is gone");
+    }
+
+    #[tokio::test]
+    async fn a_closed_store_refuses_operations() {
+        let dir = TempDir::new();
+        let store = EmbeddedStore::open(dir.options(4096)).expect("opened");
+        store
+            .put_pool(&pool("a"), &PoolConfig::default())
+            .await
+            .expect("created");
+        store.close().await;
+        assert!(matches!(
+            store.assign(&pool("a"), None).await,
+            Err(StoreError::Unavailable(_))
+        ));
     }
 }

@@ -501,6 +501,11 @@ async fn assign_on_embedded_returns_cooled_down_members_without_the_sweep() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assign_on_durable_returns_cooled_down_members_without_the_sweep() {
+    assign_returns_cooled_down_members_without_the_sweep(Backend::Durable).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_sharing_one_redis_return_each_member_exactly_once() {
     let config = test_config(Some(shared_redis_url()));
     let (first, first_spy) = spawn_spied(config.clone()).await;

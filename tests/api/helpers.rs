@@ -3,12 +3,13 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock};
 
 use proxy_allocator::config::Config;
 use proxy_allocator::startup::Application;
-use proxy_allocator::store::Store;
+use proxy_allocator::store::{DataDirOptions, EmbeddedStore, Store};
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -112,8 +113,52 @@ fn reap_with_parent(port: u16) {
 pub enum Backend {
     /// The shared Redis, isolated by a random key prefix.
     Redis,
-    /// The in-process store.
+    /// The in-process store, in memory.
     Embedded,
+    /// The in-process store in a data directory of its own.
+    Durable,
+}
+
+/// A data directory of a test, removed when the last holder lets go of it.
+#[derive(Debug)]
+pub struct DataDir(pub PathBuf);
+
+/// A fresh, not yet existing directory under the system's temporary directory.
+pub fn fresh_data_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("pa-test-data-{:016x}", rand::random::<u64>()))
+}
+
+impl Drop for DataDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The durable store a test app runs on, kept by the harness to check what it wrote.
+pub struct DurabilityCheck {
+    store: Arc<EmbeddedStore>,
+    options: DataDirOptions,
+    _dir: Arc<DataDir>,
+}
+
+impl DurabilityCheck {
+    /// Closes the store (as shutdown does) and checks that its directory recovers exactly
+    /// the state it had: every change an operation made reached the log.
+    pub async fn verify(self) {
+        self.store.close().await;
+        let live = self.store.state_lines();
+        let recovered = tokio::task::spawn_blocking(move || {
+            EmbeddedStore::open(self.options)
+                .expect("the data directory reopens")
+                .state_lines()
+        })
+        .await
+        .expect("joined");
+        assert_eq!(
+            recovered, live,
+            "the recovered state differs from the live one"
+        );
+    }
 }
 
 /// A running application and a client for it.
@@ -128,6 +173,8 @@ pub struct TestApp {
     pub key_prefix: String,
     shutdown: Option<oneshot::Sender<()>>,
     handle: Option<JoinHandle<std::io::Result<()>>>,
+    /// On the durable store: the store itself and its directory.
+    durable: Option<(Arc<EmbeddedStore>, DataDirOptions, Arc<DataDir>)>,
 }
 
 /// A configuration for tests: port 0, fixed tokens, nothing taken from the environment.
@@ -152,6 +199,8 @@ pub fn test_config(redis_url: Option<String>) -> Config {
     config.sweep_interval_ms = SWEEP_INTERVAL_MS;
     config.import_body_limit_bytes = 32 * 1024 * 1024;
     config.check_tick_ms = CHECK_TICK_MS;
+    config.data_dir = None;
+    config.fsync_interval_ms = 1000;
     config
 }
 
@@ -159,9 +208,13 @@ pub fn test_config(redis_url: Option<String>) -> Config {
 pub fn backend_config(backend: Backend) -> Config {
     let url = match backend {
         Backend::Redis => Some(shared_redis_url()),
-        Backend::Embedded => None,
+        Backend::Embedded | Backend::Durable => None,
     };
-    test_config(url)
+    let mut config = test_config(url);
+    if backend == Backend::Durable {
+        config.data_dir = Some(fresh_data_dir());
+    }
+    config
 }
 
 /// Commands an assign must never cost: connection checks, topology reads, connection setup,
@@ -198,7 +251,9 @@ impl TestApp {
         Self::spawn_with(backend_config(backend)).await
     }
 
-    /// Starts the application with a given configuration.
+    /// Starts the application with a given configuration. With a data directory, the
+    /// harness opens the store itself so that [`TestApp::durability_check`] can look at
+    /// it, and removes the directory afterwards.
     pub async fn spawn_with(config: Config) -> Self {
         Self::spawn_with_store(config, |store| store).await
     }
@@ -211,9 +266,29 @@ impl TestApp {
         proxy_allocator::telemetry::init_for_tests();
         let redis_url = config.redis_url.clone();
         let key_prefix = config.key_prefix.clone();
-        let app = Application::build_with(config, wrap)
-            .await
-            .expect("the application starts");
+        let (app, durable) = match &config.data_dir {
+            Some(dir) => {
+                let options = DataDirOptions {
+                    fsync_interval: config.fsync_interval(),
+                    timeout: config.store_timeout(),
+                    ..DataDirOptions::new(dir.clone())
+                };
+                let dir = Arc::new(DataDir(dir.clone()));
+                let store = Arc::new(
+                    EmbeddedStore::open(options.clone()).expect("the data directory opens"),
+                );
+                let served: Arc<dyn Store> = wrap(store.clone());
+                let app = Application::with_store(config, served).await;
+                (app, Some((store, options, dir)))
+            }
+            None => {
+                let store = proxy_allocator::startup::store(&config)
+                    .await
+                    .expect("the store is set up");
+                (Application::with_store(config, wrap(store)).await, None)
+            }
+        };
+        let app = app.expect("the application starts");
         let base = format!("http://{}", app.local_addr());
         let (tx, rx) = oneshot::channel();
         let handle = tokio::spawn(app.run_until_stopped(async move {
@@ -229,7 +304,20 @@ impl TestApp {
             key_prefix,
             shutdown: Some(tx),
             handle: Some(handle),
+            durable,
         }
+    }
+
+    /// On the durable store: what checks, once the test is done, that the directory
+    /// recovers the state the app ended with.
+    pub fn durability_check(&self) -> Option<DurabilityCheck> {
+        self.durable
+            .as_ref()
+            .map(|(store, options, dir)| DurabilityCheck {
+                store: Arc::clone(store),
+                options: options.clone(),
+                _dir: Arc::clone(dir),
+            })
     }
 
     /// Stops the application and waits for it to drain.
@@ -436,8 +524,10 @@ pub fn assert_error(status: StatusCode, body: &Value, expected_status: StatusCod
     );
 }
 
-/// Runs each listed `async fn name(app: TestApp)` once on Redis and once on the embedded
-/// store, as `redis::name` and `embedded::name`.
+/// Runs each listed `async fn name(app: TestApp)` on Redis, on the embedded store in memory
+/// and on the embedded store in a data directory, as `on_redis::name`, `on_embedded::name`
+/// and `on_durable::name`. On the durable store the test is followed by a check that the
+/// directory recovers exactly the state the test left.
 #[macro_export]
 macro_rules! for_each_store {
     ($($name:ident),* $(,)?) => {
@@ -456,6 +546,17 @@ macro_rules! for_each_store {
                 async fn $name() {
                     let app = $crate::helpers::TestApp::spawn($crate::helpers::Backend::Embedded).await;
                     super::$name(app).await;
+                }
+            )*
+        }
+        mod on_durable {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let app = $crate::helpers::TestApp::spawn($crate::helpers::Backend::Durable).await;
+                    let check = app.durability_check().expect("a durable store");
+                    super::$name(app).await;
+                    check.verify().await;
                 }
             )*
         }

@@ -629,6 +629,11 @@ async fn assign_reclaims_expired_leases_of_its_pool_before_choosing_on_embedded(
     assign_reclaims_expired_leases_of_its_pool_before_choosing(Backend::Embedded).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assign_reclaims_expired_leases_of_its_pool_before_choosing_on_durable() {
+    assign_reclaims_expired_leases_of_its_pool_before_choosing(Backend::Durable).await;
+}
+
 /// Two service instances on one Redis (same key prefix), as two replicas would run.
 async fn two_replicas() -> [Arc<TestApp>; 2] {
     let config = test_config(Some(shared_redis_url()));

@@ -16,48 +16,84 @@ pub struct ServiceProcess {
     lines: Arc<Mutex<Vec<String>>>,
 }
 
+/// The service binary with `env` on top of a clean test environment, its standard output
+/// piped; run by the command `wrapper` when it is not empty.
+fn command(wrapper: &[&str], env: &[(&str, String)]) -> Command {
+    let binary = env!("CARGO_BIN_EXE_proxy-allocator");
+    let mut cmd = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(args).arg(binary);
+            cmd
+        }
+        None => Command::new(binary),
+    };
+    cmd.env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("LISTEN_ADDR", "127.0.0.1:0")
+        .env("ADMIN_TOKEN", ADMIN)
+        .env("LOG_FORMAT", "json")
+        .env("RUST_LOG", "warn,proxy_allocator::startup=info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    for (key, value) in env {
+        cmd.env(key, value);
+    }
+    cmd
+}
+
+/// Runs the binary with `env` until it exits by itself (within 10 s, or it is killed):
+/// its exit code and every line it wrote. For starts that must fail.
+pub fn run_to_exit(env: &[(&str, String)]) -> (Option<i32>, Vec<String>) {
+    let mut child = command(&[], env)
+        .spawn()
+        .expect("the service binary starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<String>>()
+    });
+    let started = Instant::now();
+    let code = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break status.code();
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (
+        code,
+        reader.join().expect("the reader ends with the process"),
+    )
+}
+
 impl ServiceProcess {
     /// Starts the binary on a free port with `env` on top of a clean test environment.
     pub fn start(env: &[(&str, String)]) -> Self {
-        Self::launch(&[], None, env)
+        Self::start_via(&[], env)
     }
 
     /// Starts the binary as [`ServiceProcess::start`] does, run by the command `wrapper`
     /// (`prlimit --nofile=...`, to start it with other limits) when it is not empty.
     pub fn start_via(wrapper: &[&str], env: &[(&str, String)]) -> Self {
-        Self::launch(wrapper, None, env)
+        Self::spawned(command(wrapper, env))
     }
 
     /// [`ServiceProcess::start`] in the working directory `dir`, where relative paths of
     /// its settings lead.
     pub fn start_in(dir: &std::path::Path, env: &[(&str, String)]) -> Self {
-        Self::launch(&[], Some(dir), env)
+        let mut cmd = command(&[], env);
+        cmd.current_dir(dir);
+        Self::spawned(cmd)
     }
 
-    fn launch(wrapper: &[&str], dir: Option<&std::path::Path>, env: &[(&str, String)]) -> Self {
-        let binary = env!("CARGO_BIN_EXE_proxy-allocator");
-        let mut cmd = match wrapper.split_first() {
-            Some((program, args)) => {
-                let mut cmd = Command::new(program);
-                cmd.args(args).arg(binary);
-                cmd
-            }
-            None => Command::new(binary),
-        };
-        if let Some(dir) = dir {
-            cmd.current_dir(dir);
-        }
-        cmd.env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("LISTEN_ADDR", "127.0.0.1:0")
-            .env("ADMIN_TOKEN", ADMIN)
-            .env("LOG_FORMAT", "json")
-            .env("RUST_LOG", "warn,proxy_allocator::startup=info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        for (key, value) in env {
-            cmd.env(key, value);
-        }
+    fn spawned(mut cmd: Command) -> Self {
         let mut child = cmd.spawn().expect("the service binary starts");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
@@ -121,6 +157,14 @@ impl ServiceProcess {
                 .status()
                 .expect("kill runs");
             assert!(status.success());
+        }
+    }
+
+    /// Kills the process with SIGKILL, as a crash would, and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 

@@ -19,6 +19,8 @@ pub struct Answer {
     pub retry_after: bool,
     /// The proxy of a 200.
     pub proxy: Option<String>,
+    /// The member's count in a 200.
+    pub assignments: Option<u64>,
 }
 
 /// A running load; `stop` ends it and returns every answer.
@@ -110,6 +112,7 @@ async fn one(client: &reqwest::Client, url: &str, started: Instant) -> Answer {
             code: None,
             retry_after: false,
             proxy: None,
+            assignments: None,
         },
         Ok(response) => {
             let status = response.status().as_u16();
@@ -122,6 +125,7 @@ async fn one(client: &reqwest::Client, url: &str, started: Instant) -> Answer {
                 code: body["error"]["code"].as_str().map(str::to_owned),
                 retry_after,
                 proxy: body["proxy"].as_str().map(str::to_owned),
+                assignments: body["assignments"].as_u64(),
             }
         }
     }

@@ -12,10 +12,15 @@ mod helpers;
 
 mod chaos;
 mod connections;
+#[expect(
+    dead_code,
+    reason = "shared with the data directory suite, which reads the counts of the answers"
+)]
 mod load;
 #[expect(
     dead_code,
-    reason = "shared with the API suite and the README replay, which starts it in a directory"
+    reason = "shared with the data directory suite, which also kills and watches starts \
+              fail, and with the README replay, which starts it in a directory"
 )]
 #[path = "../api/process.rs"]
 mod process;
