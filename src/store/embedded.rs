@@ -1024,14 +1024,19 @@ impl Store for EmbeddedStore {
     }
 
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError> {
-        let end = {
+        let (removed, end) = {
             let mut inner = self.lock()?;
-            inner.pools.remove(pool).ok_or(StoreError::PoolNotFound)?;
-            inner.journal.as_mut().map(|journal| {
+            let removed = inner.pools.remove(pool).ok_or(StoreError::PoolNotFound)?;
+            let end = inner.journal.as_mut().map(|journal| {
                 journal.pool_deleted(pool);
                 journal.end()
-            })
+            });
+            (removed, end)
         };
+        // Taken out under the lock, so every reader sees it gone at once; freed outside
+        // it, on a blocking thread: dropping a million members' maps takes far longer
+        // than any step should hold the lock or a runtime worker.
+        drop(tokio::task::spawn_blocking(move || drop(removed)));
         self.settle(((), end), Change::Durable).await
     }
 

@@ -28,7 +28,7 @@ async fn import(
     read(response).await
 }
 
-async fn import_text(app: &TestApp, path: &str, text: &str) -> (StatusCode, Value) {
+pub(crate) async fn import_text(app: &TestApp, path: &str, text: &str) -> (StatusCode, Value) {
     import(
         app,
         path,
@@ -174,7 +174,7 @@ async fn lines_that_are_not_utf8_are_rejected_one_by_one(app: TestApp) {
 }
 
 /// `n` distinct public addresses, one per line.
-fn public_list(n: usize) -> String {
+pub(crate) fn public_list(n: usize) -> String {
     (0..n)
         .map(|i| format!("11.{}.{}.1:8080\n", i / 250, i % 250))
         .collect()

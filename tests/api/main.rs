@@ -17,6 +17,7 @@ mod contract;
 mod deploy;
 mod health;
 mod import;
+mod large;
 mod leases;
 mod logs;
 mod members;

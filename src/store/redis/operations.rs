@@ -291,14 +291,31 @@ impl Store for RedisStore {
     }
 
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError> {
-        let value = self.eval(&self.scripts.delete_pool, pool, &[]).await?;
+        // The script only renames the pool's keys out of the way (see delete_pool.lua);
+        // freeing them happens below, outside any script. A fresh token per call keeps a
+        // graveyard name from ever naming a key that exists.
+        let token = format!("{:016x}", rand::random::<u64>());
+        let value = self
+            .eval_with(&self.scripts.delete_pool, pool, Some(&token), &[])
+            .await?;
         let mut srem = redis::cmd("SREM");
         srem.arg(self.registry_key()).arg(pool.as_str());
         self.command(srem).await?;
-        match DeletePoolReply::decode(value)? {
-            DeletePoolReply { existed: true } => Ok(()),
-            DeletePoolReply { existed: false } => Err(StoreError::PoolNotFound),
+        let DeletePoolReply { graveyard } = DeletePoolReply::decode(value)?;
+        let graveyard = graveyard.ok_or(StoreError::PoolNotFound)?;
+        if !graveyard.is_empty() {
+            // UNLINK takes a key out at once and leaves freeing a large value to Redis's
+            // background thread. Every graveyard key shares the pool's hash slot, so one
+            // command frees them all, on a cluster too.
+            // The pool is gone for every reader already: a failure here leaves keys that
+            // expire by themselves (see delete_pool.lua), not a half-deleted pool.
+            let mut unlink = redis::cmd("UNLINK");
+            unlink.arg(&graveyard);
+            if let Err(error) = self.command(unlink).await {
+                tracing::warn!(pool = pool.as_str(), %error, "could not free a deleted pool's keys; they expire within a day");
+            }
         }
+        Ok(())
     }
 
     async fn add_members(&self, pool: &PoolId, seed: &Seed) -> Result<SeedReport, StoreError> {
