@@ -3,9 +3,10 @@
 //! became of every line.
 //!
 //! The list is read and checked in full before anything is written (on a blocking thread:
-//! a 32 MiB list is a lot of parsing), then written in chunks of
-//! [`MAX_MEMBERS_PER_CALL`], one store call per chunk. Each chunk is atomic; the import as
-//! a whole is not: when the store fails part-way, the earlier chunks stay, and running the
+//! a 32 MiB list is a lot of parsing), then written in batches of
+//! [`MAX_MEMBERS_PER_CALL`], one store call per batch, which the store splits further
+//! into chunks sized by their measured cost (see [`crate::store::CHUNK_BUDGET`]). Each
+//! chunk is atomic; the import as a whole is not: when the store fails part-way, the earlier chunks stay, and running the
 //! same import again completes it (what was added reports as existing). Every chunk after
 //! the first starts its new members at the count the first one used, so one import gives
 //! one starting count even while assignments go on.

@@ -2,9 +2,15 @@
 //! short steps: a pool being deleted answers either whole or 404, never half; an import is
 //! seen in whole chunks.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use proxy_allocator::http::MAX_MEMBERS_PER_CALL;
+use proxy_allocator::store::CHUNK_GRANULE;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
 
 use crate::for_each_store;
 use crate::helpers::{ADMIN, TestApp, read, redis_cli};
@@ -31,7 +37,7 @@ async fn readers_racing_the_deletion_of_a_large_pool_see_it_whole_or_not_at_all(
     app.create_pool("big", json!({})).await;
     let (status, body) = import_text(&app, "/pools/big/import", &public_list(LARGE)).await;
     assert_eq!((status, &body["added"]), (StatusCode::OK, &json!(LARGE)));
-    let whole_once = std::sync::Arc::new(Semaphore::new(0));
+    let whole_once = Arc::new(Semaphore::new(0));
     let readers: Vec<_> = (0..READERS)
         .map(|_| {
             let (client, base) = (app.client.clone(), app.base.clone());
@@ -94,4 +100,89 @@ async fn readers_racing_the_deletion_of_a_large_pool_see_it_whole_or_not_at_all(
     }
 }
 
-for_each_store!(readers_racing_the_deletion_of_a_large_pool_see_it_whole_or_not_at_all,);
+/// Reads `stats.<field>` of `pool` over and over until `stop` is set; every value seen.
+fn watch(
+    app: &TestApp,
+    pool: &str,
+    field: &'static str,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<Vec<u64>> {
+    let (client, base) = (app.client.clone(), app.base.clone());
+    let path = format!("/pools/{pool}");
+    tokio::spawn(async move {
+        let mut seen = Vec::new();
+        while !stop.load(Ordering::SeqCst) {
+            let (status, info) = get(&client, &base, &path).await;
+            assert_eq!(status, StatusCode::OK, "{info}");
+            seen.push(info["stats"][field].as_u64().expect("a count"));
+        }
+        seen
+    })
+}
+
+/// Every value `seen` is a whole number of chunks (or the call's total, after its last
+/// chunk), and some were seen part-way: the readers raced the call.
+fn assert_whole_chunks(seen: &[u64], total: u64) {
+    let granule = CHUNK_GRANULE as u64;
+    let halves: Vec<u64> = seen
+        .iter()
+        .copied()
+        .filter(|n| n % granule != 0 && *n != total)
+        .collect();
+    assert_eq!(halves, [] as [u64; 0], "counts between two chunks' ends");
+    assert!(
+        seen.iter().any(|n| 0 < *n && *n < total),
+        "no reader saw the call part-way: {} reads",
+        seen.len()
+    );
+}
+
+async fn an_import_is_seen_by_readers_in_whole_chunks(app: TestApp) {
+    app.create_pool("big", json!({})).await;
+    // Not a whole number of chunks: only the last one may hold the rest.
+    let total = LARGE + 50;
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..READERS)
+        .map(|_| watch(&app, "big", "eligible", stop.clone()))
+        .collect();
+    let (status, body) = import_text(&app, "/pools/big/import", &public_list(total)).await;
+    assert_eq!((status, &body["added"]), (StatusCode::OK, &json!(total)));
+    stop.store(true, Ordering::SeqCst);
+    let mut seen = Vec::new();
+    for reader in readers {
+        seen.extend(reader.await.expect("the reader finished"));
+    }
+    assert_whole_chunks(&seen, total as u64);
+}
+
+async fn disabling_ten_thousand_members_is_seen_by_readers_in_whole_chunks(app: TestApp) {
+    app.create_pool("big", json!({})).await;
+    let list = public_list(MAX_MEMBERS_PER_CALL);
+    let (status, _) = import_text(&app, "/pools/big/import", &list).await;
+    assert_eq!(status, StatusCode::OK);
+    let members: Vec<String> = list.lines().map(str::to_owned).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..READERS)
+        .map(|_| watch(&app, "big", "ineligible", stop.clone()))
+        .collect();
+    let (status, body) = app
+        .post_json("/pools/big/members/disable", json!({ "members": members }))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body["disabled"].as_array().map(Vec::len),
+        Some(MAX_MEMBERS_PER_CALL)
+    );
+    stop.store(true, Ordering::SeqCst);
+    let mut seen = Vec::new();
+    for reader in readers {
+        seen.extend(reader.await.expect("the reader finished"));
+    }
+    assert_whole_chunks(&seen, MAX_MEMBERS_PER_CALL as u64);
+}
+
+for_each_store!(
+    readers_racing_the_deletion_of_a_large_pool_see_it_whole_or_not_at_all,
+    an_import_is_seen_by_readers_in_whole_chunks,
+    disabling_ten_thousand_members_is_seen_by_readers_in_whole_chunks,
+);

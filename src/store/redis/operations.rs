@@ -1,7 +1,7 @@
 //! The operations of the `Store` trait on Redis: each one builds its script's arguments,
 //! runs it and turns its reply into the trait's types.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use redis::{Script, Value};
@@ -57,6 +57,43 @@ impl RedisStore {
             }
         }
         Ok(swept)
+    }
+
+    /// One chunk of a seeding: `members` (part of `seed.members`) with the starting count
+    /// and pending adds the earlier chunks left.
+    async fn seed_chunk(
+        &self,
+        pool: &PoolId,
+        seed: &Seed,
+        members: &[MemberId],
+        start: Option<u64>,
+        pending_adds: u64,
+    ) -> Result<SeedReport, StoreError> {
+        let start = start.map(|n| n.to_string()).unwrap_or_default();
+        let flag = |on: bool| -> &'static [u8] { if on { b"1" } else { b"0" } };
+        let pending = pending_adds.to_string();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() + 4);
+        args.push(start.as_bytes());
+        args.push(flag(seed.reset));
+        args.push(flag(seed.dry_run));
+        args.push(pending.as_bytes());
+        args.extend(members.iter().map(|m| m.as_str().as_bytes()));
+        let value = self.eval(&self.scripts.seed, pool, &args).await?;
+        let reply = SeedReply::decode(value, members.len())?;
+        let mut report = SeedReport {
+            added: Vec::new(),
+            existing: Vec::new(),
+            full: Vec::new(),
+            start_assignments: reply.start_assignments,
+        };
+        for (member, outcome) in members.iter().zip(reply.outcomes) {
+            match outcome {
+                SeedOutcome::Added => report.added.push(member.clone()),
+                SeedOutcome::Full => report.full.push(member.clone()),
+                SeedOutcome::Existing => report.existing.push(member.clone()),
+            }
+        }
+        Ok(report)
     }
 
     /// Runs a script whose arguments are one value, then member ids.
@@ -319,29 +356,31 @@ impl Store for RedisStore {
     }
 
     async fn add_members(&self, pool: &PoolId, seed: &Seed) -> Result<SeedReport, StoreError> {
-        let start = seed.assignments.map(|n| n.to_string()).unwrap_or_default();
-        let flag = |on: bool| -> &'static [u8] { if on { b"1" } else { b"0" } };
-        let pending = seed.pending_adds.to_string();
-        let mut args: Vec<&[u8]> = Vec::with_capacity(seed.members.len() + 4);
-        args.push(start.as_bytes());
-        args.push(flag(seed.reset));
-        args.push(flag(seed.dry_run));
-        args.push(pending.as_bytes());
-        args.extend(seed.members.iter().map(|m| m.as_str().as_bytes()));
-        let value = self.eval(&self.scripts.seed, pool, &args).await?;
-        let reply = SeedReply::decode(value, seed.members.len())?;
+        let sizer = &self.chunks.seed;
         let mut report = SeedReport {
             added: Vec::new(),
             existing: Vec::new(),
             full: Vec::new(),
-            start_assignments: reply.start_assignments,
+            start_assignments: 0,
         };
-        for (member, outcome) in seed.members.iter().zip(reply.outcomes) {
-            match outcome {
-                SeedOutcome::Added => report.added.push(member.clone()),
-                SeedOutcome::Full => report.full.push(member.clone()),
-                SeedOutcome::Existing => report.existing.push(member.clone()),
+        // Every chunk after the first starts its new members at the count the first one
+        // used, and a dry run's chunks count what the earlier ones would have added.
+        let mut start = seed.assignments;
+        let mut pending_adds = seed.pending_adds;
+        for chunk in sizer.chunks(&seed.members) {
+            let started = Instant::now();
+            let part = self
+                .seed_chunk(pool, seed, chunk, start, pending_adds)
+                .await?;
+            sizer.record(chunk.len(), started.elapsed());
+            start = Some(part.start_assignments);
+            if seed.dry_run {
+                pending_adds += part.added.len() as u64;
             }
+            report.start_assignments = part.start_assignments;
+            report.added.extend(part.added);
+            report.existing.extend(part.existing);
+            report.full.extend(part.full);
         }
         Ok(report)
     }
@@ -383,16 +422,23 @@ impl Store for RedisStore {
         members: &[MemberId],
         reason: &str,
     ) -> Result<DisableReport, StoreError> {
-        let value = self
-            .member_script(&self.scripts.disable, pool, reason.as_bytes(), members)
-            .await?;
-        let DisableReply(outcomes) = DisableReply::decode(value, members.len())?;
+        let sizer = &self.chunks.disable;
         let mut report = DisableReport::default();
-        for (member, outcome) in members.iter().zip(outcomes) {
-            match outcome {
-                DisableOutcome::Disabled => report.disabled.push(member.clone()),
-                DisableOutcome::AlreadyIneligible => report.already_ineligible.push(member.clone()),
-                DisableOutcome::Unknown => report.unknown.push(member.clone()),
+        for chunk in sizer.chunks(members) {
+            let started = Instant::now();
+            let value = self
+                .member_script(&self.scripts.disable, pool, reason.as_bytes(), chunk)
+                .await?;
+            sizer.record(chunk.len(), started.elapsed());
+            let DisableReply(outcomes) = DisableReply::decode(value, chunk.len())?;
+            for (member, outcome) in chunk.iter().zip(outcomes) {
+                match outcome {
+                    DisableOutcome::Disabled => report.disabled.push(member.clone()),
+                    DisableOutcome::AlreadyIneligible => {
+                        report.already_ineligible.push(member.clone());
+                    }
+                    DisableOutcome::Unknown => report.unknown.push(member.clone()),
+                }
             }
         }
         Ok(report)
@@ -404,32 +450,39 @@ impl Store for RedisStore {
         members: &[MemberId],
         restore: Option<RestorePolicy>,
     ) -> Result<EnableReport, StoreError> {
+        let sizer = &self.chunks.enable;
         let policy = restore.map(RestorePolicy::as_str).unwrap_or("");
-        let value = self
-            .member_script(&self.scripts.enable, pool, policy.as_bytes(), members)
-            .await?;
-        let reply = EnableReply::decode(value, members.len())?;
-        let mut report = EnableReport {
-            restore: reply.restore,
-            enabled: Vec::new(),
-            already_eligible: Vec::new(),
-            unknown: Vec::new(),
-        };
-        for (member, outcome) in members.iter().zip(reply.outcomes) {
-            match outcome {
-                EnableOutcome::Enabled {
-                    kept_assignments,
-                    assignments,
-                } => report.enabled.push(Restored {
-                    member: member.clone(),
-                    kept_assignments,
-                    assignments,
-                }),
-                EnableOutcome::AlreadyEligible => report.already_eligible.push(member.clone()),
-                EnableOutcome::Unknown => report.unknown.push(member.clone()),
+        let mut report: Option<EnableReport> = None;
+        for chunk in sizer.chunks(members) {
+            let started = Instant::now();
+            let value = self
+                .member_script(&self.scripts.enable, pool, policy.as_bytes(), chunk)
+                .await?;
+            sizer.record(chunk.len(), started.elapsed());
+            let reply = EnableReply::decode(value, chunk.len())?;
+            let report = report.get_or_insert_with(|| EnableReport {
+                restore: reply.restore,
+                enabled: Vec::new(),
+                already_eligible: Vec::new(),
+                unknown: Vec::new(),
+            });
+            for (member, outcome) in chunk.iter().zip(reply.outcomes) {
+                match outcome {
+                    EnableOutcome::Enabled {
+                        kept_assignments,
+                        assignments,
+                    } => report.enabled.push(Restored {
+                        member: member.clone(),
+                        kept_assignments,
+                        assignments,
+                    }),
+                    EnableOutcome::AlreadyEligible => report.already_eligible.push(member.clone()),
+                    EnableOutcome::Unknown => report.unknown.push(member.clone()),
+                }
             }
         }
-        Ok(report)
+        // The chunks always hold at least one step, which answered or failed above.
+        report.ok_or(StoreError::PoolNotFound)
     }
 
     async fn remove_members(
@@ -437,16 +490,20 @@ impl Store for RedisStore {
         pool: &PoolId,
         members: &[MemberId],
     ) -> Result<RemoveReport, StoreError> {
-        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len());
-        args.extend(members.iter().map(|m| m.as_str().as_bytes()));
-        let value = self.eval(&self.scripts.remove, pool, &args).await?;
-        let RemoveReply(removed) = RemoveReply::decode(value, members.len())?;
+        let sizer = &self.chunks.remove;
         let mut report = RemoveReport::default();
-        for (member, removed) in members.iter().zip(removed) {
-            if removed {
-                report.removed.push(member.clone());
-            } else {
-                report.unknown.push(member.clone());
+        for chunk in sizer.chunks(members) {
+            let args: Vec<&[u8]> = chunk.iter().map(|m| m.as_str().as_bytes()).collect();
+            let started = Instant::now();
+            let value = self.eval(&self.scripts.remove, pool, &args).await?;
+            sizer.record(chunk.len(), started.elapsed());
+            let RemoveReply(removed) = RemoveReply::decode(value, chunk.len())?;
+            for (member, removed) in chunk.iter().zip(removed) {
+                if removed {
+                    report.removed.push(member.clone());
+                } else {
+                    report.unknown.push(member.clone());
+                }
             }
         }
         Ok(report)
