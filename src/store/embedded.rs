@@ -40,7 +40,8 @@ use super::{
     Assignment, CheckRound, Cursor, DisableReport, Effect, EnableReport, Health, LastCheck, Lease,
     MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, PoolInfo, PoolStats, PutPool,
     RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
-    ReportSummary, Restored, Seed, SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
+    ReportSummary, Restored, SWEEP_BATCH, Seed, SeedReport, StateFilter, Store, StoreError,
+    StoreStatus, Swept,
 };
 use crate::domain::{
     LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId, RestorePolicy,
@@ -944,21 +945,32 @@ impl Store for EmbeddedStore {
 
     async fn sweep(&self) -> Result<Swept, StoreError> {
         let now = Timestamp::now();
-        let (swept, end) = {
-            let mut inner = self.lock()?;
-            let Inner { pools, journal, .. } = &mut *inner;
-            let mut swept = Swept::default();
-            let mut end = None;
-            for (id, p) in pools.iter_mut() {
-                swept = swept
-                    + Swept {
-                        reclaimed: p.reclaim_expired(now, u64::MAX),
-                        returned: p.return_due(now, u64::MAX),
-                    };
-                end = finish(journal.as_mut(), id, p);
+        let ids: Vec<PoolId> = self.lock()?.pools.keys().cloned().collect();
+        let mut swept = Swept::default();
+        let mut end = None;
+        // One pool at a time, at most SWEEP_BATCH leases and returns per turn of the lock,
+        // as on Redis: a pool with a large backlog never holds the lock for long.
+        for id in &ids {
+            loop {
+                let step = match self.with_pool(id, |p, _| Swept {
+                    reclaimed: p.reclaim_expired(now, SWEEP_BATCH),
+                    returned: p.return_due(now, SWEEP_BATCH),
+                }) {
+                    Ok((step, step_end)) => {
+                        end = step_end.or(end);
+                        step
+                    }
+                    // Deleted since the listing.
+                    Err(StoreError::PoolNotFound) => break,
+                    Err(error) => return Err(error),
+                };
+                swept = swept + step;
+                if step.reclaimed < SWEEP_BATCH && step.returned < SWEEP_BATCH {
+                    break;
+                }
+                tokio::task::yield_now().await;
             }
-            (swept, end)
-        };
+        }
         self.settle((swept, end), Change::Counts).await
     }
 
