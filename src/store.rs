@@ -226,7 +226,7 @@ impl Seed {
 }
 
 /// What a seeding did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct SeedReport {
     /// Members that were not in the pool and now are eligible.
     pub added: Vec<MemberId>,

@@ -87,6 +87,17 @@ fn json_rejection(rejection: JsonRejection, limit: usize) -> ApiError {
     }
 }
 
+/// The body limits the route set (none: nothing may be read).
+fn body_limit(req: &Request) -> BodyLimit {
+    req.extensions()
+        .get::<BodyLimit>()
+        .copied()
+        .unwrap_or(BodyLimit {
+            bytes: 0,
+            read_timeout: Duration::ZERO,
+        })
+}
+
 /// Reads the whole body within the limits set for the route, answering 413 with the size
 /// limit that applied, or 408 when the body is slower than its timeout: a client that
 /// announces a body and trickles it (or never sends it) would otherwise hold the request,
@@ -95,14 +106,7 @@ async fn read_body(req: Request) -> Result<(Bytes, usize), ApiError> {
     let BodyLimit {
         bytes: limit,
         read_timeout,
-    } = req
-        .extensions()
-        .get::<BodyLimit>()
-        .copied()
-        .unwrap_or(BodyLimit {
-            bytes: 0,
-            read_timeout: Duration::ZERO,
-        });
+    } = body_limit(&req);
     let bytes = tokio::time::timeout(read_timeout, Bytes::from_request(req, &()))
         .await
         .map_err(|_| {
@@ -258,14 +262,7 @@ impl<S: Send + Sync> FromRequest<S> for ListBody {
         let BodyLimit {
             bytes: limit,
             read_timeout,
-        } = req
-            .extensions()
-            .get::<BodyLimit>()
-            .copied()
-            .unwrap_or(BodyLimit {
-                bytes: 0,
-                read_timeout: Duration::ZERO,
-            });
+        } = body_limit(&req);
         let announced = req
             .headers()
             .get(axum::http::header::CONTENT_LENGTH)

@@ -1084,12 +1084,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn add_members(&self, pool: &PoolId, seed: &Seed) -> Result<SeedReport, StoreError> {
-        let mut report = SeedReport {
-            added: Vec::new(),
-            existing: Vec::new(),
-            full: Vec::new(),
-            start_assignments: 0,
-        };
+        let mut report = SeedReport::default();
         // The first chunk settles the starting count; the later ones keep it, as on Redis.
         let mut start = seed.assignments;
         let mut pending_adds = seed.pending_adds;

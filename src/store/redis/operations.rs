@@ -357,12 +357,7 @@ impl Store for RedisStore {
 
     async fn add_members(&self, pool: &PoolId, seed: &Seed) -> Result<SeedReport, StoreError> {
         let sizer = &self.chunks.seed;
-        let mut report = SeedReport {
-            added: Vec::new(),
-            existing: Vec::new(),
-            full: Vec::new(),
-            start_assignments: 0,
-        };
+        let mut report = SeedReport::default();
         // Every chunk after the first starts its new members at the count the first one
         // used, and a dry run's chunks count what the earlier ones would have added.
         let mut start = seed.assignments;
