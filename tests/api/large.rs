@@ -181,8 +181,43 @@ async fn disabling_ten_thousand_members_is_seen_by_readers_in_whole_chunks(app: 
     assert_whole_chunks(&seen, MAX_MEMBERS_PER_CALL as u64);
 }
 
+async fn a_page_of_a_thousand_from_both_sets_lists_every_member_once_in_order(app: TestApp) {
+    // Pages larger than what one step reads of each set (on Redis, 250 members).
+    app.create_pool("big", json!({})).await;
+    let list = public_list(1_200);
+    let (status, _) = import_text(&app, "/pools/big/import", &list).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut ids: Vec<String> = list.lines().map(|line| format!("http://{line}")).collect();
+    let (status, _) = app
+        .post_json(
+            "/pools/big/members/disable",
+            json!({ "members": ids.iter().step_by(2).collect::<Vec<_>>() }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    // Every count is 0, so the order is the ids' byte order, both sets merged.
+    ids.sort();
+    let listed = |page: &Value| -> Vec<String> {
+        page["members"]
+            .as_array()
+            .expect("members")
+            .iter()
+            .map(|m| m["member"].as_str().expect("member").to_owned())
+            .collect()
+    };
+    let (_, first) = app.get("/pools/big/members?limit=1000").await;
+    assert_eq!(listed(&first), ids[..1_000]);
+    assert_eq!(first["next_cursor"], json!("500.500"));
+    let (_, second) = app
+        .get("/pools/big/members?limit=1000&cursor=500.500")
+        .await;
+    assert_eq!(listed(&second), ids[1_000..]);
+    assert_eq!(second["next_cursor"], Value::Null);
+}
+
 for_each_store!(
     readers_racing_the_deletion_of_a_large_pool_see_it_whole_or_not_at_all,
+    a_page_of_a_thousand_from_both_sets_lists_every_member_once_in_order,
     an_import_is_seen_by_readers_in_whole_chunks,
     disabling_ten_thousand_members_is_seen_by_readers_in_whole_chunks,
 );

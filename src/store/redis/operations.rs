@@ -25,6 +25,10 @@ use crate::store::{
 static ASSIGN_BATCHES: std::sync::LazyLock<[String; 2]> =
     std::sync::LazyLock::new(|| [RECLAIM_ON_ASSIGN.to_string(), RETURN_ON_ASSIGN.to_string()]);
 
+/// Most members of each set one call of `members.lua` reads: a page of a listing takes as
+/// many calls as it needs.
+const LISTING_PIECE: usize = 250;
+
 /// Most steps one sweep runs on one pool, so that a sweep always ends.
 const MAX_SWEEP_STEPS: u64 = 64;
 
@@ -388,26 +392,49 @@ impl Store for RedisStore {
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
         // One more than a page from each set tells the merge whether more pages follow.
-        let page = (limit + 1).to_string();
-        let (eligible_count, ineligible_count) = match filter {
-            StateFilter::Eligible => (page.as_str(), "0"),
-            StateFilter::Ineligible => ("0", page.as_str()),
-            StateFilter::All => (page.as_str(), page.as_str()),
+        let wanted = |on: bool| if on { limit + 1 } else { 0 };
+        let (mut eligible_left, mut ineligible_left) = match filter {
+            StateFilter::Eligible => (wanted(true), 0),
+            StateFilter::Ineligible => (0, wanted(true)),
+            StateFilter::All => (wanted(true), wanted(true)),
         };
-        let offsets = [cursor.eligible.to_string(), cursor.ineligible.to_string()];
-        let args: [&[u8]; 4] = [
-            offsets[0].as_bytes(),
-            offsets[1].as_bytes(),
-            eligible_count.as_bytes(),
-            ineligible_count.as_bytes(),
-        ];
-        let value = self.eval(&self.scripts.members, pool, &args).await?;
-        let page = MembersReply::decode(value)?;
+        let mut eligible = Vec::with_capacity(eligible_left);
+        let mut ineligible = Vec::with_capacity(ineligible_left);
+        // A page is read in pieces of at most LISTING_PIECE members of each set, one script
+        // call each, so that a page of 1,000 members with their health never makes one long
+        // script. A page is a position, not a snapshot (see `Cursor`), so members moving
+        // between two pieces are no different from members moving between two pages.
+        loop {
+            let take = |left: usize| left.min(LISTING_PIECE);
+            let (eligible_count, ineligible_count) = (take(eligible_left), take(ineligible_left));
+            let args = [
+                (cursor.eligible + eligible.len() as u64).to_string(),
+                (cursor.ineligible + ineligible.len() as u64).to_string(),
+                eligible_count.to_string(),
+                ineligible_count.to_string(),
+            ];
+            let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+            let value = self.eval(&self.scripts.members, pool, &args).await?;
+            let piece = MembersReply::decode(value)?;
+            // A set that gave fewer than asked has nothing more.
+            eligible_left = if piece.eligible.len() < eligible_count {
+                0
+            } else {
+                eligible_left - eligible_count
+            };
+            ineligible_left = if piece.ineligible.len() < ineligible_count {
+                0
+            } else {
+                ineligible_left - ineligible_count
+            };
+            eligible.extend(piece.eligible);
+            ineligible.extend(piece.ineligible);
+            if eligible_left == 0 && ineligible_left == 0 {
+                break;
+            }
+        }
         Ok(crate::store::merge_page(
-            page.eligible,
-            page.ineligible,
-            limit,
-            cursor,
+            eligible, ineligible, limit, cursor,
         ))
     }
 
