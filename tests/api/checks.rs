@@ -114,13 +114,7 @@ async fn start_checks(app: &TestApp, config: Value, members: &[&str]) {
     app.create_pool("p", json!({"rules": {"allow_private": true}}))
         .await;
     app.seed("p", members, Some(0)).await;
-    let response = app
-        .admin(reqwest::Method::PUT, "/pools/p")
-        .json(&config)
-        .send()
-        .await
-        .expect("sent");
-    assert_eq!(response.status(), reqwest::StatusCode::OK);
+    app.configure("p", &config).await;
 }
 
 async fn member(app: &TestApp, id: &str) -> Value {

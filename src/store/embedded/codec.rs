@@ -59,8 +59,9 @@ pub(super) struct MemberImage<'a> {
 /// the frame, so that replaying a count update allocates nothing for them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Record<'a> {
-    /// A pool with these settings and numbers exists (created or changed).
-    Pool(PoolId, PoolImage<'static>),
+    /// A pool with these settings and numbers exists (created or changed). Boxed: a
+    /// configuration is far larger than every other record, and pool records are rare.
+    Pool(PoolId, Box<PoolImage<'static>>),
     /// The pool and everything it held are gone.
     PoolDeleted(&'a str),
     /// The member is in the pool, exactly like this.
@@ -325,7 +326,7 @@ impl<'a> Reader<'a> {
                     .or_else(|_| self.fail("invalid pool configuration"))?;
                 Record::Pool(
                     id,
-                    PoolImage {
+                    Box::new(PoolImage {
                         config: Cow::Owned(config),
                         created_at: self.time()?,
                         total_assignments: self.varint()?,
@@ -333,7 +334,7 @@ impl<'a> Reader<'a> {
                         tripped: self.varint()?,
                         recovered: self.varint()?,
                         check_round_until: self.optional_time()?,
-                    },
+                    }),
                 )
             }
             POOL_DELETED => Record::PoolDeleted(self.text()?),
@@ -470,7 +471,7 @@ mod tests {
         assert_eq!(
             decode_all(&buf),
             [
-                Record::Pool(pool_id(), image),
+                Record::Pool(pool_id(), Box::new(image)),
                 Record::Member(
                     "web",
                     member_id("http://u:p@h:1"),
