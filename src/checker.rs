@@ -20,7 +20,7 @@ use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
-pub use self::probe::{Prober, ProxyAddr, guarded_addresses};
+pub use self::probe::{Probed, Prober, ProxyAddr, guarded_addresses};
 use crate::domain::{MemberId, PoolId};
 use crate::store::{Effect, Report, ReportSource, Store};
 
@@ -120,11 +120,12 @@ async fn run_round(store: Arc<dyn Store>, pool: PoolId, prober: Prober, members:
     let prober = &prober;
     let probes = futures_util::stream::iter(probeable.into_iter().filter_map(|(addr, member)| {
         addr.map(|addr| async move {
-            let (result, detail) = prober.probe(&addr).await;
+            let probed = prober.probe(&addr).await;
             Report {
                 member,
-                result,
-                detail,
+                result: probed.result,
+                detail: probed.detail,
+                latency_ms: probed.latency_ms,
             }
         })
     }))

@@ -129,16 +129,26 @@ impl Prober {
         &self.check
     }
 
-    /// Probes `addr` within the check's timeout: the result and what was seen.
-    pub async fn probe(&self, addr: &ProxyAddr) -> (OutcomeResult, String) {
+    /// Probes `addr` within the check's timeout: the result, what was seen, and how long it
+    /// took when there was an answer.
+    pub async fn probe(&self, addr: &ProxyAddr) -> Probed {
         let timeout = Duration::from_millis(self.check.timeout_ms);
         let started = Instant::now();
-        let (result, detail) = match tokio::time::timeout(timeout, self.attempt(addr)).await {
-            Ok(Ok(seen)) => judge(&seen, started.elapsed(), &self.check),
-            Ok(Err(detail)) => (OutcomeResult::Failed, detail),
-            Err(_) => (OutcomeResult::Failed, "timeout".to_owned()),
-        };
-        (result, addr.redact(detail))
+        let (result, detail, latency_ms) =
+            match tokio::time::timeout(timeout, self.attempt(addr)).await {
+                Ok(Ok(seen)) => {
+                    let took = started.elapsed();
+                    let (result, detail) = judge(&seen, took, &self.check);
+                    (result, detail, Some(millis(took)))
+                }
+                Ok(Err(detail)) => (OutcomeResult::Failed, detail, None),
+                Err(_) => (OutcomeResult::Failed, "timeout".to_owned(), None),
+            };
+        Probed {
+            result,
+            detail: addr.redact(detail),
+            latency_ms,
+        }
     }
 
     async fn attempt(&self, addr: &ProxyAddr) -> Result<Seen, String> {
@@ -233,6 +243,21 @@ fn pem_certificates(pem: &str) -> Result<Vec<native_tls::Certificate>, native_tl
     Ok(certificates)
 }
 
+/// What one probe concluded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probed {
+    /// The result fed into the health rules.
+    pub result: OutcomeResult,
+    /// What was seen, credential-free.
+    pub detail: String,
+    /// Milliseconds from the start of the probe to its answer (none without an answer).
+    pub latency_ms: Option<u64>,
+}
+
+fn millis(took: Duration) -> u64 {
+    u64::try_from(took.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// What a probe saw before it was judged.
 enum Seen {
     /// A TCP check connected.
@@ -249,7 +274,7 @@ fn judge(seen: &Seen, took: Duration, check: &CheckConfig) -> (OutcomeResult, St
     else {
         return (OutcomeResult::Ok, "connected".to_owned());
     };
-    let took_ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+    let took_ms = millis(took);
     if !check.expect_status.contains(&status) {
         let result = if matches!(status, 403 | 429) {
             OutcomeResult::Blocked
