@@ -4,9 +4,8 @@
 //! reqwest speaks every scheme a member may have: `http` (absolute-form requests, CONNECT
 //! for `https` targets), `https` (the same over TLS to the proxy), `socks4` and `socks5`
 //! (target names resolved here) and `socks5h` (resolved by the proxy), with the member's
-//! credentials. TLS is verified (certificate chain and host name) against the system's
-//! roots plus the check's `ca_pem`; the settings are built once per round ([`Prober`]) and
-//! shared by its probes, because loading the roots costs far more than a probe's client.
+//! credentials. TLS (rustls) is verified, certificate chain and host name, against the
+//! Mozilla roots compiled in plus the check's `ca_pem`, parsed once per round ([`Prober`]).
 //!
 //! Everything this module dials goes through [`guarded_addresses`] or [`GuardedResolver`]:
 //! unless the pool's rules allow private addresses, a proxy (or, for `socks4`/`socks5`, a
@@ -80,11 +79,11 @@ impl ProxyAddr {
 }
 
 /// What one round needs to probe its members: the check, the pool's private-address rule,
-/// and for `http` checks the TLS settings and request headers, built once.
+/// and for `http` checks the extra trusted certificates and request headers, parsed once.
 pub struct Prober {
     check: CheckConfig,
     allow_private: bool,
-    tls: Option<native_tls::TlsConnector>,
+    roots: Vec<reqwest::Certificate>,
     headers: HeaderMap,
 }
 
@@ -93,19 +92,21 @@ impl Prober {
     /// addresses.
     ///
     /// # Errors
-    /// The TLS settings could not be built: a block of `check.ca_pem` is not a certificate,
-    /// or the system's roots did not load.
-    pub fn new(check: CheckConfig, allow_private: bool) -> Result<Self, native_tls::Error> {
+    /// A block of `check.ca_pem` is not a certificate.
+    pub fn new(check: CheckConfig, allow_private: bool) -> Result<Self, reqwest::Error> {
         let mut headers = HeaderMap::new();
-        let mut tls = None;
+        let mut roots = Vec::new();
         if check.kind == CheckKind::Http {
-            let mut builder = native_tls::TlsConnector::builder();
             if let Some(pem) = check.ca_pem.as_deref() {
-                for certificate in pem_certificates(pem)? {
-                    builder.add_root_certificate(certificate);
+                roots = reqwest::Certificate::from_pem_bundle(pem.as_bytes())?;
+                // Certificates are parsed when a client trusts them: one client now, so that
+                // a block that is no certificate stops the round before any probe.
+                let mut builder = reqwest::Client::builder();
+                for root in &roots {
+                    builder = builder.add_root_certificate(root.clone());
                 }
+                builder.build()?;
             }
-            tls = Some(builder.build()?);
             for (name, value) in &check.headers {
                 // Both were checked when the configuration was accepted.
                 if let (Ok(name), Ok(value)) = (
@@ -119,7 +120,7 @@ impl Prober {
         Ok(Self {
             check,
             allow_private,
-            tls,
+            roots,
             headers,
         })
     }
@@ -152,8 +153,8 @@ impl Prober {
     }
 
     async fn attempt(&self, addr: &ProxyAddr) -> Result<Seen, String> {
-        match (&self.tls, self.check.url.as_deref()) {
-            (Some(tls), Some(url)) => self.fetch(addr, tls, url).await,
+        match (self.check.kind, self.check.url.as_deref()) {
+            (CheckKind::Http, Some(url)) => self.fetch(addr, url).await,
             _ => {
                 let addresses = guarded_addresses(&addr.host, addr.port, self.allow_private)
                     .await
@@ -167,12 +168,7 @@ impl Prober {
     }
 
     /// `GET url` through the proxy; the body is read only as far as `expect_body` needs.
-    async fn fetch(
-        &self,
-        addr: &ProxyAddr,
-        tls: &native_tls::TlsConnector,
-        url: &str,
-    ) -> Result<Seen, String> {
+    async fn fetch(&self, addr: &ProxyAddr, url: &str) -> Result<Seen, String> {
         if !matches!(
             addr.scheme.as_deref(),
             None | Some("http" | "https" | "socks4" | "socks5" | "socks5h")
@@ -188,8 +184,11 @@ impl Prober {
             return Err("private address".to_owned());
         }
         let proxy = reqwest::Proxy::all(&addr.url).map_err(|_| "unusable proxy address")?;
-        let client = reqwest::Client::builder()
-            .use_preconfigured_tls(tls.clone())
+        let mut builder = reqwest::Client::builder();
+        for root in &self.roots {
+            builder = builder.add_root_certificate(root.clone());
+        }
+        let client = builder
             .proxy(proxy)
             .dns_resolver(Arc::new(GuardedResolver {
                 allow_private: self.allow_private,
@@ -227,20 +226,6 @@ impl Prober {
             body_matches: contains(&body, expected.as_bytes()),
         })
     }
-}
-
-/// The certificates of `pem`, whose framing was checked when the configuration was
-/// accepted.
-fn pem_certificates(pem: &str) -> Result<Vec<native_tls::Certificate>, native_tls::Error> {
-    const END: &str = "-----END CERTIFICATE-----";
-    let mut certificates = Vec::new();
-    let mut rest = pem;
-    while let Some(end) = rest.find(END) {
-        let (block, tail) = rest.split_at(end + END.len());
-        certificates.push(native_tls::Certificate::from_pem(block.as_bytes())?);
-        rest = tail;
-    }
-    Ok(certificates)
 }
 
 /// What one probe concluded.
@@ -363,23 +348,13 @@ fn describe(error: &reqwest::Error) -> String {
         }
         chain.push(next);
     }
-    let texts: Vec<String> = chain.iter().map(ToString::to_string).collect();
-    if texts
-        .iter()
-        .any(|t| t.contains("certificate verify failed"))
-    {
-        // native-tls appends OpenSSL's verification result in parentheses; the errors
-        // below it in the chain say only "certificate verify failed".
-        let reason = texts.iter().find_map(|t| {
-            t.strip_suffix(')')
-                .filter(|t| t.contains("certificate verify failed"))
-                .and_then(|t| t.rsplit_once(" ("))
-                .map(|(_, reason)| reason.to_owned())
-        });
-        return printable(&format!(
-            "tls: {}",
-            reason.as_deref().unwrap_or("certificate verify failed")
-        ));
+    // rustls names what was wrong with the certificate ("invalid peer certificate: ...").
+    if let Some(reason) = chain.iter().find_map(|e| {
+        e.to_string()
+            .strip_prefix("invalid peer certificate: ")
+            .map(str::to_owned)
+    }) {
+        return printable(&format!("tls: {reason}"));
     }
     let innermost = chain.last().copied().unwrap_or(error);
     let text = innermost.to_string();

@@ -249,7 +249,7 @@ pub struct CheckConfig {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, String>,
     /// For `http`: PEM certificates (one or more, at most 64 KiB) trusted besides the
-    /// system's roots, for private targets and `https` proxies with a private CA.
+    /// Mozilla roots built in, for private targets and `https` proxies with a private CA.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_pem: Option<String>,
     /// Time between rounds, in milliseconds (100 ms to 24 h; default 30,000). It is also

@@ -1,7 +1,8 @@
 //! Real proxies and an HTTPS target on loopback, for the active-check tests: an HTTP proxy
 //! (absolute-form requests and CONNECT, optionally over TLS and with Basic credentials),
 //! SOCKS5 (with or without a user name and password), SOCKS4 (and 4a), and a target that
-//! serves TLS with a certificate from a test CA made here with OpenSSL.
+//! serves TLS with a certificate from a test CA made here with OpenSSL (the servers' TLS
+//! stack; the checks' client uses rustls).
 //!
 //! They relay bytes as real proxies do; none of them knows what the client under test
 //! will send beyond the protocol itself.
@@ -132,8 +133,11 @@ impl TestCa {
             .expect("signed");
         let cert = builder.build().to_pem().expect("pem");
         let key = key.private_key_to_pem_pkcs8().expect("pem");
-        let identity = native_tls::Identity::from_pkcs8(&cert, &key).expect("an identity");
-        TlsAcceptor::from(native_tls::TlsAcceptor::new(identity).expect("an acceptor"))
+        let identity =
+            tokio_native_tls::native_tls::Identity::from_pkcs8(&cert, &key).expect("an identity");
+        TlsAcceptor::from(
+            tokio_native_tls::native_tls::TlsAcceptor::new(identity).expect("an acceptor"),
+        )
     }
 }
 
