@@ -4,8 +4,8 @@ target, timed; and the same round when the proxy never answers, which shows the 
     cargo build --release
     python3 bench/check_round.py            # MEMBERS=1000 ROUNDS=3 CONCURRENCY=32 TIMEOUT_MS=200
 
-It starts, on free loopback ports: an HTTPS target (a self-signed certificate made with the
-openssl command, trusted through `check.ca_pem`), an HTTP proxy that tunnels CONNECT to it
+It starts, on free loopback ports: an HTTPS target (a certificate from a test CA made with
+the openssl command, the CA trusted through `check.ca_pem`), an HTTP proxy that tunnels CONNECT to it
 (or, in the "hung" runs, accepts and never answers), and the release binary (embedded
 store). The members are MEMBERS distinct ids of that one proxy (`http://m<i>:x@host:port`,
 credentials the proxy ignores). Each run creates a pool, seeds the members, turns on an
@@ -48,14 +48,25 @@ TIMEOUT_MS = int(os.environ.get("TIMEOUT_MS", "200"))
 HEALTHY_TIMEOUT_MS = 5000
 
 
-def certificate(directory: str) -> Tuple[str, str]:
-    """A self-signed certificate for 127.0.0.1 and its key, as file paths."""
-    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:P-256", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
-                   check=True, capture_output=True)
-    return cert, key
+def certificate(directory: str) -> Tuple[str, str, str]:
+    """A test CA and a server certificate for 127.0.0.1 it signed, with the server's key, as
+    file paths (CA, certificate, key). The checks' TLS (rustls) refuses a self-signed CA
+    certificate used as the server's own."""
+    path = lambda name: os.path.join(directory, name)  # noqa: E731
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    with open(path("ext"), "w") as handle:
+        handle.write("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+                     "extendedKeyUsage=serverAuth\n")
+    for command in (
+            ["openssl", "req", "-x509", *ec, "-days", "1", "-subj", "/CN=bench CA",
+             "-keyout", path("ca.key"), "-out", path("ca.pem")],
+            ["openssl", "req", *ec, "-subj", "/CN=127.0.0.1", "-keyout", path("key.pem"),
+             "-out", path("server.csr")],
+            ["openssl", "x509", "-req", "-in", path("server.csr"), "-CA", path("ca.pem"),
+             "-CAkey", path("ca.key"), "-CAcreateserial", "-days", "1", "-extfile",
+             path("ext"), "-out", path("cert.pem")]):
+        subprocess.run(command, check=True, capture_output=True)
+    return path("ca.pem"), path("cert.pem"), path("key.pem")
 
 
 class Servers:
@@ -168,8 +179,8 @@ def one_round(base: str, servers: Servers, pem: str, pool: str,
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
-        cert, key = certificate(directory)
-        with open(cert) as handle:
+        ca, cert, key = certificate(directory)
+        with open(ca) as handle:
             pem = handle.read()
         servers = Servers(cert, key)
         service = Service()
