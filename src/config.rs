@@ -156,8 +156,8 @@ pub struct Config {
     pub import_body_read_timeout_ms: u64,
 
     /// How often, in milliseconds, the background sweep reclaims expired leases and returns
-    /// members whose cooldown has ended, in every pool (assigns also do a few in their own
-    /// pool). A crashed worker's lease is back within its ttl plus this interval, and a
+    /// members whose cooldown has ended, in the pools that have them due (assigns also do a
+    /// few in their own pool). A crashed worker's lease is back within its ttl plus this interval, and a
     /// cooled-down member within its cooldown plus this interval, even in a pool nobody
     /// assigns from.
     #[arg(long, env = "SWEEP_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]

@@ -73,6 +73,16 @@ pub struct RedisStore {
     prefix: Arc<str>,
     timeout: Duration,
     scripts: Arc<Scripts>,
+    /// Where this replica's walk of the pool registry (the due index's safety net) goes on.
+    registry_walk: Arc<std::sync::Mutex<RegistryWalk>>,
+}
+
+/// A replica's walk of the pool registry: the `SSCAN` cursor and the pools it handed out
+/// that the walk has not looked at yet.
+#[derive(Debug, Default)]
+struct RegistryWalk {
+    cursor: u64,
+    pending: std::collections::VecDeque<crate::domain::PoolId>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -103,6 +113,7 @@ impl RedisStore {
             prefix: options.key_prefix.into(),
             timeout: options.timeout,
             scripts: Arc::new(Scripts::new()),
+            registry_walk: Arc::default(),
         };
         if let Err(error) = store.load_scripts().await {
             tracing::warn!(%error, "could not load the scripts at startup; they load on first use");

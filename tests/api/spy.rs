@@ -64,6 +64,8 @@ pub struct Spy {
     inner: Arc<dyn Store>,
     /// Background sweeps.
     pub sweeps: Calls,
+    /// Looks into the index of due check rounds (one per check tick).
+    pub check_ticks: Calls,
     /// Check-round claims.
     pub claims: Calls,
     /// Leases the sweeps reclaimed.
@@ -80,6 +82,7 @@ impl Spy {
         Self {
             inner,
             sweeps: Calls::default(),
+            check_ticks: Calls::default(),
             claims: Calls::default(),
             reclaimed: AtomicU64::new(0),
             returned: AtomicU64::new(0),
@@ -159,6 +162,13 @@ impl Store for Spy {
         reports: &[Report],
     ) -> Result<ReportSummary, StoreError> {
         self.inner.report(pool, source, reports).await
+    }
+
+    async fn due_check_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError> {
+        self.check_ticks.start();
+        let due = self.inner.due_check_pools(limit).await;
+        self.check_ticks.finish();
+        due
     }
 
     async fn claim_check_round(
