@@ -586,6 +586,9 @@ pub trait Store: Send + Sync + 'static {
     /// Every pool, ordered by id.
     async fn pools(&self) -> Result<Vec<PoolInfo>, StoreError>;
 
+    /// How many pools exist (one command on Redis, whatever the number).
+    async fn pool_count(&self) -> Result<u64, StoreError>;
+
     /// Removes the pool and everything it holds.
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError>;
 

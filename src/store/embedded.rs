@@ -1092,6 +1092,10 @@ impl Store for EmbeddedStore {
             .collect())
     }
 
+    async fn pool_count(&self) -> Result<u64, StoreError> {
+        Ok(u64::try_from(self.lock()?.pools.len()).unwrap_or(u64::MAX))
+    }
+
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError> {
         let end = {
             let mut inner = self.lock()?;

@@ -197,6 +197,10 @@ impl Store for Spy {
         self.inner.pools().await
     }
 
+    async fn pool_count(&self) -> Result<u64, StoreError> {
+        self.inner.pool_count().await
+    }
+
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError> {
         self.inner.delete_pool(pool).await
     }

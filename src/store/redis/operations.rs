@@ -450,6 +450,12 @@ impl Store for RedisStore {
         Ok(pools)
     }
 
+    async fn pool_count(&self) -> Result<u64, StoreError> {
+        let mut scard = redis::cmd("SCARD");
+        scard.arg(self.registry_key());
+        reply::pool_count(self.command(scard).await?)
+    }
+
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError> {
         let value = self.eval(&self.scripts.delete_pool, pool, &[]).await?;
         let mut srem = redis::cmd("SREM");

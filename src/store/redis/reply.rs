@@ -763,6 +763,11 @@ pub(super) fn pool_ids(value: Value) -> Result<Vec<PoolId>, StoreError> {
     })
 }
 
+/// `SCARD` of the pool registry: how many pools exist.
+pub(super) fn pool_count(value: Value) -> Result<u64, StoreError> {
+    decode("SCARD", value, |value| count(&value))
+}
+
 /// A list of pool ids; an entry that is not a valid one is skipped (nothing the service
 /// writes is one).
 fn pool_id_list(value: Value) -> Read<Vec<PoolId>> {
