@@ -195,6 +195,15 @@ pub struct PoolStats {
     pub recovered: u64,
 }
 
+/// One page of a pool listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolPage {
+    /// Pools ordered by id.
+    pub pools: Vec<PoolInfo>,
+    /// The last pool of this page when more follow: the next page starts after it.
+    pub next: Option<PoolId>,
+}
+
 /// Whether a pool was created or an existing one updated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PutPool {
@@ -583,8 +592,14 @@ pub trait Store: Send + Sync + 'static {
     /// One pool's configuration and numbers.
     async fn pool(&self, pool: &PoolId) -> Result<PoolInfo, StoreError>;
 
-    /// Every pool, ordered by id.
-    async fn pools(&self) -> Result<Vec<PoolInfo>, StoreError>;
+    /// One page of pools ordered by id: at most `limit` of those whose id starts with
+    /// `prefix` (every pool with `""`), after `after` when given. Reads only that page.
+    async fn pool_page(
+        &self,
+        prefix: &str,
+        after: Option<&PoolId>,
+        limit: usize,
+    ) -> Result<PoolPage, StoreError>;
 
     /// How many pools exist (one command on Redis, whatever the number).
     async fn pool_count(&self) -> Result<u64, StoreError>;

@@ -40,9 +40,9 @@ use async_trait::async_trait;
 use super::{
     Assignment, CHECK_CLAIM_HOLD, CheckRound, Cursor, DisableReport, Effect, EnableReport, Health,
     LastCheck, Lease, MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, PoolInfo,
-    PoolStats, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report,
-    ReportSource, ReportSummary, Restored, SWEEP_POOLS_PER_CALL, Seed, SeedReport, StateFilter,
-    Store, StoreError, StoreStatus, Swept,
+    PoolPage, PoolStats, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed,
+    Report, ReportSource, ReportSummary, Restored, SWEEP_POOLS_PER_CALL, Seed, SeedReport,
+    StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 use crate::domain::{
     LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId, RestorePolicy,
@@ -1083,13 +1083,32 @@ impl Store for EmbeddedStore {
         Ok(self.with_pool(pool, |p, _| p.info(pool))?.0)
     }
 
-    async fn pools(&self) -> Result<Vec<PoolInfo>, StoreError> {
-        Ok(self
-            .lock()?
+    async fn pool_page(
+        &self,
+        prefix: &str,
+        after: Option<&PoolId>,
+        limit: usize,
+    ) -> Result<PoolPage, StoreError> {
+        use std::ops::Bound;
+        let inner = self.lock()?;
+        let start = match after {
+            Some(after) if after.as_str() >= prefix => Bound::Excluded(after.as_str()),
+            _ => Bound::Included(prefix),
+        };
+        let mut pools: Vec<PoolInfo> = inner
             .pools
-            .iter()
+            .range::<str, _>((start, Bound::Unbounded))
+            .take_while(|(id, _)| id.as_str().starts_with(prefix))
+            .take(limit.saturating_add(1))
             .map(|(id, p)| p.info(id))
-            .collect())
+            .collect();
+        let next = if pools.len() > limit {
+            pools.truncate(limit);
+            pools.last().map(|info| info.pool.clone())
+        } else {
+            None
+        };
+        Ok(PoolPage { pools, next })
     }
 
     async fn pool_count(&self) -> Result<u64, StoreError> {

@@ -77,12 +77,11 @@ pub struct RedisStore {
     registry_walk: Arc<std::sync::Mutex<RegistryWalk>>,
 }
 
-/// A replica's walk of the pool registry: the `SSCAN` cursor and the pools it handed out
-/// that the walk has not looked at yet.
+/// A replica's walk of the pool registry: the last pool it looked at (`None`: the walk
+/// starts at the first).
 #[derive(Debug, Default)]
 struct RegistryWalk {
-    cursor: u64,
-    pending: std::collections::VecDeque<crate::domain::PoolId>,
+    last: Option<crate::domain::PoolId>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -117,6 +116,9 @@ impl RedisStore {
         };
         if let Err(error) = store.load_scripts().await {
             tracing::warn!(%error, "could not load the scripts at startup; they load on first use");
+        }
+        if let Err(error) = store.adopt_legacy_registry().await {
+            tracing::warn!(%error, "could not copy the pool registry of an earlier version; trying again at the next start");
         }
         Ok(store)
     }

@@ -12,9 +12,9 @@ use async_trait::async_trait;
 use proxy_allocator::config::Config;
 use proxy_allocator::domain::{LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy};
 use proxy_allocator::store::{
-    Assignment, CheckRound, Cursor, DisableReport, EnableReport, MemberPage, PoolInfo, PutPool,
-    RemoveReport, Renewed, Report, ReportSource, ReportSummary, Seed, SeedReport, StateFilter,
-    Store, StoreError, StoreStatus, Swept,
+    Assignment, CheckRound, Cursor, DisableReport, EnableReport, MemberPage, PoolInfo, PoolPage,
+    PutPool, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Seed, SeedReport,
+    StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 
 use crate::helpers::TestApp;
@@ -193,8 +193,13 @@ impl Store for Spy {
         self.inner.pool(pool).await
     }
 
-    async fn pools(&self) -> Result<Vec<PoolInfo>, StoreError> {
-        self.inner.pools().await
+    async fn pool_page(
+        &self,
+        prefix: &str,
+        after: Option<&PoolId>,
+        limit: usize,
+    ) -> Result<PoolPage, StoreError> {
+        self.inner.pool_page(prefix, after, limit).await
     }
 
     async fn pool_count(&self) -> Result<u64, StoreError> {

@@ -18,7 +18,8 @@
 //! | `<prefix>:{<pool>}:returns` | sorted set | cooling-down member -> when it comes back (ms, Redis clock) |
 //! | `<prefix>:{<pool>}:checks` | hash | member -> `"<at_ms> <result> <detail>"`, its last active check |
 //! | `<prefix>:{<pool>}:check_round` | string with ttl | held by the replica running the pool's check round |
-//! | `<prefix>:pools` | set | pool ids, for listing; updated outside the pool scripts because it lives in another slot |
+//! | `<prefix>:pool_ids` | sorted set | the registry: pool ids, all at score 0 so that they sort by id (listing pages, prefix search, the safety net's walk); updated outside the pool scripts because it lives in another slot |
+//! | `<prefix>:pools` | set | the registry of earlier versions: copied into `pool_ids` and removed when a replica starts |
 //! | `<prefix>:due` | sorted set | the sweep's due index: pool id -> when its next lease expires or member returns (ms, Redis clock), never later |
 //! | `<prefix>:checks_due` | sorted set | the check index: pool id -> when its next check round is due (ms, Redis clock) |
 //!
@@ -39,8 +40,9 @@
 //!   the sweep then finds nothing to do and moves them to the right time.
 //! - A replica that dies between a script and its hint, or between taking a pool from the
 //!   index and putting it back, leaves a pool whose entry is missing or late. Each sweep
-//!   therefore also reads the `due` of a few registered pools, walking the registry
-//!   ([`super::operations`]'s safety net), and lowers their entries to it.
+//!   therefore also sweeps a few registered pools, walking the registry in id order
+//!   ([`super::operations`]'s safety net), which puts each back into the index at its
+//!   exact time, and puts pools with checks into the check index unless they are there.
 //! - `<prefix>:checks_due` is set to "due now" by `PUT /pools/{pool}` with checks and
 //!   cleared by one without (and by a delete). The checker takes due pools with a hold
 //!   (`claim_due.lua`), and once a round is claimed (or found held by another replica) sets
@@ -119,6 +121,11 @@ impl ToRedisArgs for PoolKeys<'_> {
 impl RedisStore {
     /// The registry of pool ids.
     pub(super) fn registry_key(&self) -> String {
+        format!("{}:pool_ids", self.prefix)
+    }
+
+    /// The registry of earlier versions, a set.
+    pub(super) fn legacy_registry_key(&self) -> String {
         format!("{}:pools", self.prefix)
     }
 

@@ -15,9 +15,10 @@ use super::reply::{
 use crate::domain::{LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy};
 use crate::store::{
     Assignment, CheckRound, Cursor, DisableReport, EnableReport, Lease, MAX_PROBES_PER_ROUND,
-    MemberPage, PoolInfo, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed,
-    Report, ReportSource, ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_BATCH,
-    SWEEP_POOLS_PER_CALL, Seed, SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
+    MemberPage, PoolInfo, PoolPage, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport,
+    Renewed, Report, ReportSource, ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP,
+    SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed, SeedReport, StateFilter, Store, StoreError,
+    StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
@@ -31,9 +32,6 @@ const MAX_SWEEP_STEPS: u64 = 64;
 /// Most pools one take from the sweep's due index hands out; a sweep takes again while
 /// takes come back full, up to [`SWEEP_POOLS_PER_CALL`].
 const DUE_TAKE: usize = 512;
-
-/// Most `SSCAN`s one step of the safety net sends.
-const MAX_SSCANS_PER_STEP: usize = 8;
 
 impl RedisStore {
     /// Takes up to `limit` due pools from the index at `key`, holding them for `hold`
@@ -98,35 +96,80 @@ impl RedisStore {
         Ok(swept)
     }
 
-    /// The next pools of this replica's walk of the registry. `SSCAN` hands out as many
-    /// as it likes (a few, none, or a small set whole), so what it gives beyond this step's
-    /// share waits in the walk for the next steps, and it is asked again (at most
-    /// [`MAX_SSCANS_PER_STEP`] times) only while fewer than a share wait.
+    /// The next [`SAFETY_NET_POOLS_PER_SWEEP`] pools of this replica's walk of the
+    /// registry, in id order, going on from the first after the last.
     async fn next_walked_pools(&self) -> Result<Vec<PoolId>, StoreError> {
-        for _ in 0..MAX_SSCANS_PER_STEP {
-            let cursor = {
-                let walk = self.walk();
-                if walk.pending.len() >= SAFETY_NET_POOLS_PER_SWEEP {
-                    break;
-                }
-                walk.cursor
-            };
-            let mut sscan = redis::cmd("SSCAN");
-            sscan
-                .arg(self.registry_key())
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(2 * SAFETY_NET_POOLS_PER_SWEEP);
-            let (next, pools) = reply::registry_page(self.command(sscan).await?)?;
-            let mut walk = self.walk();
-            walk.cursor = next;
-            // A pass that ends goes on into the next (cursor 0): every step walks a whole
-            // share, however the registry divides into pages.
-            walk.pending.extend(pools);
+        let last = self.walk().last.clone();
+        let mut pools = self
+            .registry_range("", last.as_ref(), SAFETY_NET_POOLS_PER_SWEEP)
+            .await?;
+        if pools.len() < SAFETY_NET_POOLS_PER_SWEEP && last.is_some() {
+            // The end of the registry: the walk starts over at the first pool.
+            let more = SAFETY_NET_POOLS_PER_SWEEP - pools.len();
+            pools.extend(self.registry_range("", None, more).await?);
         }
-        let mut walk = self.walk();
-        let share = walk.pending.len().min(SAFETY_NET_POOLS_PER_SWEEP);
-        Ok(walk.pending.drain(..share).collect())
+        self.walk().last = pools.last().cloned();
+        Ok(pools)
+    }
+
+    /// Up to `limit` registered pool ids starting with `prefix`, after `after` when given,
+    /// in id order: one `ZRANGE ... BYLEX`.
+    async fn registry_range(
+        &self,
+        prefix: &str,
+        after: Option<&PoolId>,
+        limit: usize,
+    ) -> Result<Vec<PoolId>, StoreError> {
+        let min = match after {
+            Some(after) if after.as_str() >= prefix => format!("({after}"),
+            _ => format!("[{prefix}"),
+        };
+        // Pool ids are ASCII: no id that starts with the prefix sorts after `prefix\xff`.
+        let mut max = b"[".to_vec();
+        max.extend_from_slice(prefix.as_bytes());
+        max.push(0xff);
+        let mut zrange = redis::cmd("ZRANGE");
+        zrange
+            .arg(self.registry_key())
+            .arg(min)
+            .arg(if prefix.is_empty() {
+                b"+".to_vec()
+            } else {
+                max
+            })
+            .arg("BYLEX")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit);
+        reply::pool_ids(self.command(zrange).await?)
+    }
+
+    /// Copies the registry of an earlier version (a set) into this one's and removes it,
+    /// a thousand pools a command: pools created by replicas of that version are listed,
+    /// walked and counted from then on.
+    pub(super) async fn adopt_legacy_registry(&self) -> Result<(), StoreError> {
+        let legacy = self.legacy_registry_key();
+        let mut cursor = 0;
+        loop {
+            let mut sscan = redis::cmd("SSCAN");
+            sscan.arg(&legacy).arg(cursor).arg("COUNT").arg(1_000);
+            let (next, pools) = reply::registry_page(self.command(sscan).await?)?;
+            if !pools.is_empty() {
+                let mut zadd = redis::cmd("ZADD");
+                zadd.arg(self.registry_key());
+                for pool in &pools {
+                    zadd.arg(0).arg(pool.as_str());
+                }
+                self.command(zadd).await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        let mut unlink = redis::cmd("UNLINK");
+        unlink.arg(&legacy);
+        self.command(unlink).await.map(drop)
     }
 
     fn walk(&self) -> std::sync::MutexGuard<'_, super::RegistryWalk> {
@@ -134,13 +177,6 @@ impl RedisStore {
         self.registry_walk
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Every registered pool id, in id order.
-    async fn pool_ids(&self) -> Result<Vec<PoolId>, StoreError> {
-        let mut smembers = redis::cmd("SMEMBERS");
-        smembers.arg(self.registry_key());
-        reply::pool_ids(self.command(smembers).await?)
     }
 
     /// Sweep steps on one pool until it has no expired lease and no due return left (or
@@ -405,10 +441,10 @@ impl Store for RedisStore {
             PutPoolReply::Updated => false,
         };
         // The registry lives in another hash slot, so it is updated after the pool script.
-        // A crash in between leaves a pool that `pools()` does not list until its next PUT.
-        let mut sadd = redis::cmd("SADD");
-        sadd.arg(self.registry_key()).arg(pool.as_str());
-        self.command(sadd).await?;
+        // A crash in between leaves a pool that the listing does not show until its next PUT.
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(self.registry_key()).arg(0).arg(pool.as_str());
+        self.command(zadd).await?;
         // A pool with checks is due for a round now (a round already held keeps its claim:
         // see claim_check.lua); one without leaves the check index.
         if config.health.check.is_some() {
@@ -434,8 +470,18 @@ impl Store for RedisStore {
         })
     }
 
-    async fn pools(&self) -> Result<Vec<PoolInfo>, StoreError> {
-        let ids = self.pool_ids().await?;
+    async fn pool_page(
+        &self,
+        prefix: &str,
+        after: Option<&PoolId>,
+        limit: usize,
+    ) -> Result<PoolPage, StoreError> {
+        // One more than a page tells whether more follow.
+        let mut ids = self
+            .registry_range(prefix, after, limit.saturating_add(1))
+            .await?;
+        let more = ids.len() > limit;
+        ids.truncate(limit);
         // Issued together so that they travel pipelined on the shared connection.
         let infos = futures_util::future::join_all(ids.iter().map(|id| self.pool(id))).await;
         let mut pools = Vec::with_capacity(infos.len());
@@ -447,20 +493,21 @@ impl Store for RedisStore {
                 Err(e) => return Err(e),
             }
         }
-        Ok(pools)
+        let next = if more { ids.pop() } else { None };
+        Ok(PoolPage { pools, next })
     }
 
     async fn pool_count(&self) -> Result<u64, StoreError> {
-        let mut scard = redis::cmd("SCARD");
-        scard.arg(self.registry_key());
-        reply::pool_count(self.command(scard).await?)
+        let mut zcard = redis::cmd("ZCARD");
+        zcard.arg(self.registry_key());
+        reply::pool_count(self.command(zcard).await?)
     }
 
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError> {
         let value = self.eval(&self.scripts.delete_pool, pool, &[]).await?;
-        let mut srem = redis::cmd("SREM");
-        srem.arg(self.registry_key()).arg(pool.as_str());
-        self.command(srem).await?;
+        let mut zrem = redis::cmd("ZREM");
+        zrem.arg(self.registry_key()).arg(pool.as_str());
+        self.command(zrem).await?;
         // Its entry in the sweep's index goes at its next sweep, which finds no pool.
         self.unindex(&self.checks_due_key(), pool).await?;
         match DeletePoolReply::decode(value)? {

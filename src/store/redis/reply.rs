@@ -740,7 +740,7 @@ impl ClaimDueReply {
     }
 }
 
-/// `SSCAN` of the pool registry: the cursor to go on from (`0` once the walk is through)
+/// `SSCAN` of an earlier version's pool registry: the cursor to go on from (`0` once the walk is through)
 /// and a few pool ids.
 pub(super) fn registry_page(value: Value) -> Result<(u64, Vec<PoolId>), StoreError> {
     decode("SSCAN", value, |value| {
@@ -754,18 +754,14 @@ pub(super) fn registry_page(value: Value) -> Result<(u64, Vec<PoolId>), StoreErr
     })
 }
 
-/// `SMEMBERS` of the pool registry: every registered pool id, in id order.
+/// `ZRANGE ... BYLEX` of the pool registry: pool ids, in id order.
 pub(super) fn pool_ids(value: Value) -> Result<Vec<PoolId>, StoreError> {
-    decode("SMEMBERS", value, |value| {
-        let mut ids = pool_id_list(value)?;
-        ids.sort();
-        Ok(ids)
-    })
+    decode("ZRANGE", value, pool_id_list)
 }
 
-/// `SCARD` of the pool registry: how many pools exist.
+/// `ZCARD` of the pool registry: how many pools exist.
 pub(super) fn pool_count(value: Value) -> Result<u64, StoreError> {
-    decode("SCARD", value, |value| count(&value))
+    decode("ZCARD", value, |value| count(&value))
 }
 
 /// A list of pool ids; an entry that is not a valid one is skipped (nothing the service
