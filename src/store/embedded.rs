@@ -1637,6 +1637,57 @@ mod tests {
         assert_eq!(reopened.state_lines(), before);
     }
 
+    /// A directory after one compaction, closed: `snapshot.000002` and `log.000002`.
+    async fn compacted_once() -> TempDir {
+        let dir = TempDir::new();
+        let store = EmbeddedStore::open(dir.options(4096)).expect("opened");
+        seeded(&store).await;
+        let disk = store.disk.as_ref().expect("on disk");
+        assert!(disk.compact_now(&store.inner).is_some(), "a compaction ran");
+        store.close().await;
+        drop(store);
+        assert_eq!(dir.names(), ["LOCK", "log.000002", "snapshot.000002"]);
+        dir
+    }
+
+    fn refusal_of(dir: &TempDir) -> (PathBuf, u64, String) {
+        match EmbeddedStore::open(dir.options(4096)) {
+            Err(OpenError::Corrupt {
+                path,
+                offset,
+                reason,
+            }) => (path, offset, reason),
+            Err(other) => panic!("a refusal naming the missing file expected, got {other:?}"),
+            Ok(_) => panic!("a refusal naming the missing file expected, the store opened"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_without_its_log_refuses_to_open_naming_the_missing_log() {
+        let dir = compacted_once().await;
+        std::fs::remove_file(dir.0.join("log.000002")).expect("removed");
+        let (path, offset, reason) = refusal_of(&dir);
+        assert_eq!(path, dir.0.join("log.000002"));
+        assert_eq!(offset, 0);
+        assert_eq!(
+            reason,
+            "this file is missing: the files of the data directory do not follow each other"
+        );
+        // The files are left as they were for the operator to look at.
+        assert_eq!(dir.names(), ["LOCK", "snapshot.000002"]);
+    }
+
+    #[tokio::test]
+    async fn a_log_without_the_snapshot_before_it_refuses_to_open_naming_the_first_missing_file() {
+        let dir = compacted_once().await;
+        std::fs::remove_file(dir.0.join("snapshot.000002")).expect("removed");
+        let (path, _, reason) = refusal_of(&dir);
+        // Without the snapshot the logs would have to start at the first generation.
+        assert_eq!(path, dir.0.join("log.000001"));
+        assert!(reason.starts_with("this file is missing"), "{reason}");
+        assert_eq!(dir.names(), ["LOCK", "log.000002"]);
+    }
+
     #[tokio::test]
     async fn a_second_store_on_one_directory_is_refused_until_the_first_closes() {
         let dir = TempDir::new();

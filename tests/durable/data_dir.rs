@@ -336,6 +336,38 @@ async fn after_sigkill_under_load_acknowledged_changes_are_kept_and_counts_lie_b
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_reach_the_disk_within_the_fsync_interval_with_no_later_change() {
+    let dir = DataDir(fresh_data_dir());
+    let env = on_dir(&dir.0, &[("FSYNC_INTERVAL_MS", "200")]);
+    let mut first = ServiceProcess::start(&env);
+    let client = Client::new();
+    let base = first.base.clone();
+    ok(&client, &base, Method::PUT, "/pools/p", json!({})).await;
+    ok(
+        &client,
+        &base,
+        Method::POST,
+        "/pools/p/members",
+        json!({"members": ["m1"]}),
+    )
+    .await;
+    for expected in 1..=10 {
+        let (status, answer) = call(&client, &base, Method::POST, "/pools/p/assign", None).await;
+        assert_eq!(status, 200);
+        assert_eq!(answer["assignments"], expected);
+    }
+    // Nothing after the last assign asks for an fsync: only the interval writes its count.
+    // The wait is the bound under test (200 ms) plus room for a loaded machine.
+    tokio::time::sleep(Duration::from_millis(200 + 800)).await;
+    first.kill();
+
+    let second = ServiceProcess::start(&env);
+    let listing = get(&client, &second.base, "/pools/p/members").await;
+    assert_eq!(listing["members"][0]["member"], "m1");
+    assert_eq!(listing["members"][0]["assignments"], 10);
+}
+
 /// A service on a fresh directory with every answer fsynced, so each request is a frame of
 /// its own: creates a pool, seeds two members, assigns once and stops. Returns the
 /// directory and the log's length after each of the three.

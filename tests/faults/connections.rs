@@ -264,12 +264,17 @@ async fn at_the_cap_new_connections_are_refused_at_once_and_the_probe_port_answe
         ("HEADER_READ_TIMEOUT_MS", "60000".to_owned()),
         ("KEEP_ALIVE_TIMEOUT_MS", "60000".to_owned()),
         ("PROBE_LISTEN", "127.0.0.1:0".to_owned()),
+        // The end of a cap episode is an info line.
+        (
+            "RUST_LOG",
+            "warn,proxy_allocator::startup=info,proxy_allocator::connections=info".to_owned(),
+        ),
     ]);
     let (api, probe) = (addr_of(&service.base), probe_addr(&service));
     seed_pool(&service.base).await;
     let mut worker = RawClient::connect(&api).await;
     assert_eq!(worker.send(ASSIGN).await.expect("answered").status, 200);
-    let _idle = idle_connections(&api, cap - 1, Duration::from_secs(120)).await;
+    let idle = idle_connections(&api, cap - 1, Duration::from_secs(120)).await;
     let open = r#"pa_connections_open{listener="api"}"#;
     assert_eq!(await_metric(&probe, open, cap as f64).await, cap as f64);
 
@@ -311,6 +316,101 @@ async fn at_the_cap_new_connections_are_refused_at_once_and_the_probe_port_answe
     );
     let answer = worker.send(ASSIGN).await.expect("still served");
     assert_eq!(answer.status, 200, "{answer:?}");
+
+    // The episode was logged once when it started, and ends with a line that counts it once
+    // the flood is gone and a quiet second has passed.
+    let reached = service.wait_lines("connection cap reached", 1);
+    assert_eq!(reached.len(), 1, "{reached:#?}");
+    for task in &idle {
+        task.abort();
+    }
+    assert_eq!(await_metric(&probe, open, 1.0).await, 1.0);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let fresh = probe_client()
+        .get(format!("{}/livez", service.base))
+        .send()
+        .await
+        .expect("a fresh connection is served again");
+    assert_eq!(fresh.status(), StatusCode::OK);
+    let again = service.wait_lines("below the connection cap again", 1);
+    assert_eq!(again.len(), 1, "{again:#?}");
+    let again: Value = serde_json::from_str(&again[0]).expect("a JSON line");
+    assert_eq!(again["refused"], 50);
+    let about_the_cap = service
+        .all_lines()
+        .into_iter()
+        .filter(|line| line.contains("connection cap"))
+        .count();
+    assert_eq!(
+        about_the_cap, 2,
+        "one line when it starts, one when it ends"
+    );
+}
+
+#[tokio::test]
+async fn the_probe_port_has_its_own_cap_and_a_full_probe_port_leaves_the_api_port_serving() {
+    let service = ServiceProcess::start(&[
+        ("PROBE_LISTEN", "127.0.0.1:0".to_owned()),
+        ("PROBE_MAX_CONNECTIONS", "4".to_owned()),
+        ("HEADER_READ_TIMEOUT_MS", "60000".to_owned()),
+    ]);
+    let probe = probe_addr(&service);
+    let api = addr_of(&service.base);
+    let _held = idle_connections(&probe, 4, Duration::from_secs(120)).await;
+    let open = r#"pa_connections_open{listener="probe"}"#;
+    assert_eq!(await_metric(&api, open, 4.0).await, 4.0);
+    for _ in 0..10 {
+        let mut stream = TcpStream::connect(&probe).await.expect("connected");
+        let _ = stream
+            .write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await;
+        let answer = tokio::time::timeout(
+            Duration::from_secs(10),
+            read_answer(&mut stream, &mut Vec::new()),
+        )
+        .await
+        .expect("closed or answered at once, not held");
+        if let Some(answer) = answer {
+            assert_eq!(answer.status, 503, "{answer:?}");
+        }
+    }
+    assert_eq!(
+        metric(&api, r#"pa_connections_refused_total{listener="probe"}"#).await,
+        10.0
+    );
+    assert_eq!(
+        metric(&api, r#"pa_connections_refused_total{listener="api"}"#).await,
+        0.0
+    );
+    seed_pool(&service.base).await;
+    let mut worker = RawClient::connect(&api).await;
+    assert_eq!(worker.send(ASSIGN).await.expect("answered").status, 200);
+}
+
+#[tokio::test]
+async fn a_slow_body_is_counted_as_a_body_timeout_and_nothing_else() {
+    let service = ServiceProcess::start(&[
+        ("PROBE_LISTEN", "127.0.0.1:0".to_owned()),
+        ("BODY_READ_TIMEOUT_MS", "300".to_owned()),
+    ]);
+    let probe = probe_addr(&service);
+    let mut stream = TcpStream::connect(addr_of(&service.base))
+        .await
+        .expect("connected");
+    stream
+        .write_all(b"POST /pools/p/assign HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{")
+        .await
+        .expect("sent");
+    let answer = read_answer(&mut stream, &mut Vec::new())
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status, 408, "{answer:?}");
+    let body = r#"pa_connection_timeouts_total{listener="api",kind="body"}"#;
+    assert_eq!(await_metric(&probe, body, 1.0).await, 1.0);
+    for kind in ["header", "keep_alive"] {
+        let series = format!(r#"pa_connection_timeouts_total{{listener="api",kind="{kind}"}}"#);
+        assert_eq!(metric(&probe, &series).await, 0.0, "{kind}");
+    }
 }
 
 /// How long after `since` the service closes `client`'s connection (at most 30 s).

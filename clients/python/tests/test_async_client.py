@@ -15,6 +15,7 @@ from proxy_allocator import (
     Assignment,
     NoProxyAvailable,
     NotFound,
+    Outcome,
     ProxyAllocatorError,
     Unauthorized,
     Unavailable,
@@ -90,11 +91,10 @@ class AsyncBehaviour(unittest.IsolatedAsyncioTestCase):
         self.service.seed(pool, [P1])
         first = await self.client.report(pool, P1, "failed", status=502)
         second = await self.client.report(pool, P1, "blocked", status=429)
-        self.assertEqual(first, {"pool": pool, "outcomes": [
-            {"proxy": P1, "result": "failed", "effect": "counted", "consecutive_failures": 1}],
-            "unknown": [], "rejected": []})
-        self.assertEqual(second["outcomes"], [
-            {"proxy": P1, "result": "blocked", "effect": "tripped", "consecutive_failures": 2}])
+        self.assertEqual(first, Outcome(proxy=P1, result="failed", effect="counted",
+                                        consecutive_failures=1))
+        self.assertEqual(second, Outcome(proxy=P1, result="blocked", effect="tripped",
+                                         consecutive_failures=2))
         self.assertIsNone(await self.client.assign(pool))
 
     async def test_release_and_renew_act_on_a_live_lease_only(self) -> None:

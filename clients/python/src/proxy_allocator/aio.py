@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 from types import TracebackType
-from typing import Any, Dict, Optional, Tuple, Type
+from typing import Any, Optional, Tuple, Type
 
 import aiohttp
 from yarl import URL
@@ -111,14 +111,13 @@ class AsyncClient:
         return Lease.from_json(_expect(answer.data)["lease"])
 
     async def report(self, pool: str, proxy: str, result: str,
-                     status: Optional[int] = None) -> Dict[str, Any]:
-        """As :meth:`Client.report`; returns the service's answer: ``{"pool", "outcomes":
-        [{"proxy", "result", "effect", "consecutive_failures"}], "unknown", "rejected"}``,
-        where ``effect`` is ``counted``, ``tripped`` (the report took the proxy out) or
-        ``ignored`` (it was not eligible)."""
+                     status: Optional[int] = None) -> Outcome:
+        """As :meth:`Client.report`: returns what the service did with the report, an
+        :class:`Outcome` with its ``effect`` (``tripped`` when this report took the proxy
+        out) and the proxy's ``consecutive_failures``."""
         answer = await self._call("/pools/{}/outcomes".format(_segment(pool)),
                                   _report_body(proxy, result, status))
-        return _expect(answer.data)
+        return Outcome.from_answer(result, _expect(answer.data))
 
     def lease(self, pool: str, ttl_ms: Optional[int] = None, renew: bool = False,
               report: bool = False) -> "AsyncLeaseScope":
@@ -201,8 +200,7 @@ async def _end(client: AsyncClient, leased: Leased, renewer: "Optional[asyncio.T
         return
     result, status = outcome
     try:
-        answer = await client.report(leased.pool, leased.proxy, result, status)
-        leased.reported = Outcome.from_answer(result, answer)
+        leased.reported = await client.report(leased.pool, leased.proxy, result, status)
     except ProxyAllocatorError as error:
         logger.warning("outcome report failed: %s", error, extra={"pool": leased.pool})
 

@@ -209,15 +209,14 @@ class ProxyAllocatorMiddleware:
         if result is None:
             return
         try:
-            answer = await self.client.report(used.pool, used.proxy, result, status)
+            outcome = await self.client.report(used.pool, used.proxy, result, status)
         except ProxyAllocatorError as error:
             self._inc("report_failed")
             logger.warning("outcome report failed: %s", error)
             return
         self._inc("reported/" + result)
-        for outcome in answer.get("outcomes", []):
-            if outcome.get("effect") == "tripped":
-                self._inc("tripped")
+        if outcome.effect == "tripped":
+            self._inc("tripped")
 
     async def spider_closed(self, spider: Spider) -> None:
         """Releases the leases of downloads that never came back, then closes the client."""
