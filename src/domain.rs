@@ -15,7 +15,10 @@ pub use candidate::{
     Candidate, Host, MASKED_MAX_CHARS, Rejection, Scheme, canonical_member_id, looks_like_address,
     mask_credentials,
 };
-pub use health::{CheckConfig, CheckKind, HealthConfig, InvalidHealthConfig, OutcomeResult};
+pub use health::{
+    CHECK_BODY_WINDOW_BYTES, CheckConfig, CheckKind, HealthConfig, InvalidHealthConfig,
+    OutcomeResult,
+};
 pub use lease::hex;
 pub use lease::{InvalidLeaseId, InvalidLeaseTtl, LeaseId, LeaseTtl};
 pub use member_id::{InvalidMemberId, MAX_MEMBER_ID_LEN, MemberId};

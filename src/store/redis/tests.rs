@@ -105,6 +105,7 @@ impl TestRedis {
                 member: member(m),
                 result: *result,
                 detail: "HTTP 200".to_owned(),
+                latency_ms: Some(42),
             })
             .collect();
         self.store
@@ -511,6 +512,7 @@ async fn members(redis: &TestRedis) {
                         at: a_checked,
                         result: OutcomeResult::Ok,
                         detail: "HTTP 200".to_owned(),
+                        latency_ms: Some(42),
                     }),
                     ..view("a", MemberState::Eligible, 1)
                 },
@@ -716,13 +718,14 @@ async fn outcomes(redis: &TestRedis) {
     let id = pool("outcomes");
     let run = |args: &'static [&'static str]| redis.eval("outcomes", &id, args);
     assert_pool_not_found(OutcomesReply::decode(
-        run(&["worker", "0", "a", "ok", ""]).await,
+        run(&["worker", "0", "a", "ok", "", ""]).await,
         1,
     ));
     redis.create(&id, tripping_after(2)).await;
     redis.seed(&id, &["a"], 0).await;
     let worker = &[
-        "worker", "0", "a", "failed", "", "a", "failed", "", "z", "ok", "", "a", "ok", "",
+        "worker", "0", "a", "failed", "", "", "a", "failed", "", "", "z", "ok", "", "", "a", "ok",
+        "", "",
     ];
     let applied = OutcomesReply::decode(run(worker).await, 4);
     let returns_at: u64 = redis
@@ -740,7 +743,7 @@ async fn outcomes(redis: &TestRedis) {
             due_hint: Some(returns_at),
         }
     );
-    let check = OutcomesReply::decode(run(&["check", "0", "a", "ok", "HTTP 200"]).await, 1);
+    let check = OutcomesReply::decode(run(&["check", "0", "a", "ok", "HTTP 200", "17"]).await, 1);
     assert_eq!(
         check.expect("decodes"),
         OutcomesReply {
