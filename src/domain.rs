@@ -4,6 +4,7 @@
 mod candidate;
 pub mod count;
 mod health;
+mod labels;
 mod lease;
 mod member_id;
 mod pool_config;
@@ -16,6 +17,10 @@ pub use candidate::{
     mask_credentials,
 };
 pub use health::{CheckConfig, CheckKind, HealthConfig, InvalidHealthConfig, OutcomeResult};
+pub use labels::{
+    InvalidLabels, LabelFilter, Labels, MAX_FILTER_VALUES, MAX_LABEL_KEY_LEN, MAX_LABEL_VALUE_LEN,
+    MAX_LABELS,
+};
 pub use lease::hex;
 pub use lease::{InvalidLeaseId, InvalidLeaseTtl, LeaseId, LeaseTtl};
 pub use member_id::{InvalidMemberId, MAX_MEMBER_ID_LEN, MemberId};

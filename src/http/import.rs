@@ -12,7 +12,7 @@
 //!
 //! Only counts are logged, never a line: lines may hold credentials.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -21,10 +21,10 @@ use serde::{Deserialize, Serialize};
 use super::AppState;
 use super::auth::Admin;
 use super::error::ApiError;
-use super::extract::{ListBody, PoolPath, Query};
+use super::extract::{ListBody, PoolPath, QueryWithLabels};
 use super::log::Outcome;
 use super::members::MAX_MEMBERS_PER_CALL;
-use crate::domain::{MemberId, Rejection, Rules, Scheme, mask_credentials};
+use crate::domain::{Labels, MemberId, Rejection, Rules, Scheme, mask_credentials};
 use crate::store::Seed;
 
 /// Most examples of rejected lines a report shows.
@@ -147,9 +147,11 @@ pub async fn import(
     _: Admin,
     State(state): State<AppState>,
     PoolPath(pool): PoolPath,
-    Query(query): Query<ImportQuery>,
+    QueryWithLabels(query, labels): QueryWithLabels<ImportQuery>,
     body: ListBody,
 ) -> Result<Response, ApiError> {
+    let labels = Labels::from_pairs("label", labels.iter().map(String::as_str))
+        .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     let rules = state.store.pool(&pool).await?.config.rules;
     let default_scheme = query.default_scheme;
     let planning =
@@ -173,6 +175,15 @@ pub async fn import(
             assignments: start,
             dry_run: query.dry_run,
             pending_adds,
+            // Every imported member gets the call's labels (replacing its own), when given.
+            labels: if labels.is_empty() {
+                HashMap::new()
+            } else {
+                chunk
+                    .iter()
+                    .map(|(member, ..)| (member.clone(), labels.clone()))
+                    .collect()
+            },
             ..Seed::new(chunk.iter().map(|(member, ..)| member.clone()).collect())
         };
         let outcome = state.store.add_members(&pool, &seed).await?;

@@ -17,6 +17,7 @@ mod contract;
 mod deploy;
 mod health;
 mod import;
+mod labels;
 mod leases;
 mod logs;
 mod members;
