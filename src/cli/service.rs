@@ -153,11 +153,17 @@ impl Service {
     }
 
     /// Every member of a pool in `state`, following the listing's pages.
-    pub async fn all_members(&self, pool: &PoolId, state: &str) -> Result<Vec<Value>, Failure> {
+    pub async fn all_members(
+        &self,
+        pool: &PoolId,
+        state: &str,
+        labels: &[String],
+    ) -> Result<Vec<Value>, Failure> {
         let mut members = Vec::new();
         let mut cursor = String::new();
         loop {
             let mut query = vec![("state", state.to_owned()), ("limit", PAGE.to_string())];
+            query.extend(labels.iter().map(|pair| ("label", pair.clone())));
             if !cursor.is_empty() {
                 query.push(("cursor", cursor.clone()));
             }

@@ -761,6 +761,22 @@ impl Pool {
         }
     }
 
+    fn view_eligible(&self, member: &MemberId, assignments: u64) -> MemberView {
+        self.with_health(MemberView {
+            member: member.clone(),
+            state: MemberState::Eligible,
+            assignments,
+            in_flight: self.in_flight_of(member),
+            reason: None,
+            since: None,
+            consecutive_failures: 0,
+            last_cooldown_ms: None,
+            returns_at: None,
+            last_check: None,
+            labels: crate::domain::Labels::default(),
+        })
+    }
+
     fn view_ineligible(&self, member: &MemberId, assignments: u64) -> MemberView {
         let (reason, since) = self
             .taken_out
@@ -1191,21 +1207,7 @@ impl Store for EmbeddedStore {
                 _ => p
                     .eligible
                     .page(cursor.eligible, limit + 1)
-                    .map(|(count, member)| {
-                        p.with_health(MemberView {
-                            member: member.clone(),
-                            state: MemberState::Eligible,
-                            assignments: *count,
-                            in_flight: p.in_flight_of(member),
-                            reason: None,
-                            since: None,
-                            consecutive_failures: 0,
-                            last_cooldown_ms: None,
-                            returns_at: None,
-                            last_check: None,
-                            labels: crate::domain::Labels::default(),
-                        })
-                    })
+                    .map(|(count, member)| p.view_eligible(member, *count))
                     .collect(),
             };
             let ineligible: Vec<MemberView> = match filter {

@@ -12,8 +12,7 @@ use std::collections::{BTreeSet, HashMap};
 use super::Pool;
 use crate::domain::{LabelFilter, Labels, MemberId, Policy};
 use crate::store::{
-    Cursor, MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MemberPage, MemberState, MemberView, StateFilter,
-    StoreError,
+    Cursor, MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MemberPage, StateFilter, StoreError,
 };
 
 /// Each member's labels and the indexes over them.
@@ -203,19 +202,7 @@ impl Pool {
                     }
                     if let Some(count) = self.eligible.get(member) {
                         if state != StateFilter::Ineligible {
-                            eligible.push(self.with_health(MemberView {
-                                member: member.clone(),
-                                state: MemberState::Eligible,
-                                assignments: count,
-                                in_flight: self.in_flight_of(member),
-                                reason: None,
-                                since: None,
-                                consecutive_failures: 0,
-                                last_cooldown_ms: None,
-                                returns_at: None,
-                                last_check: None,
-                                labels: Labels::default(),
-                            }));
+                            eligible.push(self.view_eligible(member, count));
                         }
                     } else if let Some(count) = self.ineligible.get(member)
                         && state != StateFilter::Eligible
