@@ -21,7 +21,8 @@
 -- {0, ms} when nothing is eligible and the earliest cooldown ends in ms,
 -- {1, member, assignments} on a least-used pool,
 -- {2, member, assignments, in_flight, expires_ms, ttl_ms} on a least-in-flight pool.
-local meta = redis.call('HMGET', KEYS[1], 'created_ms', 'policy', 'lease_ttl_ms', 'max_in_flight')
+local meta = redis.call('HMGET', KEYS[1], 'created_ms', 'policy', 'lease_ttl_ms', 'max_in_flight',
+    'labelled')
 if not meta[1] then
     return {-1}
 end
@@ -60,7 +61,8 @@ if meta[2] ~= 'least-in-flight' then
     if not chosen then
         return nothing_eligible()
     end
-    local labels = unlabel(chosen, false)
+    -- A pool where no member ever had labels skips the label index: no call at all.
+    local labels = meta[5] and unlabel(chosen, false)
     local assignments = redis.call('ZINCRBY', KEYS[2], 1, chosen)
     if labels then
         label(chosen, false, labels)
@@ -92,7 +94,7 @@ if meta[4] and tonumber(first[2]) >= tonumber(meta[4]) then
     return {0}
 end
 local member = string.sub(first[1], 21)
-local labels = unlabel(member, true)
+local labels = meta[5] and unlabel(member, true)
 redis.call('ZREM', KEYS[5], first[1])
 local assignments = redis.call('ZINCRBY', KEYS[2], 1, member)
 redis.call('HINCRBY', KEYS[6], member, 1)

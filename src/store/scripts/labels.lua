@@ -86,6 +86,8 @@ local function set_labels(member, text, lif)
         return
     end
     redis.call('HSET', KEYS[13], member, text)
+    -- Read by assign.lua, which skips the label index in pools that never had labels.
+    redis.call('HSET', KEYS[1], 'labelled', 1)
     local args = {}
     for _, e in ipairs(label_entries(text, member)) do
         args[#args + 1] = 0
