@@ -20,8 +20,8 @@ use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
-pub use self::probe::ProxyAddr;
-use crate::domain::{CheckConfig, MemberId, PoolId};
+pub use self::probe::{Probed, Prober, ProxyAddr, guarded_addresses};
+use crate::domain::{MemberId, PoolId};
 use crate::store::{Effect, Report, ReportSource, Store};
 
 /// Looks for due check rounds every `tick` until `stop` completes; rounds still running
@@ -81,10 +81,18 @@ async fn start_due_rounds(
                 .into_iter()
                 .chain(members.cooling)
                 .collect();
+            let prober = match Prober::new(check, info.config.rules.allow_private) {
+                Ok(prober) => prober,
+                Err(error) => {
+                    tracing::warn!(pool = info.pool.as_str(), %error,
+                        "check round skipped: its TLS settings could not be built");
+                    continue;
+                }
+            };
             let task = tokio::spawn(run_round(
                 Arc::clone(store),
                 info.pool.clone(),
-                check,
+                prober,
                 targets,
             ));
             rounds.insert(info.pool, task);
@@ -94,12 +102,8 @@ async fn start_due_rounds(
 }
 
 /// Probes `members` of `pool` and reports each result as it comes in.
-async fn run_round(
-    store: Arc<dyn Store>,
-    pool: PoolId,
-    check: CheckConfig,
-    members: Vec<MemberId>,
-) {
+async fn run_round(store: Arc<dyn Store>, pool: PoolId, prober: Prober, members: Vec<MemberId>) {
+    let check = prober.check();
     let deadline = Instant::now() + Duration::from_millis(check.interval_ms);
     let (probeable, unprobeable): (Vec<_>, Vec<_>) = members
         .into_iter()
@@ -113,14 +117,15 @@ async fn run_round(
             "members without host:port cannot be probed; they are skipped"
         );
     }
-    let check = &check;
+    let prober = &prober;
     let probes = futures_util::stream::iter(probeable.into_iter().filter_map(|(addr, member)| {
         addr.map(|addr| async move {
-            let (result, detail) = probe::probe(&addr, check).await;
+            let probed = prober.probe(&addr).await;
             Report {
                 member,
-                result,
-                detail,
+                result: probed.result,
+                detail: probed.detail,
+                latency_ms: probed.latency_ms,
             }
         })
     }))

@@ -16,7 +16,10 @@ pub use candidate::{
     Candidate, Host, MASKED_MAX_CHARS, Rejection, Scheme, canonical_member_id, looks_like_address,
     mask_credentials,
 };
-pub use health::{CheckConfig, CheckKind, HealthConfig, InvalidHealthConfig, OutcomeResult};
+pub use health::{
+    CHECK_BODY_WINDOW_BYTES, CheckConfig, CheckKind, HealthConfig, InvalidHealthConfig,
+    OutcomeResult,
+};
 pub use labels::{
     InvalidLabels, LabelFilter, Labels, MAX_FILTER_VALUES, MAX_LABEL_KEY_LEN, MAX_LABEL_VALUE_LEN,
     MAX_LABELS,

@@ -364,6 +364,10 @@ pub struct LastCheck {
     pub result: OutcomeResult,
     /// What the probe saw (`status 200`, `timeout`, `connection refused`).
     pub detail: String,
+    /// How long the probe took, in milliseconds, when it got an answer (none for a refused
+    /// connection or a timeout).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<u64>,
 }
 
 /// Who reports an outcome.
@@ -397,6 +401,8 @@ pub struct Report {
     /// For checks: what the probe saw, shown as the member's last check. Visible ASCII and
     /// spaces only.
     pub detail: String,
+    /// For checks that got an answer: how long the probe took, in milliseconds.
+    pub latency_ms: Option<u64>,
 }
 
 /// What one report did.

@@ -1,6 +1,8 @@
 //! A pool's health rules (`health` in its configuration): when reported failures take a
 //! member out, for how long, and how the service checks members on its own.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// What a worker (or an active check) saw when it used a member.
@@ -207,9 +209,19 @@ impl TryFrom<RawHealthConfig> for HealthConfig {
 pub enum CheckKind {
     /// A TCP connection to the proxy's host and port is opened and closed.
     Tcp,
-    /// `url` is fetched through the proxy (an HTTP proxy) and the status line is read.
+    /// `url` is fetched through the proxy, whatever kind of proxy it is (`http`, `https`,
+    /// `socks4`, `socks5`, `socks5h`), and the answer is judged by the pass rules.
     Http,
 }
+
+/// Most bytes of `check.ca_pem`.
+pub const MAX_CA_PEM_BYTES: usize = 64 * 1024;
+/// Most characters of `check.expect_body`.
+pub const MAX_EXPECT_BODY_CHARS: usize = 1024;
+/// Most request headers a check sends.
+pub const MAX_CHECK_HEADERS: usize = 16;
+/// How much of a target's body `expect_body` is looked for in.
+pub const CHECK_BODY_WINDOW_BYTES: usize = 64 * 1024;
 
 /// Active checks of a pool: each round probes the eligible and cooling-down members and
 /// feeds the results into the same rules as worker reports.
@@ -218,11 +230,28 @@ pub enum CheckKind {
 pub struct CheckConfig {
     /// How a member is probed.
     pub kind: CheckKind,
-    /// For `http`: the `http://` URL fetched through the proxy, ideally the real target.
+    /// For `http`: the `http://` or `https://` URL fetched through the proxy, ideally the
+    /// real target. An `https` target is reached through a tunnel (CONNECT, or the SOCKS
+    /// equivalent) with its certificate and host name verified.
     pub url: Option<String>,
     /// For `http`: the statuses that count as healthy (default `[200]`). 403 and 429
     /// outside this list count as `blocked`, anything else as `failed`.
     pub expect_status: Vec<u16>,
+    /// For `http`: text (1 to 1,024 characters) the first 64 KiB of the body must contain
+    /// to pass (sites answer a block page with 200); a body without it counts as `blocked`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expect_body: Option<String>,
+    /// For `http`: a probe slower than this (from the connection to the last byte judged)
+    /// counts as `failed` (1 to `timeout_ms`; default none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_latency_ms: Option<u64>,
+    /// For `http`: request headers sent to the target (at most 16), e.g. a `User-Agent`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// For `http`: PEM certificates (one or more, at most 64 KiB) trusted besides the
+    /// Mozilla roots built in, for private targets and `https` proxies with a private CA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_pem: Option<String>,
     /// Time between rounds, in milliseconds (100 ms to 24 h; default 30,000). It is also
     /// the longest a round may run: probes not started by then wait for the next round.
     pub interval_ms: u64,
@@ -241,6 +270,14 @@ struct RawCheckConfig {
     url: Option<String>,
     #[serde(default)]
     expect_status: Option<Vec<u16>>,
+    #[serde(default)]
+    expect_body: Option<String>,
+    #[serde(default)]
+    max_latency_ms: Option<u64>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    ca_pem: Option<String>,
     #[serde(default = "default_interval")]
     interval_ms: u64,
     #[serde(default = "default_timeout")]
@@ -266,10 +303,22 @@ impl TryFrom<RawCheckConfig> for CheckConfig {
         let fail = |why| Err(InvalidHealthConfig(why));
         match (raw.kind, raw.url.as_deref()) {
             (CheckKind::Http, None) => return fail("check.url is required for kind http"),
-            (CheckKind::Http, Some(url)) if !is_plain_http_url(url) => {
-                return fail("check.url is an http:// URL with a host, of at most 2048 bytes");
+            (CheckKind::Http, Some(url)) if !is_target_url(url) => {
+                return fail(
+                    "check.url is an http:// or https:// URL with a host, of at most 2048 bytes",
+                );
             }
-            (CheckKind::Tcp, Some(_)) => return fail("check.url applies to kind http only"),
+            (CheckKind::Tcp, _)
+                if raw.url.is_some()
+                    || raw.expect_body.is_some()
+                    || raw.max_latency_ms.is_some()
+                    || !raw.headers.is_empty()
+                    || raw.ca_pem.is_some() =>
+            {
+                return fail(
+                    "check.url, expect_body, max_latency_ms, headers and ca_pem apply to kind http only",
+                );
+            }
             _ => {}
         }
         let expect_status = raw.expect_status.unwrap_or_else(|| vec![200]);
@@ -289,10 +338,46 @@ impl TryFrom<RawCheckConfig> for CheckConfig {
         if !(1..=256).contains(&raw.concurrency) {
             return fail("check.concurrency is 1 to 256");
         }
+        if raw
+            .expect_body
+            .as_ref()
+            .is_some_and(|text| text.is_empty() || text.chars().count() > MAX_EXPECT_BODY_CHARS)
+        {
+            return fail("check.expect_body is 1 to 1024 characters");
+        }
+        // No rule ties it to `timeout_ms`: a bound above the timeout is simply never hit.
+        if raw
+            .max_latency_ms
+            .is_some_and(|ms| !(1..=60_000).contains(&ms))
+        {
+            return fail("check.max_latency_ms is 1 to 60000");
+        }
+        if raw.headers.len() > MAX_CHECK_HEADERS
+            || !raw
+                .headers
+                .iter()
+                .all(|(name, value)| is_header(name, value))
+        {
+            return fail(
+                "check.headers is at most 16 headers with valid names and visible ASCII values of at most 1024 bytes",
+            );
+        }
+        if let Some(pem) = &raw.ca_pem {
+            // The framing is checked here, as the API contract states it; whether each
+            // block decodes to a certificate is known when a round builds its TLS settings
+            // (a round whose certificates do not decode is skipped and logged).
+            if pem.len() > MAX_CA_PEM_BYTES || !is_pem_framed(pem) {
+                return fail("check.ca_pem is one or more PEM certificates, at most 65536 bytes");
+            }
+        }
         Ok(Self {
             kind: raw.kind,
             url: raw.url,
             expect_status,
+            expect_body: raw.expect_body,
+            max_latency_ms: raw.max_latency_ms,
+            headers: raw.headers,
+            ca_pem: raw.ca_pem,
             interval_ms: raw.interval_ms,
             timeout_ms: raw.timeout_ms,
             concurrency: raw.concurrency,
@@ -300,13 +385,56 @@ impl TryFrom<RawCheckConfig> for CheckConfig {
     }
 }
 
-/// `http://host[:port][/path]`, visible ASCII only: it is written into a request line.
-fn is_plain_http_url(url: &str) -> bool {
+/// `-----BEGIN CERTIFICATE-----` / base64 lines / `-----END CERTIFICATE-----` blocks, one
+/// or more, separated by line breaks (what `openapi.yaml`'s pattern says).
+fn is_pem_framed(pem: &str) -> bool {
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut blocks = 0;
+    let mut inside = false;
+    for line in pem
+        .lines()
+        .map(|line| line.strip_suffix('\r').unwrap_or(line))
+    {
+        match (inside, line) {
+            (false, BEGIN) => inside = true,
+            (false, "") => {}
+            (true, END) => {
+                inside = false;
+                blocks += 1;
+            }
+            (true, body)
+                if !body.is_empty()
+                    && body.len() <= 76
+                    && body
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=')) => {}
+            _ => return false,
+        }
+    }
+    blocks > 0 && !inside
+}
+
+/// An `http://` or `https://` URL with a host, visible ASCII only.
+fn is_target_url(url: &str) -> bool {
     url.len() <= 2048
         && url.bytes().all(|b| b.is_ascii_graphic())
+        // The URL parser would read `https:///path` as the host `path`.
         && url
-            .strip_prefix("http://")
-            .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'))
+            .split_once("://")
+            .is_some_and(|(_, rest)| !rest.is_empty() && !rest.starts_with('/'))
+        && reqwest::Url::parse(url).is_ok_and(|parsed| {
+            matches!(parsed.scheme(), "http" | "https")
+                && parsed.host_str().is_some_and(|host| !host.is_empty())
+        })
+}
+
+/// A header the client can send as written: a token name, a visible-ASCII value.
+fn is_header(name: &str, value: &str) -> bool {
+    name.len() <= 64
+        && value.len() <= 1024
+        && reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_ok()
+        && value.bytes().all(|b| b == b' ' || b.is_ascii_graphic())
 }
 
 #[cfg(test)]
@@ -359,7 +487,15 @@ mod tests {
             r#"{"backoff": 1.5}"#,
             r#"{"jitter_percent": 51}"#,
             r#"{"check": {"kind": "http"}}"#,
-            r#"{"check": {"kind": "http", "url": "https://example.com/"}}"#,
+            r#"{"check": {"kind": "http", "url": "ftp://example.com/"}}"#,
+            r#"{"check": {"kind": "http", "url": "https:///path"}}"#,
+            r#"{"check": {"kind": "http", "url": "http://a/", "expect_body": ""}}"#,
+            r#"{"check": {"kind": "http", "url": "http://a/", "max_latency_ms": 0}}"#,
+            r#"{"check": {"kind": "http", "url": "http://a/", "ca_pem": "-----BEGIN CERTIFICATE-----\nAA\n"}}"#,
+            r#"{"check": {"kind": "http", "url": "http://a/", "headers": {"bad name": "x"}}}"#,
+            r#"{"check": {"kind": "http", "url": "http://a/", "headers": {"x-a": "line\nbreak"}}}"#,
+            r#"{"check": {"kind": "http", "url": "http://a/", "ca_pem": "not a certificate"}}"#,
+            r#"{"check": {"kind": "tcp", "expect_body": "ok"}}"#,
             r#"{"check": {"kind": "tcp", "url": "http://example.com/"}}"#,
             r#"{"check": {"kind": "tcp", "timeout_ms": 60001}}"#,
             r#"{"check": {"kind": "tcp", "concurrency": 0}}"#,
@@ -381,6 +517,10 @@ mod tests {
                 kind: CheckKind::Http,
                 url: Some("http://example.com/".to_owned()),
                 expect_status: vec![200],
+                expect_body: None,
+                max_latency_ms: None,
+                headers: BTreeMap::new(),
+                ca_pem: None,
                 interval_ms: 30_000,
                 timeout_ms: 5_000,
                 concurrency: 8,

@@ -81,6 +81,7 @@ pub async fn report_outcomes(
                     member,
                     result: body.result,
                     detail: String::new(),
+                    latency_ms: None,
                 });
                 statuses.push(body.status);
             }

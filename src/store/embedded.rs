@@ -533,6 +533,7 @@ impl Pool {
                     at: now,
                     result: report.result,
                     detail: report.detail.clone(),
+                    latency_ms: report.latency_ms,
                 },
             );
         }
@@ -1462,6 +1463,7 @@ mod tests {
                             OutcomeResult::Blocked,
                         ][rng.random_range(0..3)],
                         detail: "status 200".to_owned(),
+                        latency_ms: rng.random_bool(0.5).then(|| rng.random_range(0..5000)),
                     })
                     .collect();
                 let source = if rng.random_bool(0.5) {

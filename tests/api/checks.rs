@@ -114,13 +114,7 @@ async fn start_checks(app: &TestApp, config: Value, members: &[&str]) {
     app.create_pool("p", json!({"rules": {"allow_private": true}}))
         .await;
     app.seed("p", members, Some(0)).await;
-    let response = app
-        .admin(reqwest::Method::PUT, "/pools/p")
-        .json(&config)
-        .send()
-        .await
-        .expect("sent");
-    assert_eq!(response.status(), reqwest::StatusCode::OK);
+    app.configure("p", &config).await;
 }
 
 async fn member(app: &TestApp, id: &str) -> Value {
@@ -166,6 +160,31 @@ async fn a_failing_proxy_is_cooled_down_and_a_passing_check_brings_it_back(app: 
     );
     let (_, info) = app.get("/pools/p").await;
     assert_eq!(info["stats"]["recovered"], json!(1));
+}
+
+async fn a_members_last_check_keeps_its_latency_and_a_refused_one_has_none(app: TestApp) {
+    let fine = FakeProxy::start(Mode::Ok).await;
+    let closed = format!("http://127.0.0.1:{}", {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bound");
+        listener.local_addr().expect("an address").port()
+    });
+    let health = json!({"max_consecutive_failures": 1, "cooldown_ms": 600000});
+    start_checks(
+        &app,
+        checked_pool(http_check(60000, 2000), health),
+        &[&fine.member(), &closed],
+    )
+    .await;
+    let ok = await_member(&app, &fine.member(), |m| m.get("last_check").is_some()).await;
+    let latency = ok["last_check"]["latency_ms"].as_u64().unwrap_or(u64::MAX);
+    assert!(latency < 2000, "{ok}");
+    let refused = await_member(&app, &closed, |m| m.get("last_check").is_some()).await;
+    let mut keys: Vec<&String> = refused["last_check"]
+        .as_object()
+        .map(|check| check.keys().collect())
+        .unwrap_or_default();
+    keys.sort();
+    assert_eq!(keys, ["at", "detail", "result"], "{refused}");
 }
 
 async fn a_proxy_answering_403_is_cooled_down_as_blocked(app: TestApp) {
@@ -255,6 +274,7 @@ async fn members_without_a_port_are_not_probed(app: TestApp) {
 
 for_each_store!(
     a_failing_proxy_is_cooled_down_and_a_passing_check_brings_it_back,
+    a_members_last_check_keeps_its_latency_and_a_refused_one_has_none,
     a_proxy_answering_403_is_cooled_down_as_blocked,
     a_hung_proxy_costs_at_most_the_probe_timeout,
     a_tcp_check_fails_a_closed_port_and_passes_an_open_one,

@@ -353,6 +353,17 @@ impl TestApp {
         assert_eq!(response.status(), StatusCode::CREATED, "creating {pool}");
     }
 
+    /// Changes an existing pool's configuration and checks it was accepted.
+    pub async fn configure(&self, pool: &str, config: &Value) {
+        let response = self
+            .admin(Method::PUT, &format!("/pools/{pool}"))
+            .json(config)
+            .send()
+            .await
+            .expect("PUT /pools/{pool}");
+        assert_eq!(response.status(), StatusCode::OK, "configuring {pool}");
+    }
+
     /// Seeds members (optionally with a starting count) and returns the response body.
     pub async fn seed(&self, pool: &str, members: &[&str], assignments: Option<u64>) -> Value {
         let mut body = json!({ "members": members });

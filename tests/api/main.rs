@@ -10,6 +10,7 @@ mod helpers;
 
 mod assign;
 mod auth;
+mod check_targets;
 mod checks;
 mod cli;
 mod concurrency;
@@ -25,6 +26,7 @@ mod metrics;
 mod pools;
 #[expect(dead_code, reason = "shared with tests/faults, which sends it signals")]
 mod process;
+mod proxies;
 mod redis_faults;
 mod requests;
 mod round_trips;

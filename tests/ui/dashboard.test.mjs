@@ -375,6 +375,26 @@ describe('the operator dashboard in Chromium', () => {
                  /^reason: retired · off for \d+ s$/);
   });
 
+  it("shows each member's last active check, with its latency when it got an answer", async () => {
+    // A tcp check of the service's own port (open) and of port 1 (closed); a thousand
+    // failures in a row keep the closed one eligible, so its details hold only the check.
+    const port = Number(new URL(service.base).port);
+    const rules = { allow_private: true };
+    await call('PUT', '/pools/checked', { rules });
+    await call('POST', '/pools/checked/members', { members: [`127.0.0.1:${port}`, '127.0.0.1:1'] });
+    await call('PUT', '/pools/checked', { rules, health: { max_consecutive_failures: 1000,
+      check: { kind: 'tcp', interval_ms: 60000, timeout_ms: 2000 } } });
+    const open = `http://127.0.0.1:${port}`;
+    await eventually(async () => (await member('checked', open)).last_check &&
+                                 (await member('checked', 'http://127.0.0.1:1')).last_check,
+                     'both members checked');
+    await page.locator('#pool-list button', { hasText: 'checked' }).click();
+    const details = (id) => rowOf(id).locator('td').nth(4);
+    await eventually(async () => /^last check: ok \(connected, \d+ ms\)$/.test(await details(open).textContent()),
+                     'the open port\'s check in the table');
+    assert.equal(await details('http://127.0.0.1:1').textContent(), 'last check: failed (connection refused)');
+  });
+
   it('loaded nothing from elsewhere and logged no error', () => {
     assert.deepEqual(foreignRequests, []);
     assert.deepEqual(problems, []);

@@ -64,8 +64,9 @@ pub(super) struct MemberImage<'a> {
 /// the frame, so that replaying a count update allocates nothing for them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Record<'a> {
-    /// A pool with these settings and numbers exists (created or changed).
-    Pool(PoolId, PoolImage<'static>),
+    /// A pool with these settings and numbers exists (created or changed). Boxed: a
+    /// configuration is far larger than every other record, and pool records are rare.
+    Pool(PoolId, Box<PoolImage<'static>>),
     /// The pool and everything it held are gone.
     PoolDeleted(&'a str),
     /// The member is in the pool, exactly like this.
@@ -170,12 +171,17 @@ pub(super) fn member(buf: &mut Vec<u8>, pool: &PoolId, member: &MemberId, image:
     varint(buf, image.health.trips);
     varint(buf, image.health.cooldown_ms);
     optional_time(buf, image.returns_at);
+    // 1: a last check without a latency (what files written before latencies were kept
+    // hold), 2: one with, the latency last.
     match &image.last_check {
         Some(check) => {
-            buf.push(1);
+            buf.push(if check.latency_ms.is_some() { 2 } else { 1 });
             varint(buf, check.at.0);
             text(buf, check.result.as_str());
             text(buf, &check.detail);
+            if let Some(ms) = check.latency_ms {
+                varint(buf, ms);
+            }
         }
         None => buf.push(0),
     }
@@ -342,7 +348,7 @@ impl<'a> Reader<'a> {
                     .or_else(|_| self.fail("invalid pool configuration"))?;
                 Record::Pool(
                     id,
-                    PoolImage {
+                    Box::new(PoolImage {
                         config: Cow::Owned(config),
                         created_at: self.time()?,
                         total_assignments: self.varint()?,
@@ -350,7 +356,7 @@ impl<'a> Reader<'a> {
                         tripped: self.varint()?,
                         recovered: self.varint()?,
                         check_round_until: self.optional_time()?,
-                    },
+                    }),
                 )
             }
             POOL_DELETED => Record::PoolDeleted(self.text()?),
@@ -371,14 +377,26 @@ impl<'a> Reader<'a> {
                     cooldown_ms: self.varint()?,
                 };
                 let returns_at = self.optional_time()?;
-                let last_check = if self.flag()? {
-                    let at = self.time()?;
-                    let result = OutcomeResult::from_name(self.text()?)
-                        .map_or_else(|| self.fail("unknown check result"), Ok)?;
-                    let detail = self.text()?.to_owned();
-                    Some(Cow::Owned(LastCheck { at, result, detail }))
-                } else {
-                    None
+                let last_check = match self.byte()? {
+                    0 => None,
+                    kind @ (1 | 2) => {
+                        let at = self.time()?;
+                        let result = OutcomeResult::from_name(self.text()?)
+                            .map_or_else(|| self.fail("unknown check result"), Ok)?;
+                        let detail = self.text()?.to_owned();
+                        let latency_ms = if kind == 2 {
+                            Some(self.varint()?)
+                        } else {
+                            None
+                        };
+                        Some(Cow::Owned(LastCheck {
+                            at,
+                            result,
+                            detail,
+                            latency_ms,
+                        }))
+                    }
+                    _ => return self.fail("unknown last check kind"),
                 };
                 let labels = if kind == LABELLED_MEMBER {
                     let count = self.varint()?;
@@ -486,6 +504,7 @@ mod tests {
                 at: Timestamp(8),
                 result: OutcomeResult::Blocked,
                 detail: "status 403".to_owned(),
+                latency_ms: Some(31),
             })),
             labels: Cow::Owned(Labels::from_script_text("country=de\ntier=a")),
         };
@@ -502,7 +521,7 @@ mod tests {
         assert_eq!(
             decode_all(&buf),
             [
-                Record::Pool(pool_id(), image),
+                Record::Pool(pool_id(), Box::new(image)),
                 Record::Member(
                     "web",
                     member_id("http://u:p@h:1"),

@@ -299,7 +299,7 @@ fn apply_frame(
 /// skipped: under a fuzzy snapshot they describe a pool deleted later (see `snapshot.rs`).
 pub(super) fn apply(pools: &mut BTreeMap<PoolId, Pool>, record: Record<'_>) {
     match record {
-        Record::Pool(id, image) => set_pool(pools, id, image),
+        Record::Pool(id, image) => set_pool(pools, id, *image),
         Record::PoolDeleted(id) => {
             pools.remove(id);
         }

@@ -225,13 +225,23 @@ impl Store for RedisStore {
         reports: &[Report],
     ) -> Result<ReportSummary, StoreError> {
         let draw = crate::store::jitter_draw().to_string();
-        let mut args: Vec<&[u8]> = Vec::with_capacity(reports.len() * 3 + 2);
+        let latencies: Vec<String> = reports
+            .iter()
+            .map(|report| {
+                report
+                    .latency_ms
+                    .map(|ms| ms.to_string())
+                    .unwrap_or_default()
+            })
+            .collect();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(reports.len() * 4 + 2);
         args.push(source.as_str().as_bytes());
         args.push(draw.as_bytes());
-        for report in reports {
+        for (report, latency) in reports.iter().zip(&latencies) {
             args.push(report.member.as_str().as_bytes());
             args.push(report.result.as_str().as_bytes());
             args.push(report.detail.as_bytes());
+            args.push(latency.as_bytes());
         }
         let value = self.eval(&self.scripts.outcomes, pool, &args).await?;
         let OutcomesReply(outcomes) = OutcomesReply::decode(value, reports.len())?;

@@ -453,7 +453,8 @@ fn parse_health(value: Value) -> Read<Health> {
     })
 }
 
-/// `"<at_ms> <result> <detail>"`, the member's last active check.
+/// `"<at_ms> <result>[/<latency_ms>] <detail>"`, the member's last active check (entries
+/// written before latencies were kept have none).
 fn parse_last_check(value: Value) -> Read<Option<LastCheck>> {
     if matches!(value, Value::Nil) {
         return Ok(None);
@@ -461,12 +462,17 @@ fn parse_last_check(value: Value) -> Read<Option<LastCheck>> {
     let text = string(value)?;
     let mut parts = text.splitn(3, ' ');
     let at = parts.next().and_then(|t| t.parse::<u64>().ok());
-    let result = parts.next().and_then(OutcomeResult::from_name);
-    match (at, result) {
-        (Some(at), Some(result)) => Ok(Some(LastCheck {
+    let (result, latency) = match parts.next().map(|r| r.split_once('/').unwrap_or((r, ""))) {
+        Some((result, "")) => (OutcomeResult::from_name(result), Some(None)),
+        Some((result, ms)) => (OutcomeResult::from_name(result), ms.parse().ok().map(Some)),
+        None => (None, None),
+    };
+    match (at, result, latency) {
+        (Some(at), Some(result), Some(latency_ms)) => Ok(Some(LastCheck {
             at: Timestamp(at),
             result,
             detail: parts.next().unwrap_or("").to_owned(),
+            latency_ms,
         })),
         _ => Err("malformed check entry".into()),
     }
@@ -800,5 +806,36 @@ fn string(value: Value) -> Read<String> {
         }
         Value::SimpleString(text) => Ok(text),
         _ => Err("expected text".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_check_entry_reads_with_and_without_a_latency() {
+        let read = |text: &str| parse_last_check(Value::BulkString(text.as_bytes().to_vec()));
+        assert_eq!(
+            read("1700000000000 ok/42 status 200").expect("valid"),
+            Some(LastCheck {
+                at: Timestamp(1_700_000_000_000),
+                result: OutcomeResult::Ok,
+                detail: "status 200".to_owned(),
+                latency_ms: Some(42),
+            })
+        );
+        // Written before latencies were kept.
+        assert_eq!(
+            read("1700000000000 failed connection refused").expect("valid"),
+            Some(LastCheck {
+                at: Timestamp(1_700_000_000_000),
+                result: OutcomeResult::Failed,
+                detail: "connection refused".to_owned(),
+                latency_ms: None,
+            })
+        );
+        assert!(read("1700000000000 ok/x status 200").is_err());
+        assert_eq!(parse_last_check(Value::Nil).expect("nil"), None);
     }
 }

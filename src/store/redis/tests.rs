@@ -105,6 +105,7 @@ impl TestRedis {
                 member: member(m),
                 result: *result,
                 detail: "HTTP 200".to_owned(),
+                latency_ms: Some(42),
             })
             .collect();
         self.store
@@ -555,6 +556,7 @@ async fn members(redis: &TestRedis) {
                         at: a_checked,
                         result: OutcomeResult::Ok,
                         detail: "HTTP 200".to_owned(),
+                        latency_ms: Some(42),
                     }),
                     ..view("a", MemberState::Eligible, 1)
                 },
@@ -769,13 +771,14 @@ async fn outcomes(redis: &TestRedis) {
     let id = pool("outcomes");
     let run = |args: &'static [&'static str]| redis.eval("outcomes", &id, args);
     assert_pool_not_found(OutcomesReply::decode(
-        run(&["worker", "0", "a", "ok", ""]).await,
+        run(&["worker", "0", "a", "ok", "", ""]).await,
         1,
     ));
     redis.create(&id, tripping_after(2)).await;
     redis.seed(&id, &["a"], 0).await;
     let worker = &[
-        "worker", "0", "a", "failed", "", "a", "failed", "", "z", "ok", "", "a", "ok", "",
+        "worker", "0", "a", "failed", "", "", "a", "failed", "", "", "z", "ok", "", "", "a", "ok",
+        "", "",
     ];
     let applied = OutcomesReply::decode(run(worker).await, 4);
     assert_eq!(
@@ -787,7 +790,7 @@ async fn outcomes(redis: &TestRedis) {
             Some((Effect::Ignored, 2)),
         ])
     );
-    let check = OutcomesReply::decode(run(&["check", "0", "a", "ok", "HTTP 200"]).await, 1);
+    let check = OutcomesReply::decode(run(&["check", "0", "a", "ok", "HTTP 200", "17"]).await, 1);
     assert_eq!(
         check.expect("decodes"),
         OutcomesReply(vec![Some((Effect::Returned, 0))])

@@ -3,7 +3,7 @@
 -- KEYS, continuing leases.lua:
 --   [9] health hash (member -> "<streak> <trips> <cooldown_ms>"; absent when all are 0),
 --   [10] returns sorted set (cooling-down member -> when it comes back, ms, Redis clock),
---   [11] checks hash (member -> "<at_ms> <result> <detail>", the last active check),
+--   [11] checks hash (member -> "<at_ms> <result>[/<latency_ms>] <detail>", the last active check),
 --   [12] check round lease (a string with a ttl; see claim_check.lua).
 -- A member is cooling down exactly when it is in [10]; an ineligible member that is not
 -- there was taken out by an operator and never comes back by itself.

@@ -14,7 +14,8 @@
 -- {member, count, ...} pairs, then one entry per member of the page in each of
 -- `taken_out` (ineligible only) "<since_ms> <reason>", `in_flight` the live leases,
 -- `health` "<streak> <trips> <cooldown_ms>", `returns` (ineligible only) the ms it comes
--- back at, `checks` "<at_ms> <result> <detail>", `labels` its labels (each nil when none).
+-- back at, `checks` "<at_ms> <result>[/<latency_ms>] <detail>", `labels` its labels (each
+-- nil when none).
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end

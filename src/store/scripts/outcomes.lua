@@ -6,7 +6,8 @@
 -- taken out by an operator: ignored.
 -- KEYS as in leases.lua and health.lua.
 -- ARGV[1] 'worker' or 'check', ARGV[2] jitter draw in [-1, 1], then per report
--- member, result (ok | failed | blocked), detail (checks: what the probe saw).
+-- member, result (ok | failed | blocked), detail (checks: what the probe saw), latency in
+-- milliseconds (checks with an answer; empty otherwise).
 -- Returns {-1} when the pool does not exist, else {1, {effect, streak, ...}} with effect
 -- 0 = unknown, 1 = counted, 2 = tripped, 3 = ignored, 4 = returned.
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -18,7 +19,7 @@ local draw = tonumber(ARGV[2])
 local cfg = health_config()
 local lif = least_in_flight()
 local out = {}
-for i = 3, #ARGV, 3 do
+for i = 3, #ARGV, 4 do
     local member, result = ARGV[i], ARGV[i + 1]
     local streak, trips, cooldown = health_of(member)
     local eligible = redis.call('ZSCORE', KEYS[2], member)
@@ -51,7 +52,9 @@ for i = 3, #ARGV, 3 do
         end
     end
     if check and effect ~= 0 then
-        redis.call('HSET', KEYS[11], member, ms_text(now) .. ' ' .. result .. ' ' .. ARGV[i + 2])
+        local latency = ARGV[i + 3] ~= '' and ('/' .. ARGV[i + 3]) or ''
+        redis.call('HSET', KEYS[11], member,
+            ms_text(now) .. ' ' .. result .. latency .. ' ' .. ARGV[i + 2])
     end
     out[#out + 1] = effect
     out[#out + 1] = streak
