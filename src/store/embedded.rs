@@ -23,6 +23,7 @@
 //! jitter draw the operations used.
 
 mod codec;
+mod due;
 mod files;
 mod journal;
 mod labelled;
@@ -38,11 +39,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AssignRequest, Assignment, CheckRound, Cursor, DisableReport, Effect, EnableReport, Health,
-    LastCheck, Lease, MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, PoolInfo,
-    PoolStats, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report,
-    ReportSource, ReportSummary, Restored, Seed, SeedReport, StateFilter, Store, StoreError,
-    StoreStatus, Swept,
+    AssignRequest, Assignment, CHECK_CLAIM_HOLD, CheckRound, Cursor, DisableReport, Effect,
+    EnableReport, Health, LastCheck, Lease, MAX_PROBES_PER_ROUND, MemberPage, MemberState,
+    MemberView, PoolInfo, PoolPage, PoolStats, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN,
+    RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored, SWEEP_BATCH,
+    SWEEP_POOLS_PER_CALL, Seed, SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 use crate::domain::{
     LabelFilter, LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId,
@@ -50,7 +51,9 @@ use crate::domain::{
 };
 
 use self::codec::{MemberImage, PoolImage};
+use self::due::DueIndex;
 use self::journal::{Buffer, Disk};
+use super::chunks::{ChunkSizer, MemberChunks};
 
 /// The in-process store. Cloning is not needed: the application holds it behind an `Arc`.
 #[derive(Debug, Default)]
@@ -58,12 +61,18 @@ pub struct EmbeddedStore {
     inner: Arc<Mutex<Inner>>,
     /// With a data directory: the writer and compactor threads and the durability waits.
     disk: Option<Disk>,
+    /// The chunk sizes of the member operations, learned from their time under the lock.
+    chunks: MemberChunks,
 }
 
 /// What the lock guards.
 #[derive(Debug, Default)]
 struct Inner {
     pools: BTreeMap<PoolId, Pool>,
+    /// Pools by when their next lease expires or member returns: what the sweep visits.
+    sweep_due: DueIndex,
+    /// Pools with checks by when their next round is due: what the checker visits.
+    checks_due: DueIndex,
     /// With a data directory: records of whole operations not yet taken by the writer.
     journal: Option<Buffer>,
     /// Why every operation is refused from now on: the store was closed, or its disk
@@ -453,6 +462,13 @@ impl Pool {
     }
 
     /// How long until the earliest return, when nothing is eligible.
+    /// When the pool's next lease expires or member returns, if ever.
+    fn next_due(&self) -> Option<Timestamp> {
+        let lease = self.expiry.first().map(|(at, _)| *at);
+        let back = self.returns.first().map(|(at, _)| *at);
+        lease.into_iter().chain(back).min()
+    }
+
     fn next_return(&self, now: Timestamp) -> Option<Duration> {
         self.returns
             .first()
@@ -829,15 +845,24 @@ impl EmbeddedStore {
     /// crash, which is dropped with a warning).
     pub fn open(options: DataDirOptions) -> Result<Self, OpenError> {
         let recovered = recovery::recover(&options)?;
-        let inner = Arc::new(Mutex::new(Inner {
+        let mut inner = Inner {
             pools: recovered.pools,
-            journal: None,
-            refused: None,
-        }));
+            ..Inner::default()
+        };
+        // The indexes are not on disk: one pass over the recovered pools rebuilds them.
+        let now = Timestamp::now();
+        for (id, p) in &inner.pools {
+            inner.sweep_due.set(id, p.next_due());
+            if p.config.health.check.is_some() {
+                inner.checks_due.set(id, Some(now));
+            }
+        }
+        let inner = Arc::new(Mutex::new(inner));
         let disk = Disk::start(&inner, options, recovered.disk)?;
         Ok(Self {
             inner,
             disk: Some(disk),
+            chunks: MemberChunks::default(),
         })
     }
 
@@ -875,9 +900,16 @@ impl EmbeddedStore {
         f: impl FnOnce(&mut Pool, Option<&mut Buffer>) -> T,
     ) -> Result<(T, Option<u64>), StoreError> {
         let mut inner = self.lock()?;
-        let Inner { pools, journal, .. } = &mut *inner;
+        let Inner {
+            pools,
+            journal,
+            sweep_due,
+            ..
+        } = &mut *inner;
         let p = pools.get_mut(pool).ok_or(StoreError::PoolNotFound)?;
         let value = f(p, journal.as_mut());
+        // Whatever the operation scheduled or ended, the sweep finds the pool at its time.
+        sweep_due.set(pool, p.next_due());
         Ok((value, finish(journal.as_mut(), pool, p)))
     }
 
@@ -893,6 +925,33 @@ impl EmbeddedStore {
             disk.wait(end).await?;
         }
         Ok(value)
+    }
+}
+
+impl EmbeddedStore {
+    /// Runs `step` on the pool once per chunk of `members`, each chunk in a turn of the
+    /// lock of its own (timed for `sizer`), letting other operations in between; the end
+    /// of the log as the last chunk left it. Each chunk is atomic, the call is not.
+    async fn in_chunks<T: Sync>(
+        &self,
+        pool: &PoolId,
+        sizer: &ChunkSizer,
+        members: &[T],
+        mut step: impl FnMut(&mut Pool, &[T]) + Send,
+    ) -> Result<Option<u64>, StoreError> {
+        let mut end = None;
+        for chunk in sizer.chunks(members) {
+            let ((), chunk_end) = self.with_pool(pool, |p, _| {
+                let started = std::time::Instant::now();
+                step(p, chunk);
+                sizer.record(chunk.len(), started.elapsed());
+            })?;
+            end = chunk_end.or(end);
+            // The lock is free now; let the operations that waited for it run before the
+            // next chunk takes it again.
+            tokio::task::yield_now().await;
+        }
+        Ok(end)
     }
 }
 
@@ -1011,21 +1070,34 @@ impl Store for EmbeddedStore {
 
     async fn sweep(&self) -> Result<Swept, StoreError> {
         let now = Timestamp::now();
-        let (swept, end) = {
-            let mut inner = self.lock()?;
-            let Inner { pools, journal, .. } = &mut *inner;
-            let mut swept = Swept::default();
-            let mut end = None;
-            for (id, p) in pools.iter_mut() {
-                swept = swept
-                    + Swept {
-                        reclaimed: p.reclaim_expired(now, u64::MAX),
-                        returned: p.return_due(now, u64::MAX),
-                    };
-                end = finish(journal.as_mut(), id, p);
+        // Only the pools the index says are due, taken out of it; `with_pool` puts each back
+        // at its next due time after every step.
+        let due = self.lock()?.sweep_due.take_due(now, SWEEP_POOLS_PER_CALL);
+        let mut swept = Swept::default();
+        let mut end = None;
+        // One pool at a time, at most SWEEP_BATCH leases and returns per turn of the lock,
+        // as on Redis: a pool with a large backlog never holds the lock for long.
+        for id in &due {
+            loop {
+                let step = match self.with_pool(id, |p, _| Swept {
+                    reclaimed: p.reclaim_expired(now, SWEEP_BATCH),
+                    returned: p.return_due(now, SWEEP_BATCH),
+                }) {
+                    Ok((step, step_end)) => {
+                        end = step_end.or(end);
+                        step
+                    }
+                    // Deleted since it was taken from the index.
+                    Err(StoreError::PoolNotFound) => break,
+                    Err(error) => return Err(error),
+                };
+                swept = swept + step;
+                if step.reclaimed < SWEEP_BATCH && step.returned < SWEEP_BATCH {
+                    break;
+                }
+                tokio::task::yield_now().await;
             }
-            (swept, end)
-        };
+        }
         self.settle((swept, end), Change::Counts).await
     }
 
@@ -1054,6 +1126,19 @@ impl Store for EmbeddedStore {
         self.settle(answer, Change::Counts).await
     }
 
+    async fn due_check_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError> {
+        let mut inner = self.lock()?;
+        let now = Timestamp::now();
+        let hold = u64::try_from(CHECK_CLAIM_HOLD.as_millis()).unwrap_or(u64::MAX);
+        let due = inner.checks_due.take_due(now, limit);
+        for pool in &due {
+            inner
+                .checks_due
+                .set(pool, Some(Timestamp(now.0.saturating_add(hold))));
+        }
+        Ok(due)
+    }
+
     async fn claim_check_round(
         &self,
         pool: &PoolId,
@@ -1061,11 +1146,12 @@ impl Store for EmbeddedStore {
     ) -> Result<Option<CheckRound>, StoreError> {
         let answer = self.with_pool(pool, |p, _| {
             let now = Timestamp::now();
-            if p.check_round_until.is_some_and(|until| until > now) {
-                return None;
+            if let Some(until) = p.check_round_until.filter(|until| *until > now) {
+                return (None, until);
             }
             let millis = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
-            p.check_round_until = Some(Timestamp(now.0.saturating_add(millis.max(1))));
+            let until = Timestamp(now.0.saturating_add(millis.max(1)));
+            p.check_round_until = Some(until);
             p.changes.pool = true;
             let limit = usize::try_from(MAX_PROBES_PER_ROUND).unwrap_or(usize::MAX);
             let eligible: Vec<MemberId> = p
@@ -1081,15 +1167,28 @@ impl Store for EmbeddedStore {
                 .take(limit - eligible.len())
                 .map(|(_, m)| m.clone())
                 .collect();
-            Some(CheckRound { eligible, cooling })
+            (Some(CheckRound { eligible, cooling }), until)
         })?;
-        self.settle(answer, Change::Counts).await
+        let ((round, next_round), end) = answer;
+        {
+            // Only a pool still indexed: one whose checks were switched off stays out.
+            let mut inner = self.lock()?;
+            if inner.checks_due.get(pool).is_some() {
+                inner.checks_due.set(pool, Some(next_round));
+            }
+        }
+        self.settle((round, end), Change::Counts).await
     }
 
     async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError> {
         let answer = {
             let mut inner = self.lock()?;
-            let Inner { pools, journal, .. } = &mut *inner;
+            let Inner {
+                pools,
+                journal,
+                checks_due,
+                ..
+            } = &mut *inner;
             let put = if let Some(existing) = pools.get_mut(pool) {
                 let has_members = existing.eligible.len() + existing.ineligible.len() > 0;
                 if existing.config.policy != config.policy && has_members {
@@ -1103,7 +1202,11 @@ impl Store for EmbeddedStore {
             };
             let p = pools.get_mut(pool).ok_or(StoreError::PoolNotFound)?;
             p.changes.pool = true;
-            (put, finish(journal.as_mut(), pool, p))
+            let end = finish(journal.as_mut(), pool, p);
+            // A pool with checks is due for a round now; one without leaves the index.
+            let round = config.health.check.as_ref().map(|_| Timestamp::now());
+            checks_due.set(pool, round);
+            (put, end)
         };
         self.settle(answer, Change::Durable).await
     }
@@ -1112,81 +1215,114 @@ impl Store for EmbeddedStore {
         Ok(self.with_pool(pool, |p, _| p.info(pool))?.0)
     }
 
-    async fn pools(&self) -> Result<Vec<PoolInfo>, StoreError> {
-        Ok(self
-            .lock()?
+    async fn pool_page(
+        &self,
+        prefix: &str,
+        after: Option<&PoolId>,
+        limit: usize,
+    ) -> Result<PoolPage, StoreError> {
+        use std::ops::Bound;
+        let inner = self.lock()?;
+        let start = match after {
+            Some(after) if after.as_str() >= prefix => Bound::Excluded(after.as_str()),
+            _ => Bound::Included(prefix),
+        };
+        let mut pools: Vec<PoolInfo> = inner
             .pools
-            .iter()
+            .range::<str, _>((start, Bound::Unbounded))
+            .take_while(|(id, _)| id.as_str().starts_with(prefix))
+            .take(limit.saturating_add(1))
             .map(|(id, p)| p.info(id))
-            .collect())
+            .collect();
+        let next = if pools.len() > limit {
+            pools.truncate(limit);
+            pools.last().map(|info| info.pool.clone())
+        } else {
+            None
+        };
+        Ok(PoolPage { pools, next })
+    }
+
+    async fn pool_count(&self) -> Result<u64, StoreError> {
+        Ok(u64::try_from(self.lock()?.pools.len()).unwrap_or(u64::MAX))
     }
 
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError> {
-        let end = {
+        let (removed, end) = {
             let mut inner = self.lock()?;
-            inner.pools.remove(pool).ok_or(StoreError::PoolNotFound)?;
-            inner.journal.as_mut().map(|journal| {
+            let removed = inner.pools.remove(pool).ok_or(StoreError::PoolNotFound)?;
+            inner.sweep_due.set(pool, None);
+            inner.checks_due.set(pool, None);
+            let end = inner.journal.as_mut().map(|journal| {
                 journal.pool_deleted(pool);
                 journal.end()
-            })
+            });
+            (removed, end)
         };
+        // Taken out under the lock, so every reader sees it gone at once; freed outside
+        // it, on a blocking thread: dropping a million members' maps takes far longer
+        // than any step should hold the lock or a runtime worker.
+        drop(tokio::task::spawn_blocking(move || drop(removed)));
         self.settle(((), end), Change::Durable).await
     }
 
     async fn add_members(&self, pool: &PoolId, seed: &Seed) -> Result<SeedReport, StoreError> {
-        let answer = self.with_pool(pool, |p, _| {
-            let start = seed
-                .assignments
-                .or(p.config.start_assignments)
-                .unwrap_or_else(|| p.eligible.min().unwrap_or(0));
-            let mut report = SeedReport {
-                added: Vec::new(),
-                existing: Vec::new(),
-                full: Vec::new(),
-                start_assignments: start,
-            };
-            let max = p.config.rules.max_members;
-            let mut size = p.eligible.len() + p.ineligible.len() + seed.pending_adds;
-            for member in &seed.members {
-                let eligible = p.eligible.get(member).is_some();
-                let ineligible = p.ineligible.get(member).is_some();
-                if eligible || ineligible {
-                    if seed.reset && !seed.dry_run {
-                        p.unplace(member);
-                        let ranked = if eligible {
-                            &mut p.eligible
-                        } else {
-                            &mut p.ineligible
-                        };
-                        ranked.set(member.clone(), start);
-                        p.place(member);
-                        p.mark_member(member);
-                    }
-                    if let Some(labels) = seed.labels.get(member)
-                        && !seed.dry_run
-                    {
-                        p.set_labels(member, labels.clone());
-                        p.mark_member(member);
-                    }
-                    report.existing.push(member.clone());
-                } else if max.is_some_and(|max| size >= max) {
-                    report.full.push(member.clone());
-                } else {
-                    if !seed.dry_run {
-                        p.eligible.set(member.clone(), start);
-                        p.place(member);
-                        if let Some(labels) = seed.labels.get(member) {
-                            p.set_labels(member, labels.clone());
+        let mut report = SeedReport::default();
+        // The first chunk settles the starting count; the later ones keep it, as on Redis.
+        let mut start = seed.assignments;
+        let mut pending_adds = seed.pending_adds;
+        let end = self
+            .in_chunks(pool, &self.chunks.seed, &seed.members, |p, chunk| {
+                let count = *start.get_or_insert_with(|| {
+                    p.config
+                        .start_assignments
+                        .unwrap_or_else(|| p.eligible.min().unwrap_or(0))
+                });
+                report.start_assignments = count;
+                let max = p.config.rules.max_members;
+                let mut size = p.eligible.len() + p.ineligible.len() + pending_adds;
+                for member in chunk {
+                    let eligible = p.eligible.get(member).is_some();
+                    let ineligible = p.ineligible.get(member).is_some();
+                    if eligible || ineligible {
+                        if seed.reset && !seed.dry_run {
+                            p.unplace(member);
+                            let ranked = if eligible {
+                                &mut p.eligible
+                            } else {
+                                &mut p.ineligible
+                            };
+                            ranked.set(member.clone(), count);
+                            p.place(member);
+                            p.mark_member(member);
                         }
-                        p.mark_member(member);
+                        if let Some(labels) = seed.labels.get(member)
+                            && !seed.dry_run
+                        {
+                            p.set_labels(member, labels.clone());
+                            p.mark_member(member);
+                        }
+                        report.existing.push(member.clone());
+                    } else if max.is_some_and(|max| size >= max) {
+                        report.full.push(member.clone());
+                    } else {
+                        if !seed.dry_run {
+                            p.eligible.set(member.clone(), count);
+                            p.place(member);
+                            if let Some(labels) = seed.labels.get(member) {
+                                p.set_labels(member, labels.clone());
+                            }
+                            p.mark_member(member);
+                        } else {
+                            pending_adds += 1;
+                        }
+                        size += 1;
+                        report.added.push(member.clone());
                     }
-                    size += 1;
-                    report.added.push(member.clone());
                 }
-            }
-            report
-        })?;
-        self.settle(answer, Change::Durable).await
+            })
+            .await?;
+        self.settle((report, end), Change::Durable).await
     }
 
     async fn members(
@@ -1230,25 +1366,26 @@ impl Store for EmbeddedStore {
         members: &[MemberId],
         reason: &str,
     ) -> Result<DisableReport, StoreError> {
-        let answer = self.with_pool(pool, |p, _| {
-            let now = Timestamp::now();
-            let mut report = DisableReport::default();
-            for member in members {
-                if p.take_out(member, reason, now) {
-                    report.disabled.push(member.clone());
-                } else if p.cancel_return(member) {
-                    // A cooling-down member is taken over by the operator.
-                    p.taken_out.insert(member.clone(), (reason.to_owned(), now));
-                    report.disabled.push(member.clone());
-                } else if p.ineligible.get(member).is_some() {
-                    report.already_ineligible.push(member.clone());
-                } else {
-                    report.unknown.push(member.clone());
+        let mut report = DisableReport::default();
+        let end = self
+            .in_chunks(pool, &self.chunks.disable, members, |p, chunk| {
+                let now = Timestamp::now();
+                for member in chunk {
+                    if p.take_out(member, reason, now) {
+                        report.disabled.push(member.clone());
+                    } else if p.cancel_return(member) {
+                        // A cooling-down member is taken over by the operator.
+                        p.taken_out.insert(member.clone(), (reason.to_owned(), now));
+                        report.disabled.push(member.clone());
+                    } else if p.ineligible.get(member).is_some() {
+                        report.already_ineligible.push(member.clone());
+                    } else {
+                        report.unknown.push(member.clone());
+                    }
                 }
-            }
-            report
-        })?;
-        self.settle(answer, Change::Durable).await
+            })
+            .await?;
+        self.settle((report, end), Change::Durable).await
     }
 
     async fn enable_members(
@@ -1257,33 +1394,36 @@ impl Store for EmbeddedStore {
         members: &[MemberId],
         restore: Option<RestorePolicy>,
     ) -> Result<EnableReport, StoreError> {
-        let answer = self.with_pool(pool, |p, _| {
-            let restore = restore.unwrap_or(p.config.restore);
-            // Every member of one call is placed against the same minimum: the one among
-            // members that were eligible before the call.
-            let minimum = p.eligible.min();
-            let mut report = EnableReport {
-                restore,
-                enabled: Vec::new(),
-                already_eligible: Vec::new(),
-                unknown: Vec::new(),
-            };
-            for member in members {
-                if let Some((kept, assignments)) = p.restore(member, restore, minimum) {
-                    report.enabled.push(Restored {
-                        member: member.clone(),
-                        kept_assignments: kept,
-                        assignments,
-                    });
-                } else if p.eligible.get(member).is_some() {
-                    report.already_eligible.push(member.clone());
-                } else {
-                    report.unknown.push(member.clone());
+        let mut report: Option<EnableReport> = None;
+        let end = self
+            .in_chunks(pool, &self.chunks.enable, members, |p, chunk| {
+                let report = report.get_or_insert_with(|| EnableReport {
+                    restore: restore.unwrap_or(p.config.restore),
+                    enabled: Vec::new(),
+                    already_eligible: Vec::new(),
+                    unknown: Vec::new(),
+                });
+                // Every member of one chunk is placed against the same minimum: the one
+                // among members that were eligible before the chunk, as on Redis.
+                let minimum = p.eligible.min();
+                for member in chunk {
+                    if let Some((kept, assignments)) = p.restore(member, report.restore, minimum) {
+                        report.enabled.push(Restored {
+                            member: member.clone(),
+                            kept_assignments: kept,
+                            assignments,
+                        });
+                    } else if p.eligible.get(member).is_some() {
+                        report.already_eligible.push(member.clone());
+                    } else {
+                        report.unknown.push(member.clone());
+                    }
                 }
-            }
-            report
-        })?;
-        self.settle(answer, Change::Durable).await
+            })
+            .await?;
+        // There is always at least one chunk, which filled the report or failed above.
+        let report = report.ok_or(StoreError::PoolNotFound)?;
+        self.settle((report, end), Change::Durable).await
     }
 
     async fn remove_members(
@@ -1291,37 +1431,38 @@ impl Store for EmbeddedStore {
         pool: &PoolId,
         members: &[MemberId],
     ) -> Result<RemoveReport, StoreError> {
-        let answer = self.with_pool(pool, |p, _| {
-            let mut report = RemoveReport::default();
-            let removed: std::collections::HashSet<&MemberId> = members.iter().collect();
-            let ended: Vec<LeaseId> = p
-                .leases
-                .iter()
-                .filter(|(_, (member, _))| removed.contains(member))
-                .map(|(id, _)| id.clone())
-                .collect();
-            for id in &ended {
-                p.end_lease(id);
-            }
-            for member in members {
-                p.drop_labels(member);
-                p.unplace(member);
-                let was_eligible = p.eligible.remove(member).is_some();
-                let was_ineligible = p.ineligible.remove(member).is_some();
-                p.taken_out.remove(member);
-                p.health.remove(member);
-                p.cancel_return(member);
-                p.checks.remove(member);
-                if was_eligible || was_ineligible {
-                    p.mark_member(member);
-                    report.removed.push(member.clone());
-                } else {
-                    report.unknown.push(member.clone());
+        let mut report = RemoveReport::default();
+        let end = self
+            .in_chunks(pool, &self.chunks.remove, members, |p, chunk| {
+                let removed: std::collections::HashSet<&MemberId> = chunk.iter().collect();
+                let ended: Vec<LeaseId> = p
+                    .leases
+                    .iter()
+                    .filter(|(_, (member, _))| removed.contains(member))
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in &ended {
+                    p.end_lease(id);
                 }
-            }
-            report
-        })?;
-        self.settle(answer, Change::Durable).await
+                for member in chunk {
+                    p.drop_labels(member);
+                    p.unplace(member);
+                    let was_eligible = p.eligible.remove(member).is_some();
+                    let was_ineligible = p.ineligible.remove(member).is_some();
+                    p.taken_out.remove(member);
+                    p.health.remove(member);
+                    p.cancel_return(member);
+                    p.checks.remove(member);
+                    if was_eligible || was_ineligible {
+                        p.mark_member(member);
+                        report.removed.push(member.clone());
+                    } else {
+                        report.unknown.push(member.clone());
+                    }
+                }
+            })
+            .await?;
+        self.settle((report, end), Change::Durable).await
     }
 
     async fn close(&self) {

@@ -15,7 +15,7 @@ use proxy_allocator::domain::{
 };
 use proxy_allocator::store::{
     AssignRequest, Assignment, CheckRound, Cursor, DisableReport, EnableReport, MemberPage,
-    PoolInfo, PutPool, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Seed,
+    PoolInfo, PoolPage, PutPool, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Seed,
     SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 
@@ -66,6 +66,8 @@ pub struct Spy {
     inner: Arc<dyn Store>,
     /// Background sweeps.
     pub sweeps: Calls,
+    /// Looks into the index of due check rounds (one per check tick).
+    pub check_ticks: Calls,
     /// Check-round claims.
     pub claims: Calls,
     /// Leases the sweeps reclaimed.
@@ -82,6 +84,7 @@ impl Spy {
         Self {
             inner,
             sweeps: Calls::default(),
+            check_ticks: Calls::default(),
             claims: Calls::default(),
             reclaimed: AtomicU64::new(0),
             returned: AtomicU64::new(0),
@@ -167,6 +170,13 @@ impl Store for Spy {
         self.inner.report(pool, source, reports).await
     }
 
+    async fn due_check_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError> {
+        self.check_ticks.start();
+        let due = self.inner.due_check_pools(limit).await;
+        self.check_ticks.finish();
+        due
+    }
+
     async fn claim_check_round(
         &self,
         pool: &PoolId,
@@ -189,8 +199,17 @@ impl Store for Spy {
         self.inner.pool(pool).await
     }
 
-    async fn pools(&self) -> Result<Vec<PoolInfo>, StoreError> {
-        self.inner.pools().await
+    async fn pool_page(
+        &self,
+        prefix: &str,
+        after: Option<&PoolId>,
+        limit: usize,
+    ) -> Result<PoolPage, StoreError> {
+        self.inner.pool_page(prefix, after, limit).await
+    }
+
+    async fn pool_count(&self) -> Result<u64, StoreError> {
+        self.inner.pool_count().await
     }
 
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError> {

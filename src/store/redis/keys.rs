@@ -21,7 +21,37 @@
 //! | `<prefix>:{<pool>}:labels` | hash | member -> its labels, `key=value` lines (absent when none) |
 //! | `<prefix>:{<pool>}:by_label` | sorted set | eligible members' labels in the choosing order (see `scripts/labels.lua`) |
 //! | `<prefix>:{<pool>}:label_members` | sorted set | every member's labels, `key=value` NUL member, for listings |
-//! | `<prefix>:pools` | set | pool ids, for listing; updated outside the pool scripts because it lives in another slot |
+//! | `<prefix>:{<pool>}:gone:<token>:<part>` | as its part | a deleted pool's key, renamed out of the way by `delete_pool.lua` and unlinked right after (see `operations.rs`) |
+//! | `<prefix>:pool_ids` | sorted set | the registry: pool ids, all at score 0 so that they sort by id (listing pages, prefix search, the safety net's walk); updated outside the pool scripts because it lives in another slot |
+//! | `<prefix>:pools` | set | the registry of earlier versions: copied into `pool_ids` and removed when a replica starts |
+//! | `<prefix>:due` | sorted set | the sweep's due index: pool id -> when its next lease expires or member returns (ms, Redis clock), never later |
+//! | `<prefix>:checks_due` | sorted set | the check index: pool id -> when its next check round is due (ms, Redis clock) |
+//!
+//! # The due index
+//! Background work finds pools through the two indexes instead of reading every pool, so an
+//! idle replica sends the same few commands whatever the number of pools. The indexes live
+//! in hash slots of their own, which no pool script may touch; they are kept by the service,
+//! next to the scripts, under these invariants:
+//! - A pool's meta field `due` is never later than its earliest lease expiry or return
+//!   (`due_by` in `leases.lua`; `sweep.lua` sets it to the exact time, or removes it).
+//! - The pool's entry in `<prefix>:due` is never later than its `due`: a script that moves
+//!   `due` earlier answers the new time (the hint, rare in steady state: later work leaves
+//!   `due` where it is) and the service lowers the entry with `ZADD LT`. The sweep takes due
+//!   pools out of the index (`claim_due.lua`), sweeps each and puts it back with `ZADD LT`
+//!   at the time `sweep.lua` answered; every write to the index only lowers an entry or adds
+//!   one, so a hint sent while a pool is being swept is never overwritten by a later time.
+//! - Entries may be early (a released lease leaves `due` and the entry where they were):
+//!   the sweep then finds nothing to do and moves them to the right time.
+//! - A replica that dies between a script and its hint, or between taking a pool from the
+//!   index and putting it back, leaves a pool whose entry is missing or late. Each sweep
+//!   therefore also sweeps a few registered pools, walking the registry in id order
+//!   ([`super::operations`]'s safety net), which puts each back into the index at its
+//!   exact time, and puts pools with checks into the check index unless they are there.
+//! - `<prefix>:checks_due` is set to "due now" by `PUT /pools/{pool}` with checks and
+//!   cleared by one without (and by a delete). The checker takes due pools with a hold
+//!   (`claim_due.lua`), and once a round is claimed (or found held by another replica) sets
+//!   the entry to when the next one may start (`ZADD XX`, so a pool whose checks were
+//!   switched off meanwhile is not put back).
 
 use redis::{RedisWrite, ToRedisArgs};
 
@@ -49,10 +79,12 @@ pub(super) const POOL_KEY_PARTS: [&str; 15] = [
 ];
 
 /// Every key of one pool, in the order of [`POOL_KEY_PARTS`], written straight into a
-/// command as its arguments.
+/// command as its arguments; with a graveyard token, followed by the names the pool's keys
+/// are renamed to when it is deleted (the same parts, in the same hash slot).
 pub(super) struct PoolKeys<'a> {
     pub(super) prefix: &'a str,
     pub(super) pool: &'a PoolId,
+    pub(super) graveyard: Option<&'a str>,
 }
 
 impl PoolKeys<'_> {
@@ -61,12 +93,22 @@ impl PoolKeys<'_> {
         self.prefix.len() + self.pool.as_str().len() + ":{}:".len()
     }
 
+    /// The bytes a graveyard name adds to a key.
+    fn graveyard_infix(&self) -> usize {
+        self.graveyard
+            .map_or(0, |token| "gone::".len() + token.len())
+    }
+
     /// The bytes of every key together.
     pub(super) fn bytes(&self) -> usize {
-        POOL_KEY_PARTS
+        let keys: usize = POOL_KEY_PARTS
             .iter()
             .map(|part| self.head() + part.len())
-            .sum()
+            .sum();
+        match self.graveyard {
+            Some(_) => 2 * keys + POOL_KEY_PARTS.len() * self.graveyard_infix(),
+            None => keys,
+        }
     }
 }
 
@@ -78,26 +120,53 @@ impl ToRedisArgs for PoolKeys<'_> {
         // One buffer for every key: `write_arg` copies a whole key at a time, where
         // redis-rs's argument writer would take each piece through `io::Write`.
         let longest = POOL_KEY_PARTS.iter().map(|part| part.len()).max();
-        let mut key = Vec::with_capacity(self.head() + longest.unwrap_or(0));
-        for part in POOL_KEY_PARTS {
-            key.clear();
-            key.extend_from_slice(self.prefix.as_bytes());
-            key.extend_from_slice(b":{");
-            key.extend_from_slice(self.pool.as_str().as_bytes());
-            key.extend_from_slice(b"}:");
-            key.extend_from_slice(part.as_bytes());
-            out.write_arg(&key);
+        let mut key =
+            Vec::with_capacity(self.head() + self.graveyard_infix() + longest.unwrap_or(0));
+        let graves = self.graveyard.map(|token| (b"gone:", token));
+        for infix in [None].into_iter().chain(graves.map(Some)) {
+            for part in POOL_KEY_PARTS {
+                key.clear();
+                key.extend_from_slice(self.prefix.as_bytes());
+                key.extend_from_slice(b":{");
+                key.extend_from_slice(self.pool.as_str().as_bytes());
+                key.extend_from_slice(b"}:");
+                if let Some((gone, token)) = infix {
+                    key.extend_from_slice(gone);
+                    key.extend_from_slice(token.as_bytes());
+                    key.push(b':');
+                }
+                key.extend_from_slice(part.as_bytes());
+                out.write_arg(&key);
+            }
         }
     }
 
     fn num_of_args(&self) -> usize {
-        POOL_KEY_PARTS.len()
+        match self.graveyard {
+            Some(_) => 2 * POOL_KEY_PARTS.len(),
+            None => POOL_KEY_PARTS.len(),
+        }
     }
 }
 
 impl RedisStore {
     /// The registry of pool ids.
     pub(super) fn registry_key(&self) -> String {
+        format!("{}:pool_ids", self.prefix)
+    }
+
+    /// The registry of earlier versions, a set.
+    pub(super) fn legacy_registry_key(&self) -> String {
         format!("{}:pools", self.prefix)
+    }
+
+    /// The sweep's due index.
+    pub(super) fn due_key(&self) -> String {
+        format!("{}:due", self.prefix)
+    }
+
+    /// The check rounds' due index.
+    pub(super) fn checks_due_key(&self) -> String {
+        format!("{}:checks_due", self.prefix)
     }
 }

@@ -1,24 +1,24 @@
 //! The operations of the `Store` trait on Redis: each one builds its script's arguments,
 //! runs it and turns its reply into the trait's types.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use redis::{Script, Value};
 
 use super::RedisStore;
 use super::reply::{
-    self, AssignReply, ClaimCheckReply, DeletePoolReply, DisableOutcome, DisableReply,
-    EnableOutcome, EnableReply, MembersReply, OutcomesReply, PoolInfoReply, PutPoolReply,
-    ReleaseReply, RemoveReply, RenewReply, SeedOutcome, SeedReply, SweepReply,
+    self, AssignReply, ClaimCheckReply, ClaimDueReply, DeletePoolReply, DisableOutcome,
+    DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply, PoolInfoReply,
+    PutPoolReply, ReleaseReply, RemoveReply, RenewReply, SeedOutcome, SeedReply, SweepReply,
 };
 use crate::domain::{LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy};
 use crate::store::{
     AssignRequest, Assignment, CheckRound, Cursor, DisableReport, EnableReport, Lease,
-    MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PoolInfo, PutPool,
-    RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
-    ReportSummary, Restored, SWEEP_BATCH, Seed, SeedReport, StateFilter, Store, StoreError,
-    StoreStatus, Swept,
+    MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PoolInfo, PoolPage,
+    PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
+    ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed,
+    SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
@@ -31,37 +31,188 @@ static ASSIGN_BATCHES: std::sync::LazyLock<[String; 3]> = std::sync::LazyLock::n
     ]
 });
 
+/// Most members of each set one call of `members.lua` reads: a page of a listing takes as
+/// many calls as it needs.
+const LISTING_PIECE: usize = 250;
+
 /// Most steps one sweep runs on one pool, so that a sweep always ends.
 const MAX_SWEEP_STEPS: u64 = 64;
 
+/// Most pools one take from the sweep's due index hands out; a sweep takes again while
+/// takes come back full, up to [`SWEEP_POOLS_PER_CALL`].
+const DUE_TAKE: usize = 512;
+
 impl RedisStore {
-    /// Every registered pool id, in id order.
-    async fn pool_ids(&self) -> Result<Vec<PoolId>, StoreError> {
-        let mut smembers = redis::cmd("SMEMBERS");
-        smembers.arg(self.registry_key());
-        reply::pool_ids(self.command(smembers).await?)
+    /// Takes up to `limit` due pools from the index at `key`, holding them for `hold`
+    /// (removing them with a zero hold).
+    async fn take_due(
+        &self,
+        key: &str,
+        limit: usize,
+        hold: Duration,
+    ) -> Result<Vec<PoolId>, StoreError> {
+        let limit = limit.to_string();
+        let hold = hold.as_millis().to_string();
+        let value = self
+            .eval_on(
+                &self.scripts.claim_due,
+                key,
+                &[limit.as_bytes(), hold.as_bytes()],
+            )
+            .await?;
+        ClaimDueReply::decode(value).map(|ClaimDueReply(pools)| pools)
+    }
+
+    /// Sets `pool`'s entry in the index at `key` to `at` with `flag` (`LT`: lower or add;
+    /// `XX`: only when present; `NX`: only when absent).
+    async fn index(&self, key: &str, flag: &str, pool: &PoolId, at: u64) -> Result<(), StoreError> {
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(key).arg(flag).arg(at).arg(pool.as_str());
+        self.command(zadd).await.map(drop)
+    }
+
+    /// Removes `pool` from the index at `key`.
+    async fn unindex(&self, key: &str, pool: &PoolId) -> Result<(), StoreError> {
+        let mut zrem = redis::cmd("ZREM");
+        zrem.arg(key).arg(pool.as_str());
+        self.command(zrem).await.map(drop)
+    }
+
+    /// Lowers `pool`'s entry in the sweep's due index to a script's hint.
+    async fn hint_due(&self, pool: &PoolId, hint: Option<u64>) -> Result<(), StoreError> {
+        match hint {
+            Some(at) => self.index(&self.due_key(), "LT", pool, at).await,
+            None => Ok(()),
+        }
+    }
+
+    /// One step of the safety net: the next [`SAFETY_NET_POOLS_PER_SWEEP`] pools of the
+    /// registry are swept (which writes their exact `due` and puts them into the due index)
+    /// and, when they have checks, put into the check index unless they are there already.
+    async fn safety_net(&self) -> Result<Swept, StoreError> {
+        let pools = self.next_walked_pools().await?;
+        let mut swept = Swept::default();
+        for pool in pools {
+            swept = swept + self.sweep_pool(&pool).await?;
+            match self.pool(&pool).await {
+                Ok(info) if info.config.health.check.is_some() => {
+                    self.index(&self.checks_due_key(), "NX", &pool, 0).await?;
+                }
+                Ok(_) | Err(StoreError::PoolNotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(swept)
+    }
+
+    /// The next [`SAFETY_NET_POOLS_PER_SWEEP`] pools of this replica's walk of the
+    /// registry, in id order, going on from the first after the last.
+    async fn next_walked_pools(&self) -> Result<Vec<PoolId>, StoreError> {
+        let last = self.walk().last.clone();
+        let mut pools = self
+            .registry_range("", last.as_ref(), SAFETY_NET_POOLS_PER_SWEEP)
+            .await?;
+        if pools.len() < SAFETY_NET_POOLS_PER_SWEEP && last.is_some() {
+            // The end of the registry: the walk starts over at the first pool.
+            let more = SAFETY_NET_POOLS_PER_SWEEP - pools.len();
+            pools.extend(self.registry_range("", None, more).await?);
+        }
+        self.walk().last = pools.last().cloned();
+        Ok(pools)
+    }
+
+    /// Up to `limit` registered pool ids starting with `prefix`, after `after` when given,
+    /// in id order: one `ZRANGE ... BYLEX`.
+    async fn registry_range(
+        &self,
+        prefix: &str,
+        after: Option<&PoolId>,
+        limit: usize,
+    ) -> Result<Vec<PoolId>, StoreError> {
+        let min = match after {
+            Some(after) if after.as_str() >= prefix => format!("({after}"),
+            _ => format!("[{prefix}"),
+        };
+        // Pool ids are ASCII: no id that starts with the prefix sorts after `prefix\xff`.
+        let mut max = b"[".to_vec();
+        max.extend_from_slice(prefix.as_bytes());
+        max.push(0xff);
+        let mut zrange = redis::cmd("ZRANGE");
+        zrange
+            .arg(self.registry_key())
+            .arg(min)
+            .arg(if prefix.is_empty() {
+                b"+".to_vec()
+            } else {
+                max
+            })
+            .arg("BYLEX")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit);
+        reply::pool_ids(self.command(zrange).await?)
+    }
+
+    /// Copies the registry of an earlier version (a set) into this one's and removes it,
+    /// a thousand pools a command: pools created by replicas of that version are listed,
+    /// walked and counted from then on.
+    pub(super) async fn adopt_legacy_registry(&self) -> Result<(), StoreError> {
+        let legacy = self.legacy_registry_key();
+        let mut cursor = 0;
+        loop {
+            let mut sscan = redis::cmd("SSCAN");
+            sscan.arg(&legacy).arg(cursor).arg("COUNT").arg(1_000);
+            let (next, pools) = reply::registry_page(self.command(sscan).await?)?;
+            if !pools.is_empty() {
+                let mut zadd = redis::cmd("ZADD");
+                zadd.arg(self.registry_key());
+                for pool in &pools {
+                    zadd.arg(0).arg(pool.as_str());
+                }
+                self.command(zadd).await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        let mut unlink = redis::cmd("UNLINK");
+        unlink.arg(&legacy);
+        self.command(unlink).await.map(drop)
+    }
+
+    fn walk(&self) -> std::sync::MutexGuard<'_, super::RegistryWalk> {
+        // The walk is a position and a queue: a panic elsewhere cannot leave it torn.
+        self.registry_walk
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Sweep steps on one pool until it has no expired lease and no due return left (or
-    /// the step budget is spent; the next sweep goes on).
+    /// the step budget is spent; the next sweep goes on), then puts the pool back into the
+    /// due index at its next due time.
     async fn sweep_pool(&self, pool: &PoolId) -> Result<Swept, StoreError> {
         let batch = SWEEP_BATCH.to_string();
         let mut swept = Swept::default();
+        let mut next_due = None;
         for _ in 0..MAX_SWEEP_STEPS {
             let value = self
                 .eval(&self.scripts.sweep, pool, &[batch.as_bytes()])
                 .await?;
             let step = match SweepReply::decode(value) {
-                Ok(SweepReply(step)) => step,
-                // Deleted between the listing and the step.
-                Err(StoreError::PoolNotFound) => Swept::default(),
+                Ok(step) => step,
+                // Deleted since it was indexed: it leaves the index.
+                Err(StoreError::PoolNotFound) => return Ok(swept),
                 Err(e) => return Err(e),
             };
-            swept = swept + step;
-            if step.reclaimed < SWEEP_BATCH && step.returned < SWEEP_BATCH {
+            swept = swept + step.swept;
+            next_due = step.next_due;
+            if step.swept.reclaimed < SWEEP_BATCH && step.swept.returned < SWEEP_BATCH {
                 break;
             }
         }
+        // `LT`: a hint sent since the step may already have put an earlier time there.
+        self.hint_due(pool, next_due).await?;
         Ok(swept)
     }
 
@@ -96,6 +247,66 @@ impl RedisStore {
             labels,
             page.next,
         ))
+    }
+
+    /// One chunk of a seeding: `members` (part of `seed.members`) with the starting count
+    /// and pending adds the earlier chunks left.
+    async fn seed_chunk(
+        &self,
+        pool: &PoolId,
+        seed: &Seed,
+        members: &[MemberId],
+        start: Option<u64>,
+        pending_adds: u64,
+    ) -> Result<SeedReport, StoreError> {
+        let start = start.map(|n| n.to_string()).unwrap_or_default();
+        let flag = |on: bool| -> &'static [u8] { if on { b"1" } else { b"0" } };
+        let pending = pending_adds.to_string();
+        let labelled = !seed.labels.is_empty();
+        // Each member named in `labels` is followed by its labels text, every other one by
+        // `~` (keep what it has): see seed.lua.
+        let texts: Vec<String> = if labelled {
+            members
+                .iter()
+                .map(|m| {
+                    seed.labels
+                        .get(m)
+                        .map_or_else(|| "~".to_owned(), |l| l.script_text())
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() * 2 + 5);
+        args.push(start.as_bytes());
+        args.push(flag(seed.reset));
+        args.push(flag(seed.dry_run));
+        args.push(pending.as_bytes());
+        args.push(flag(labelled));
+        if labelled {
+            for (member, text) in members.iter().zip(&texts) {
+                args.push(member.as_str().as_bytes());
+                args.push(text.as_bytes());
+            }
+        } else {
+            args.extend(members.iter().map(|m| m.as_str().as_bytes()));
+        }
+        let value = self.eval(&self.scripts.seed, pool, &args).await?;
+        let reply = SeedReply::decode(value, members.len())?;
+        let mut report = SeedReport {
+            added: Vec::new(),
+            existing: Vec::new(),
+            full: Vec::new(),
+            start_assignments: reply.start_assignments,
+        };
+        for (member, outcome) in members.iter().zip(reply.outcomes) {
+            match outcome {
+                SeedOutcome::Added => report.added.push(member.clone()),
+                SeedOutcome::Full => report.full.push(member.clone()),
+                SeedOutcome::Existing => report.existing.push(member.clone()),
+            }
+        }
+        Ok(report)
     }
 
     /// Runs a script whose arguments are one value, then member ids.
@@ -164,16 +375,20 @@ impl Store for RedisStore {
                 in_flight,
                 expires_at,
                 ttl_ms,
-            } => Assignment::Leased {
-                member,
-                assignments,
-                in_flight,
-                lease: Lease {
-                    id,
-                    expires_at,
-                    ttl_ms,
-                },
-            },
+                due_hint,
+            } => {
+                self.hint_due(pool, due_hint).await?;
+                Assignment::Leased {
+                    member,
+                    assignments,
+                    in_flight,
+                    lease: Lease {
+                        id,
+                        expires_at,
+                        ttl_ms,
+                    },
+                }
+            }
         })
     }
 
@@ -209,13 +424,46 @@ impl Store for RedisStore {
     }
 
     async fn sweep(&self) -> Result<Swept, StoreError> {
-        let pools = self.pool_ids().await?;
-        // Issued together so that they travel pipelined on the shared connection.
-        let swept =
-            futures_util::future::join_all(pools.iter().map(|pool| self.sweep_pool(pool))).await;
-        swept
-            .into_iter()
-            .try_fold(Swept::default(), |sum, pool| Ok(sum + pool?))
+        let key = self.due_key();
+        let mut swept = Swept::default();
+        let mut taken = 0;
+        let mut failed = None;
+        while taken < SWEEP_POOLS_PER_CALL {
+            let limit = DUE_TAKE.min(SWEEP_POOLS_PER_CALL - taken);
+            let pools = self.take_due(&key, limit, Duration::ZERO).await?;
+            taken += pools.len();
+            // Issued together so that they travel pipelined on the shared connection.
+            let steps =
+                futures_util::future::join_all(pools.iter().map(|pool| self.sweep_pool(pool)))
+                    .await;
+            for (pool, step) in pools.iter().zip(steps) {
+                match step {
+                    Ok(step) => swept = swept + step,
+                    Err(error) => {
+                        // Out of the index and not swept: put back as due now, so that the
+                        // next sweep (of any replica) tries again.
+                        let _ = self.index(&key, "LT", pool, 0).await;
+                        failed.get_or_insert(error);
+                    }
+                }
+            }
+            if pools.len() < limit {
+                break;
+            }
+        }
+        if let Some(error) = failed {
+            return Err(error);
+        }
+        Ok(swept + self.safety_net().await?)
+    }
+
+    async fn due_check_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError> {
+        self.take_due(
+            &self.checks_due_key(),
+            limit,
+            crate::store::CHECK_CLAIM_HOLD,
+        )
+        .await
     }
 
     async fn report(
@@ -244,7 +492,8 @@ impl Store for RedisStore {
             args.push(latency.as_bytes());
         }
         let value = self.eval(&self.scripts.outcomes, pool, &args).await?;
-        let OutcomesReply(outcomes) = OutcomesReply::decode(value, reports.len())?;
+        let OutcomesReply { outcomes, due_hint } = OutcomesReply::decode(value, reports.len())?;
+        self.hint_due(pool, due_hint).await?;
         let mut summary = ReportSummary::default();
         for (report, outcome) in reports.iter().zip(outcomes) {
             match outcome {
@@ -273,7 +522,10 @@ impl Store for RedisStore {
                 &[ms.as_bytes(), limit.as_bytes()],
             )
             .await?;
-        let ClaimCheckReply(round) = ClaimCheckReply::decode(value)?;
+        let ClaimCheckReply { round, next_round } = ClaimCheckReply::decode(value)?;
+        // `XX`: a pool whose checks were switched off since it was taken stays out.
+        self.index(&self.checks_due_key(), "XX", pool, next_round)
+            .await?;
         Ok(round)
     }
 
@@ -313,10 +565,17 @@ impl Store for RedisStore {
             PutPoolReply::Updated => false,
         };
         // The registry lives in another hash slot, so it is updated after the pool script.
-        // A crash in between leaves a pool that `pools()` does not list until its next PUT.
-        let mut sadd = redis::cmd("SADD");
-        sadd.arg(self.registry_key()).arg(pool.as_str());
-        self.command(sadd).await?;
+        // A crash in between leaves a pool that the listing does not show until its next PUT.
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(self.registry_key()).arg(0).arg(pool.as_str());
+        self.command(zadd).await?;
+        // A pool with checks is due for a round now (a round already held keeps its claim:
+        // see claim_check.lua); one without leaves the check index.
+        if config.health.check.is_some() {
+            self.index(&self.checks_due_key(), "LT", pool, 0).await?;
+        } else {
+            self.unindex(&self.checks_due_key(), pool).await?;
+        }
         Ok(if created {
             PutPool::Created
         } else {
@@ -335,8 +594,18 @@ impl Store for RedisStore {
         })
     }
 
-    async fn pools(&self) -> Result<Vec<PoolInfo>, StoreError> {
-        let ids = self.pool_ids().await?;
+    async fn pool_page(
+        &self,
+        prefix: &str,
+        after: Option<&PoolId>,
+        limit: usize,
+    ) -> Result<PoolPage, StoreError> {
+        // One more than a page tells whether more follow.
+        let mut ids = self
+            .registry_range(prefix, after, limit.saturating_add(1))
+            .await?;
+        let more = ids.len() > limit;
+        ids.truncate(limit);
         // Issued together so that they travel pipelined on the shared connection.
         let infos = futures_util::future::join_all(ids.iter().map(|id| self.pool(id))).await;
         let mut pools = Vec::with_capacity(infos.len());
@@ -348,67 +617,67 @@ impl Store for RedisStore {
                 Err(e) => return Err(e),
             }
         }
-        Ok(pools)
+        let next = if more { ids.pop() } else { None };
+        Ok(PoolPage { pools, next })
+    }
+
+    async fn pool_count(&self) -> Result<u64, StoreError> {
+        let mut zcard = redis::cmd("ZCARD");
+        zcard.arg(self.registry_key());
+        reply::pool_count(self.command(zcard).await?)
     }
 
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError> {
-        let value = self.eval(&self.scripts.delete_pool, pool, &[]).await?;
-        let mut srem = redis::cmd("SREM");
-        srem.arg(self.registry_key()).arg(pool.as_str());
-        self.command(srem).await?;
-        match DeletePoolReply::decode(value)? {
-            DeletePoolReply { existed: true } => Ok(()),
-            DeletePoolReply { existed: false } => Err(StoreError::PoolNotFound),
+        // The script only renames the pool's keys out of the way (see delete_pool.lua);
+        // freeing them happens below, outside any script. A fresh token per call keeps a
+        // graveyard name from ever naming a key that exists.
+        let token = format!("{:016x}", rand::random::<u64>());
+        let value = self
+            .eval_with(&self.scripts.delete_pool, pool, Some(&token), &[])
+            .await?;
+        let mut zrem = redis::cmd("ZREM");
+        zrem.arg(self.registry_key()).arg(pool.as_str());
+        self.command(zrem).await?;
+        // Its entry in the sweep's index goes at its next sweep, which finds no pool.
+        self.unindex(&self.checks_due_key(), pool).await?;
+        let DeletePoolReply { graveyard } = DeletePoolReply::decode(value)?;
+        let graveyard = graveyard.ok_or(StoreError::PoolNotFound)?;
+        if !graveyard.is_empty() {
+            // UNLINK takes a key out at once and leaves freeing a large value to Redis's
+            // background thread. Every graveyard key shares the pool's hash slot, so one
+            // command frees them all, on a cluster too.
+            // The pool is gone for every reader already: a failure here leaves keys that
+            // expire by themselves (see delete_pool.lua), not a half-deleted pool.
+            let mut unlink = redis::cmd("UNLINK");
+            unlink.arg(&graveyard);
+            if let Err(error) = self.command(unlink).await {
+                tracing::warn!(pool = pool.as_str(), %error, "could not free a deleted pool's keys; they expire within a day");
+            }
         }
+        Ok(())
     }
 
     async fn add_members(&self, pool: &PoolId, seed: &Seed) -> Result<SeedReport, StoreError> {
-        let start = seed.assignments.map(|n| n.to_string()).unwrap_or_default();
-        let flag = |on: bool| -> &'static [u8] { if on { b"1" } else { b"0" } };
-        let pending = seed.pending_adds.to_string();
-        let labelled = !seed.labels.is_empty();
-        // Each member named in `labels` is followed by its labels text, every other one by
-        // `~` (keep what it has): see seed.lua.
-        let texts: Vec<String> = if labelled {
-            seed.members
-                .iter()
-                .map(|m| {
-                    seed.labels
-                        .get(m)
-                        .map_or_else(|| "~".to_owned(), |l| l.script_text())
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let mut args: Vec<&[u8]> = Vec::with_capacity(seed.members.len() * 2 + 5);
-        args.push(start.as_bytes());
-        args.push(flag(seed.reset));
-        args.push(flag(seed.dry_run));
-        args.push(pending.as_bytes());
-        args.push(flag(labelled));
-        if labelled {
-            for (member, text) in seed.members.iter().zip(&texts) {
-                args.push(member.as_str().as_bytes());
-                args.push(text.as_bytes());
+        let sizer = &self.chunks.seed;
+        let mut report = SeedReport::default();
+        // Every chunk after the first starts its new members at the count the first one
+        // used, and a dry run's chunks count what the earlier ones would have added.
+        let mut start = seed.assignments;
+        let mut pending_adds = seed.pending_adds;
+        for chunk in sizer.chunks(&seed.members) {
+            let started = Instant::now();
+            let part = self
+                .seed_chunk(pool, seed, chunk, start, pending_adds)
+                .await?;
+            sizer.record(chunk.len(), started.elapsed());
+            start = Some(part.start_assignments);
+            if seed.dry_run {
+                pending_adds += part.added.len() as u64;
             }
-        } else {
-            args.extend(seed.members.iter().map(|m| m.as_str().as_bytes()));
-        }
-        let value = self.eval(&self.scripts.seed, pool, &args).await?;
-        let reply = SeedReply::decode(value, seed.members.len())?;
-        let mut report = SeedReport {
-            added: Vec::new(),
-            existing: Vec::new(),
-            full: Vec::new(),
-            start_assignments: reply.start_assignments,
-        };
-        for (member, outcome) in seed.members.iter().zip(reply.outcomes) {
-            match outcome {
-                SeedOutcome::Added => report.added.push(member.clone()),
-                SeedOutcome::Full => report.full.push(member.clone()),
-                SeedOutcome::Existing => report.existing.push(member.clone()),
-            }
+            report.start_assignments = part.start_assignments;
+            report.added.extend(part.added);
+            report.existing.extend(part.existing);
+            report.full.extend(part.full);
         }
         Ok(report)
     }
@@ -427,26 +696,49 @@ impl Store for RedisStore {
                 .await;
         }
         // One more than a page from each set tells the merge whether more pages follow.
-        let page = (limit + 1).to_string();
-        let (eligible_count, ineligible_count) = match filter {
-            StateFilter::Eligible => (page.as_str(), "0"),
-            StateFilter::Ineligible => ("0", page.as_str()),
-            StateFilter::All => (page.as_str(), page.as_str()),
+        let wanted = |on: bool| if on { limit + 1 } else { 0 };
+        let (mut eligible_left, mut ineligible_left) = match filter {
+            StateFilter::Eligible => (wanted(true), 0),
+            StateFilter::Ineligible => (0, wanted(true)),
+            StateFilter::All => (wanted(true), wanted(true)),
         };
-        let offsets = [cursor.eligible.to_string(), cursor.ineligible.to_string()];
-        let args: [&[u8]; 4] = [
-            offsets[0].as_bytes(),
-            offsets[1].as_bytes(),
-            eligible_count.as_bytes(),
-            ineligible_count.as_bytes(),
-        ];
-        let value = self.eval(&self.scripts.members, pool, &args).await?;
-        let page = MembersReply::decode(value)?;
+        let mut eligible = Vec::with_capacity(eligible_left);
+        let mut ineligible = Vec::with_capacity(ineligible_left);
+        // A page is read in pieces of at most LISTING_PIECE members of each set, one script
+        // call each, so that a page of 1,000 members with their health never makes one long
+        // script. A page is a position, not a snapshot (see `Cursor`), so members moving
+        // between two pieces are no different from members moving between two pages.
+        loop {
+            let take = |left: usize| left.min(LISTING_PIECE);
+            let (eligible_count, ineligible_count) = (take(eligible_left), take(ineligible_left));
+            let args = [
+                (cursor.eligible + eligible.len() as u64).to_string(),
+                (cursor.ineligible + ineligible.len() as u64).to_string(),
+                eligible_count.to_string(),
+                ineligible_count.to_string(),
+            ];
+            let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+            let value = self.eval(&self.scripts.members, pool, &args).await?;
+            let piece = MembersReply::decode(value)?;
+            // A set that gave fewer than asked has nothing more.
+            eligible_left = if piece.eligible.len() < eligible_count {
+                0
+            } else {
+                eligible_left - eligible_count
+            };
+            ineligible_left = if piece.ineligible.len() < ineligible_count {
+                0
+            } else {
+                ineligible_left - ineligible_count
+            };
+            eligible.extend(piece.eligible);
+            ineligible.extend(piece.ineligible);
+            if eligible_left == 0 && ineligible_left == 0 {
+                break;
+            }
+        }
         Ok(crate::store::merge_page(
-            page.eligible,
-            page.ineligible,
-            limit,
-            cursor,
+            eligible, ineligible, limit, cursor,
         ))
     }
 
@@ -456,16 +748,23 @@ impl Store for RedisStore {
         members: &[MemberId],
         reason: &str,
     ) -> Result<DisableReport, StoreError> {
-        let value = self
-            .member_script(&self.scripts.disable, pool, reason.as_bytes(), members)
-            .await?;
-        let DisableReply(outcomes) = DisableReply::decode(value, members.len())?;
+        let sizer = &self.chunks.disable;
         let mut report = DisableReport::default();
-        for (member, outcome) in members.iter().zip(outcomes) {
-            match outcome {
-                DisableOutcome::Disabled => report.disabled.push(member.clone()),
-                DisableOutcome::AlreadyIneligible => report.already_ineligible.push(member.clone()),
-                DisableOutcome::Unknown => report.unknown.push(member.clone()),
+        for chunk in sizer.chunks(members) {
+            let started = Instant::now();
+            let value = self
+                .member_script(&self.scripts.disable, pool, reason.as_bytes(), chunk)
+                .await?;
+            sizer.record(chunk.len(), started.elapsed());
+            let DisableReply(outcomes) = DisableReply::decode(value, chunk.len())?;
+            for (member, outcome) in chunk.iter().zip(outcomes) {
+                match outcome {
+                    DisableOutcome::Disabled => report.disabled.push(member.clone()),
+                    DisableOutcome::AlreadyIneligible => {
+                        report.already_ineligible.push(member.clone());
+                    }
+                    DisableOutcome::Unknown => report.unknown.push(member.clone()),
+                }
             }
         }
         Ok(report)
@@ -477,32 +776,39 @@ impl Store for RedisStore {
         members: &[MemberId],
         restore: Option<RestorePolicy>,
     ) -> Result<EnableReport, StoreError> {
+        let sizer = &self.chunks.enable;
         let policy = restore.map(RestorePolicy::as_str).unwrap_or("");
-        let value = self
-            .member_script(&self.scripts.enable, pool, policy.as_bytes(), members)
-            .await?;
-        let reply = EnableReply::decode(value, members.len())?;
-        let mut report = EnableReport {
-            restore: reply.restore,
-            enabled: Vec::new(),
-            already_eligible: Vec::new(),
-            unknown: Vec::new(),
-        };
-        for (member, outcome) in members.iter().zip(reply.outcomes) {
-            match outcome {
-                EnableOutcome::Enabled {
-                    kept_assignments,
-                    assignments,
-                } => report.enabled.push(Restored {
-                    member: member.clone(),
-                    kept_assignments,
-                    assignments,
-                }),
-                EnableOutcome::AlreadyEligible => report.already_eligible.push(member.clone()),
-                EnableOutcome::Unknown => report.unknown.push(member.clone()),
+        let mut report: Option<EnableReport> = None;
+        for chunk in sizer.chunks(members) {
+            let started = Instant::now();
+            let value = self
+                .member_script(&self.scripts.enable, pool, policy.as_bytes(), chunk)
+                .await?;
+            sizer.record(chunk.len(), started.elapsed());
+            let reply = EnableReply::decode(value, chunk.len())?;
+            let report = report.get_or_insert_with(|| EnableReport {
+                restore: reply.restore,
+                enabled: Vec::new(),
+                already_eligible: Vec::new(),
+                unknown: Vec::new(),
+            });
+            for (member, outcome) in chunk.iter().zip(reply.outcomes) {
+                match outcome {
+                    EnableOutcome::Enabled {
+                        kept_assignments,
+                        assignments,
+                    } => report.enabled.push(Restored {
+                        member: member.clone(),
+                        kept_assignments,
+                        assignments,
+                    }),
+                    EnableOutcome::AlreadyEligible => report.already_eligible.push(member.clone()),
+                    EnableOutcome::Unknown => report.unknown.push(member.clone()),
+                }
             }
         }
-        Ok(report)
+        // The chunks always hold at least one step, which answered or failed above.
+        report.ok_or(StoreError::PoolNotFound)
     }
 
     async fn remove_members(
@@ -510,16 +816,20 @@ impl Store for RedisStore {
         pool: &PoolId,
         members: &[MemberId],
     ) -> Result<RemoveReport, StoreError> {
-        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len());
-        args.extend(members.iter().map(|m| m.as_str().as_bytes()));
-        let value = self.eval(&self.scripts.remove, pool, &args).await?;
-        let RemoveReply(removed) = RemoveReply::decode(value, members.len())?;
+        let sizer = &self.chunks.remove;
         let mut report = RemoveReport::default();
-        for (member, removed) in members.iter().zip(removed) {
-            if removed {
-                report.removed.push(member.clone());
-            } else {
-                report.unknown.push(member.clone());
+        for chunk in sizer.chunks(members) {
+            let args: Vec<&[u8]> = chunk.iter().map(|m| m.as_str().as_bytes()).collect();
+            let started = Instant::now();
+            let value = self.eval(&self.scripts.remove, pool, &args).await?;
+            sizer.record(chunk.len(), started.elapsed());
+            let RemoveReply(removed) = RemoveReply::decode(value, chunk.len())?;
+            for (member, removed) in chunk.iter().zip(removed) {
+                if removed {
+                    report.removed.push(member.clone());
+                } else {
+                    report.unknown.push(member.clone());
+                }
             }
         }
         Ok(report)

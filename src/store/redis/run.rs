@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use deadpool::managed;
-use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind, ToRedisArgs, Value};
 
 use super::RedisStore;
 use super::connection::{Connection, SharedConnection};
@@ -125,21 +125,50 @@ impl RedisStore {
         pool: &PoolId,
         args: &[&[u8]],
     ) -> Result<Value, StoreError> {
+        self.eval_with(script, pool, None, args).await
+    }
+
+    /// [`RedisStore::eval`], with the graveyard names of the pool's keys after them when
+    /// `graveyard` holds a token (see `keys.rs`).
+    pub(super) async fn eval_with(
+        &self,
+        script: &Script,
+        pool: &PoolId,
+        graveyard: Option<&str>,
+        args: &[&[u8]],
+    ) -> Result<Value, StoreError> {
         let keys = PoolKeys {
             prefix: &self.prefix,
             pool,
+            graveyard,
         };
         let mut evalsha = redis::Cmd::with_capacity(
-            3 + POOL_KEY_PARTS.len() + args.len(),
+            3 + 2 * POOL_KEY_PARTS.len() + args.len(),
             script.get_hash().len() + keys.bytes() + args.iter().map(|a| a.len()).sum::<usize>(),
         );
         evalsha
             .arg("EVALSHA")
             .arg(script.get_hash())
-            .arg(POOL_KEY_PARTS.len())
+            .arg(keys.num_of_args())
             .arg(&keys)
             .arg(args);
-        let evalsha = &evalsha;
+        self.evalsha(script, &evalsha).await
+    }
+
+    /// Runs a script that is not a pool script on one key of its own (a due index).
+    pub(super) async fn eval_on(
+        &self,
+        script: &Script,
+        key: &str,
+        args: &[&[u8]],
+    ) -> Result<Value, StoreError> {
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(script.get_hash()).arg(1).arg(key).arg(args);
+        self.evalsha(script, &evalsha).await
+    }
+
+    /// Sends `evalsha`, loading `script` and sending it again after NOSCRIPT.
+    async fn evalsha(&self, script: &Script, evalsha: &redis::Cmd) -> Result<Value, StoreError> {
         self.run(|mut connection| async move {
             match evalsha.query_async(&mut connection).await {
                 Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
