@@ -3,10 +3,13 @@
 # redis-server and service on free loopback ports, generates a list of LINES candidates
 # (default 100,000; mixed valid, duplicate, private, credentialed and garbage lines),
 # imports it with curl into fresh pools RUNS times (default 3) and prints lines per second,
-# end to end as curl measures it (upload, parsing, writes, report).
+# end to end as curl measures it (upload, parsing, writes, report), and the service's peak
+# RSS above what it held before the first import (VmHWM less VmRSS, from /proc).
 #
 #   bash bench/import.sh                 # 100,000 lines, 3 runs
 #   LINES=500000 RUNS=1 bash bench/import.sh
+#   LINES=1550000 RUNS=1 bash bench/import.sh   # just under the 32 MiB import limit
+#   BIN=/path/to/proxy-allocator bash bench/import.sh   # another build
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,8 +41,12 @@ wait_for() {
     done
 }
 
-echo "==> cargo build --release"
-cargo build --release --quiet
+BIN=${BIN:-}
+if [[ -z "${BIN}" ]]; then
+    echo "==> cargo build --release"
+    cargo build --release --quiet
+    BIN=target/release/proxy-allocator
+fi
 
 work="$(mktemp -d)"
 pids=()
@@ -61,8 +68,9 @@ wait_for redis-cli -p "${redis_port}" ping
 app_port="$(free_port)"
 REDIS_URL="redis://127.0.0.1:${redis_port}" LISTEN_ADDR="127.0.0.1:${app_port}" \
     ADMIN_TOKEN="${TOKEN}" LOG_FORMAT=json RUST_LOG=warn \
-    target/release/proxy-allocator >"${work}/app.log" 2>&1 &
+    "${BIN}" >"${work}/app.log" 2>&1 &
 pids+=($!)
+app_pid=$!
 base="http://127.0.0.1:${app_port}"
 wait_for curl -sf "${base}/readyz"
 
@@ -87,6 +95,8 @@ awk -v n="${LINES}" 'BEGIN {
 bytes=$(wc -c <"${work}/list.txt")
 echo "==> ${LINES} lines, ${bytes} bytes; $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
+kb() { awk -v key="$1:" '$1 == key { print $2 }' "/proc/${app_pid}/status"; }
+rss_before=$(kb VmRSS)
 for run in $(seq 1 "${RUNS}"); do
     pool="bench-${run}"
     curl -sf -X PUT "${base}/pools/${pool}" -H "Authorization: Bearer ${TOKEN}" >/dev/null
@@ -94,7 +104,8 @@ for run in $(seq 1 "${RUNS}"); do
         "${base}/pools/${pool}/import" -H "Authorization: Bearer ${TOKEN}" \
         -H 'content-type: text/plain' --data-binary @"${work}/list.txt")
     rate=$(awk -v n="${LINES}" -v s="${seconds}" 'BEGIN { printf "%d", n / s }')
-    echo "run ${run}: ${seconds} s, ${rate} lines/s"
+    peak=$(kb VmHWM)
+    echo "run ${run}: ${seconds} s, ${rate} lines/s; service RSS ${rss_before} kB before the first import, peak ${peak} kB: $(awk -v p="${peak}" -v b="${rss_before}" -v n="${bytes}" 'BEGIN { printf "%.1f MB above, %.2f x the list", (p - b) / 1024, (p - b) * 1024 / n }')"
 done
 echo "==> last report (examples left out)"
 sed -e 's/,"examples":.*$/}/' "${work}/report.json"

@@ -39,6 +39,7 @@
 //! - A member taken out by an operator is never returned automatically; disabling a
 //!   cooling-down member cancels its return, and enabling one brings it back at once.
 
+mod chunks;
 mod embedded;
 mod redis;
 
@@ -47,6 +48,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::Serialize;
 
+pub use self::chunks::{CHUNK_BUDGET, CHUNK_GRANULE, MAX_CHUNK, MIN_CHUNK};
 pub use self::embedded::{DataDirOptions, EmbeddedStore, OpenError};
 pub use self::redis::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
@@ -224,7 +226,7 @@ impl Seed {
 }
 
 /// What a seeding did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct SeedReport {
     /// Members that were not in the pool and now are eligible.
     pub added: Vec<MemberId>,
@@ -493,7 +495,10 @@ impl StoreStatus {
     }
 }
 
-/// The pools' state. Every method is atomic with respect to every other.
+/// The pools' state. Every method is atomic with respect to every other, except the
+/// member calls (add, disable, enable, remove), which are atomic per chunk: the stores
+/// split them into chunks sized to keep each step short (see [`CHUNK_BUDGET`]), and a
+/// reader may see a call's first chunks applied before the rest.
 ///
 /// # Errors
 /// Every method fails with [`StoreError::Timeout`] or [`StoreError::Unavailable`] when the

@@ -87,6 +87,17 @@ fn json_rejection(rejection: JsonRejection, limit: usize) -> ApiError {
     }
 }
 
+/// The body limits the route set (none: nothing may be read).
+fn body_limit(req: &Request) -> BodyLimit {
+    req.extensions()
+        .get::<BodyLimit>()
+        .copied()
+        .unwrap_or(BodyLimit {
+            bytes: 0,
+            read_timeout: Duration::ZERO,
+        })
+}
+
 /// Reads the whole body within the limits set for the route, answering 413 with the size
 /// limit that applied, or 408 when the body is slower than its timeout: a client that
 /// announces a body and trickles it (or never sends it) would otherwise hold the request,
@@ -95,14 +106,7 @@ async fn read_body(req: Request) -> Result<(Bytes, usize), ApiError> {
     let BodyLimit {
         bytes: limit,
         read_timeout,
-    } = req
-        .extensions()
-        .get::<BodyLimit>()
-        .copied()
-        .unwrap_or(BodyLimit {
-            bytes: 0,
-            read_timeout: Duration::ZERO,
-        });
+    } = body_limit(&req);
     let bytes = tokio::time::timeout(read_timeout, Bytes::from_request(req, &()))
         .await
         .map_err(|_| {
@@ -176,32 +180,105 @@ fn is_json_content_type(headers: &axum::http::HeaderMap) -> bool {
     })
 }
 
-/// A list of candidates: `text/plain` (kept as bytes, so that a line that is not UTF-8 is
-/// rejected on its own rather than failing the whole body) or a JSON array of strings.
-#[derive(Debug, Clone)]
-pub enum ListBody {
-    /// One candidate per line.
-    Text(Bytes),
-    /// One candidate per element.
-    Json(Vec<String>),
+/// How a list of candidates is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListKind {
+    /// `text/plain`, one candidate per line (kept as bytes, so that a line that is not
+    /// UTF-8 is rejected on its own rather than failing the whole body).
+    Text,
+    /// `application/json`, an array of strings.
+    Json,
+}
+
+/// A list of candidates, read as it arrives rather than as a whole, within the route's
+/// body limits: its size (a `Content-Length` over it is refused before anything is read;
+/// a body growing past it fails when it does) and its read timeout, counted from here.
+#[derive(Debug)]
+pub struct ListBody {
+    /// How the list is written.
+    pub kind: ListKind,
+    body: axum::body::BodyDataStream,
+    limit: usize,
+    read: usize,
+    read_timeout: Duration,
+    deadline: tokio::time::Instant,
+}
+
+impl ListBody {
+    /// The next piece of the body as it arrived, `None` at its end.
+    ///
+    /// # Errors
+    /// 413 once the body is larger than the limit, 408 once it is slower than its read
+    /// timeout, 400 when it cannot be read.
+    pub async fn next_piece(&mut self) -> Result<Option<Bytes>, ApiError> {
+        use futures_util::StreamExt;
+        let piece = tokio::time::timeout_at(self.deadline, self.body.next())
+            .await
+            .map_err(|_| {
+                crate::monitoring::record_body_timeout();
+                ApiError::RequestTimeout(self.read_timeout)
+            })?;
+        match piece {
+            None => Ok(None),
+            Some(Err(error)) => Err(ApiError::InvalidJson(format!(
+                "the body could not be read: {error}"
+            ))),
+            Some(Ok(bytes)) => {
+                self.read += bytes.len();
+                if self.read > self.limit {
+                    return Err(ApiError::PayloadTooLarge(self.limit));
+                }
+                Ok(Some(bytes))
+            }
+        }
+    }
+
+    /// The rest of the body, whole.
+    ///
+    /// # Errors
+    /// As [`ListBody::next_piece`].
+    pub async fn read_to_end(&mut self) -> Result<Vec<u8>, ApiError> {
+        let mut whole = Vec::new();
+        while let Some(piece) = self.next_piece().await? {
+            whole.extend_from_slice(&piece);
+        }
+        Ok(whole)
+    }
 }
 
 impl<S: Send + Sync> FromRequest<S> for ListBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
-        let is_text = content_type(req.headers()).is_some_and(|essence| essence == "text/plain");
-        if !is_text && !is_json_content_type(req.headers()) {
+        let kind = if content_type(req.headers()).is_some_and(|essence| essence == "text/plain") {
+            ListKind::Text
+        } else if is_json_content_type(req.headers()) {
+            ListKind::Json
+        } else {
             return Err(ApiError::UnsupportedMediaType(
                 "text/plain or application/json",
             ));
+        };
+        let BodyLimit {
+            bytes: limit,
+            read_timeout,
+        } = body_limit(&req);
+        let announced = req
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if announced.is_some_and(|n| n > limit as u64) {
+            return Err(ApiError::PayloadTooLarge(limit));
         }
-        let (bytes, limit) = read_body(req).await?;
-        if is_text {
-            Ok(Self::Text(bytes))
-        } else {
-            parse_json(&bytes, limit).map(Self::Json)
-        }
+        Ok(Self {
+            kind,
+            body: req.into_body().into_data_stream(),
+            limit,
+            read: 0,
+            read_timeout,
+            deadline: tokio::time::Instant::now() + read_timeout,
+        })
     }
 }
 

@@ -2,17 +2,18 @@
 //! rules, seeded like `POST /pools/{pool}/members`, and answered with a report of what
 //! became of every line.
 //!
-//! The list is read and checked in full before anything is written (on a blocking thread:
-//! a 32 MiB list is a lot of parsing), then written in chunks of
-//! [`MAX_MEMBERS_PER_CALL`], one store call per chunk. Each chunk is atomic; the import as
-//! a whole is not: when the store fails part-way, the earlier chunks stay, and running the
-//! same import again completes it (what was added reports as existing). Every chunk after
-//! the first starts its new members at the count the first one used, so one import gives
-//! one starting count even while assignments go on.
+//! The list is read as it arrives (see [`import`]) and written in batches of
+//! [`MAX_MEMBERS_PER_CALL`], one store call per batch, which the store splits further into
+//! chunks sized by their measured cost (see [`crate::store::CHUNK_BUDGET`]). Each chunk is
+//! atomic; the import as a whole is not: when the store fails part-way, the earlier chunks
+//! stay, and running the same import again completes it (what was added reports as
+//! existing). Every batch after the first starts its new members at the count the first
+//! one used, so one import gives one starting count even while assignments go on.
 //!
 //! Only counts are logged, never a line: lines may hold credentials.
 
 use std::collections::{BTreeMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -21,10 +22,10 @@ use serde::{Deserialize, Serialize};
 use super::AppState;
 use super::auth::Admin;
 use super::error::ApiError;
-use super::extract::{ListBody, PoolPath, Query};
+use super::extract::{ListBody, ListKind, PoolPath, Query};
 use super::log::Outcome;
 use super::members::MAX_MEMBERS_PER_CALL;
-use crate::domain::{MemberId, Rejection, Rules, Scheme, mask_credentials};
+use crate::domain::{MemberId, PoolId, Rejection, Rules, Scheme, mask_credentials};
 use crate::store::Seed;
 
 /// Most examples of rejected lines a report shows.
@@ -71,61 +72,100 @@ pub struct Example {
     pub reason: &'static str,
 }
 
-/// A list read against a pool's rules, before anything is written.
-#[derive(Debug, Default)]
+/// Accepted members in list order, each with the line it first appeared on and that line.
+type Batch = Vec<(MemberId, usize, String)>;
+
+/// A list read against a pool's rules as it arrives: the accepted members not yet written,
+/// and what became of the other lines.
+///
+/// Repeats are found by a 64-bit keyed hash of each accepted member (drawn afresh for
+/// every import), not by the members themselves: 8 bytes a member instead of the member,
+/// which keeps an import's memory within twice its list. Two distinct members of one list
+/// share a hash with a chance of about n² / 2⁶⁵ (one in ten million for three million
+/// members); the second would be counted as a duplicate.
+#[derive(Debug)]
 struct Plan {
-    /// Distinct accepted members in list order, each with the line it first appeared on.
-    members: Vec<(MemberId, usize, String)>,
+    rules: Rules,
+    default_scheme: Scheme,
+    /// Accepted members not yet handed to the store.
+    members: Batch,
+    seen: HashSet<u64>,
+    keys: RandomState,
+    /// Lines read so far.
+    lines: usize,
     duplicates: u64,
     rejected: BTreeMap<&'static str, u64>,
     examples: Vec<Example>,
 }
 
 impl Plan {
-    fn read(body: &ListBody, rules: &Rules, default_scheme: Scheme) -> Self {
-        let mut plan = Self::default();
-        let mut seen = HashSet::new();
-        match body {
-            ListBody::Text(bytes) => {
-                for (index, raw) in bytes.split(|b| *b == b'\n').enumerate() {
-                    let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
-                    match std::str::from_utf8(raw) {
-                        Ok(text) => plan.line(rules, default_scheme, &mut seen, index + 1, text),
-                        Err(_) => plan.reject(
-                            index + 1,
-                            String::from_utf8_lossy(raw).trim_ascii(),
-                            Rejection::Unparsable,
-                        ),
-                    }
-                }
-            }
-            ListBody::Json(items) => {
-                for (index, text) in items.iter().enumerate() {
-                    plan.line(rules, default_scheme, &mut seen, index + 1, text);
-                }
-            }
+    fn new(rules: Rules, default_scheme: Scheme) -> Self {
+        Self {
+            rules,
+            default_scheme,
+            members: Vec::new(),
+            seen: HashSet::new(),
+            keys: RandomState::new(),
+            lines: 0,
+            duplicates: 0,
+            rejected: BTreeMap::new(),
+            examples: Vec::new(),
         }
-        plan
     }
 
-    fn line(
-        &mut self,
-        rules: &Rules,
-        default_scheme: Scheme,
-        seen: &mut HashSet<MemberId>,
-        line: usize,
-        text: &str,
-    ) {
+    /// Reads the next line of a `text/plain` list (without its `\n`).
+    fn text_line(&mut self, raw: &[u8]) {
+        self.lines += 1;
+        let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+        match std::str::from_utf8(raw) {
+            Ok(text) => self.line(text),
+            Err(_) => self.reject(
+                self.lines,
+                String::from_utf8_lossy(raw).trim_ascii(),
+                Rejection::Unparsable,
+            ),
+        }
+    }
+
+    /// Reads a piece of a `text/plain` list; `partial` holds the start of a line a
+    /// previous piece ended in, and keeps the end of this one.
+    fn text_piece(&mut self, partial: &mut Vec<u8>, piece: &[u8]) {
+        let mut rest = piece;
+        while let Some(end) = rest.iter().position(|b| *b == b'\n') {
+            if partial.is_empty() {
+                self.text_line(&rest[..end]);
+            } else {
+                partial.extend_from_slice(&rest[..end]);
+                let line = std::mem::take(partial);
+                self.text_line(&line);
+                *partial = line;
+                partial.clear();
+            }
+            rest = &rest[end + 1..];
+        }
+        partial.extend_from_slice(rest);
+    }
+
+    /// Reads the next element of a JSON list.
+    fn json_element(&mut self, text: &str) {
+        self.lines += 1;
+        self.line(text);
+    }
+
+    fn line(&mut self, text: &str) {
         let text = text.trim_ascii();
         if text.is_empty() || text.starts_with('#') {
             return;
         }
-        match rules.admit_line(text, default_scheme) {
-            Ok(member) if seen.insert(member.clone()) => {
-                self.members.push((member, line, text.to_owned()));
+        match self.rules.admit_line(text, self.default_scheme) {
+            Ok(member) => {
+                if self.seen.insert(self.keys.hash_one(&member)) {
+                    self.members.push((member, self.lines, text.to_owned()));
+                } else {
+                    self.duplicates += 1;
+                }
             }
-            Ok(_) => self.duplicates += 1,
-            Err(reason) => self.reject(line, text, reason),
+            Err(reason) => self.reject(self.lines, text, reason),
         }
     }
 
@@ -139,63 +179,190 @@ impl Plan {
             });
         }
     }
+
+    /// The next batch to write, once a whole one is ready (or whatever is left, `last`).
+    fn batch(&mut self, last: bool) -> Option<Batch> {
+        if self.members.len() >= MAX_MEMBERS_PER_CALL {
+            let rest = self.members.split_off(MAX_MEMBERS_PER_CALL);
+            Some(std::mem::replace(&mut self.members, rest))
+        } else if last && !self.members.is_empty() {
+            Some(std::mem::take(&mut self.members))
+        } else {
+            None
+        }
+    }
+}
+
+/// Writes an import's batches, one store call each, and keeps what they did.
+struct Writer<'a> {
+    state: &'a AppState,
+    pool: &'a PoolId,
+    dry_run: bool,
+    /// The count the first batch started its new members at, for the later ones.
+    start: Option<u64>,
+    pending_adds: u64,
+    added: u64,
+    existing: u64,
+    /// New members refused because the pool is full, counted apart from the parser's
+    /// rejections and with examples of their own: merged at the end, the two sets give
+    /// the first 20 rejected lines overall.
+    full: u64,
+    full_examples: Vec<Example>,
+}
+
+impl Writer<'_> {
+    async fn write(&mut self, batch: Batch) -> Result<(), ApiError> {
+        let seed = Seed {
+            assignments: self.start,
+            dry_run: self.dry_run,
+            pending_adds: self.pending_adds,
+            ..Seed::new(batch.iter().map(|(member, ..)| member.clone()).collect())
+        };
+        let outcome = self.state.store.add_members(self.pool, &seed).await?;
+        self.start = Some(outcome.start_assignments);
+        self.added += outcome.added.len() as u64;
+        self.existing += outcome.existing.len() as u64;
+        if self.dry_run {
+            self.pending_adds += outcome.added.len() as u64;
+        }
+        // `full` is in request order, a subsequence of the batch: one pass finds the lines.
+        let mut full = outcome.full.iter().peekable();
+        for (member, line, input) in &batch {
+            if full.next_if(|refused| *refused == member).is_some() {
+                self.full += 1;
+                if self.full_examples.len() < MAX_EXAMPLES {
+                    self.full_examples.push(Example {
+                        line: *line,
+                        input: mask_credentials(input),
+                        reason: Rejection::PoolFull.code(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads a JSON list element by element, handing each to `element`, without holding the
+/// elements: a visitor of the array's sequence.
+fn read_json_list(
+    bytes: &[u8],
+    element: impl FnMut(&str) -> bool,
+) -> Result<(), serde_json::Error> {
+    struct Elements<F>(F);
+
+    impl<'de, F: FnMut(&str) -> bool> serde::de::Visitor<'de> for Elements<F> {
+        type Value = ();
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an array of strings")
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+            while let Some(text) = seq.next_element::<std::borrow::Cow<'de, str>>()? {
+                if !(self.0)(&text) {
+                    break;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    serde::Deserializer::deserialize_seq(&mut deserializer, Elements(element))?;
+    deserializer.end()
 }
 
 /// Imports a list of candidates into the pool (or, with `dry_run`, reports what an import
 /// would do).
+///
+/// A `text/plain` list is read as it arrives, a piece at a time, and written in batches
+/// of [`MAX_MEMBERS_PER_CALL`] as soon as each is whole; a JSON array is read whole, then
+/// element by element on a blocking thread that hands over each batch as it is whole. An
+/// import's memory is its batch in flight, 8 bytes per distinct accepted member, and (for
+/// JSON) the list itself. A list that fails part-way (too large, too slow, a JSON syntax
+/// error) keeps the batches written before the failure, as a store failure does.
 pub async fn import(
     _: Admin,
     State(state): State<AppState>,
     PoolPath(pool): PoolPath,
     Query(query): Query<ImportQuery>,
-    body: ListBody,
+    mut body: ListBody,
 ) -> Result<Response, ApiError> {
     let rules = state.store.pool(&pool).await?.config.rules;
-    let default_scheme = query.default_scheme;
-    let planning =
-        tokio::task::spawn_blocking(move || Plan::read(&body, &rules, default_scheme)).await;
-    // A panic while planning is a bug; it unwinds here as it would have inline.
-    let mut plan = planning.unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic()));
-    // The members leave the plan so that pool_full lines can still be recorded in it, and
-    // its examples are set aside so that those lines get their own first 20: merged below,
-    // the two sets give the first 20 rejected lines overall.
-    let members = std::mem::take(&mut plan.members);
-    let parse_examples = std::mem::take(&mut plan.examples);
-
-    let mut report = ImportReport {
-        duplicates: plan.duplicates,
-        ..ImportReport::default()
+    let mut plan = Plan::new(rules, query.default_scheme);
+    let mut writer = Writer {
+        state: &state,
+        pool: &pool,
+        dry_run: query.dry_run,
+        start: None,
+        pending_adds: 0,
+        added: 0,
+        existing: 0,
+        full: 0,
+        full_examples: Vec::new(),
     };
-    let mut start = None;
-    let mut pending_adds = 0;
-    for chunk in members.chunks(MAX_MEMBERS_PER_CALL) {
-        let seed = Seed {
-            assignments: start,
-            dry_run: query.dry_run,
-            pending_adds,
-            ..Seed::new(chunk.iter().map(|(member, ..)| member.clone()).collect())
-        };
-        let outcome = state.store.add_members(&pool, &seed).await?;
-        start = Some(outcome.start_assignments);
-        report.added += outcome.added.len() as u64;
-        report.existing += outcome.existing.len() as u64;
-        if query.dry_run {
-            pending_adds += outcome.added.len() as u64;
-        }
-        // `full` is in request order, a subsequence of the chunk: one pass finds the lines.
-        let mut full = outcome.full.iter().peekable();
-        for (member, line, input) in chunk {
-            if full.next_if(|refused| *refused == member).is_some() {
-                plan.reject(*line, input, Rejection::PoolFull);
+    match body.kind {
+        ListKind::Text => {
+            let mut partial = Vec::new();
+            while let Some(piece) = body.next_piece().await? {
+                plan.text_piece(&mut partial, &piece);
+                while let Some(batch) = plan.batch(false) {
+                    writer.write(batch).await?;
+                }
             }
+            // What follows the last line end is a line too (empty after a final newline).
+            plan.text_line(&partial);
+        }
+        ListKind::Json => {
+            let bytes = body.read_to_end().await?;
+            let (batches, mut ready) = tokio::sync::mpsc::channel::<Batch>(1);
+            let planning = tokio::task::spawn_blocking(move || {
+                let parsed = read_json_list(&bytes, |text| {
+                    plan.json_element(text);
+                    // Stops reading once the writer has given up.
+                    plan.batch(false)
+                        .is_none_or(|batch| batches.blocking_send(batch).is_ok())
+                });
+                (plan, parsed)
+            });
+            let mut written = Ok(());
+            while let Some(batch) = ready.recv().await {
+                written = writer.write(batch).await;
+                if written.is_err() {
+                    break;
+                }
+            }
+            drop(ready);
+            // A panic while planning is a bug; it unwinds here as it would have inline.
+            let (done, parsed) = planning
+                .await
+                .unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic()));
+            written?;
+            parsed.map_err(|error| ApiError::InvalidJson(error.to_string()))?;
+            plan = done;
         }
     }
-    plan.examples.extend(parse_examples);
-    plan.examples.sort_by_key(|example| example.line);
-    plan.examples.truncate(MAX_EXAMPLES);
-    report.accepted = report.added + report.existing;
-    report.rejected = plan.rejected;
-    report.examples = plan.examples;
+    if let Some(batch) = plan.batch(true) {
+        writer.write(batch).await?;
+    }
+
+    let mut examples = std::mem::take(&mut plan.examples);
+    examples.extend(std::mem::take(&mut writer.full_examples));
+    examples.sort_by_key(|example| example.line);
+    examples.truncate(MAX_EXAMPLES);
+    let mut rejected = std::mem::take(&mut plan.rejected);
+    if writer.full > 0 {
+        *rejected.entry(Rejection::PoolFull.code()).or_default() += writer.full;
+    }
+    let report = ImportReport {
+        accepted: writer.added + writer.existing,
+        added: writer.added,
+        existing: writer.existing,
+        duplicates: plan.duplicates,
+        rejected,
+        examples,
+    };
 
     let rejected: u64 = report.rejected.values().sum();
     tracing::info!(
@@ -233,12 +400,15 @@ pub async fn import(
 mod tests {
     use super::*;
 
+    /// Reads `text` in pieces of 7 bytes, so that lines span pieces.
     fn plan_text(text: &[u8], rules: &Rules) -> Plan {
-        Plan::read(
-            &ListBody::Text(axum::body::Bytes::copy_from_slice(text)),
-            rules,
-            Scheme::Http,
-        )
+        let mut plan = Plan::new(rules.clone(), Scheme::Http);
+        let mut partial = Vec::new();
+        for piece in text.chunks(7) {
+            plan.text_piece(&mut partial, piece);
+        }
+        plan.text_line(&partial);
+        plan
     }
 
     #[test]

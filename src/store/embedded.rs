@@ -40,7 +40,8 @@ use super::{
     Assignment, CheckRound, Cursor, DisableReport, Effect, EnableReport, Health, LastCheck, Lease,
     MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, PoolInfo, PoolStats, PutPool,
     RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
-    ReportSummary, Restored, Seed, SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
+    ReportSummary, Restored, SWEEP_BATCH, Seed, SeedReport, StateFilter, Store, StoreError,
+    StoreStatus, Swept,
 };
 use crate::domain::{
     LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId, RestorePolicy,
@@ -49,6 +50,7 @@ use crate::domain::{
 
 use self::codec::{MemberImage, PoolImage};
 use self::journal::{Buffer, Disk};
+use super::chunks::{ChunkSizer, MemberChunks};
 
 /// The in-process store. Cloning is not needed: the application holds it behind an `Arc`.
 #[derive(Debug, Default)]
@@ -56,6 +58,8 @@ pub struct EmbeddedStore {
     inner: Arc<Mutex<Inner>>,
     /// With a data directory: the writer and compactor threads and the durability waits.
     disk: Option<Disk>,
+    /// The chunk sizes of the member operations, learned from their time under the lock.
+    chunks: MemberChunks,
 }
 
 /// What the lock guards.
@@ -738,6 +742,7 @@ impl EmbeddedStore {
         Ok(Self {
             inner,
             disk: Some(disk),
+            chunks: MemberChunks::default(),
         })
     }
 
@@ -793,6 +798,33 @@ impl EmbeddedStore {
             disk.wait(end).await?;
         }
         Ok(value)
+    }
+}
+
+impl EmbeddedStore {
+    /// Runs `step` on the pool once per chunk of `members`, each chunk in a turn of the
+    /// lock of its own (timed for `sizer`), letting other operations in between; the end
+    /// of the log as the last chunk left it. Each chunk is atomic, the call is not.
+    async fn in_chunks<T: Sync>(
+        &self,
+        pool: &PoolId,
+        sizer: &ChunkSizer,
+        members: &[T],
+        mut step: impl FnMut(&mut Pool, &[T]) + Send,
+    ) -> Result<Option<u64>, StoreError> {
+        let mut end = None;
+        for chunk in sizer.chunks(members) {
+            let ((), chunk_end) = self.with_pool(pool, |p, _| {
+                let started = std::time::Instant::now();
+                step(p, chunk);
+                sizer.record(chunk.len(), started.elapsed());
+            })?;
+            end = chunk_end.or(end);
+            // The lock is free now; let the operations that waited for it run before the
+            // next chunk takes it again.
+            tokio::task::yield_now().await;
+        }
+        Ok(end)
     }
 }
 
@@ -914,21 +946,32 @@ impl Store for EmbeddedStore {
 
     async fn sweep(&self) -> Result<Swept, StoreError> {
         let now = Timestamp::now();
-        let (swept, end) = {
-            let mut inner = self.lock()?;
-            let Inner { pools, journal, .. } = &mut *inner;
-            let mut swept = Swept::default();
-            let mut end = None;
-            for (id, p) in pools.iter_mut() {
-                swept = swept
-                    + Swept {
-                        reclaimed: p.reclaim_expired(now, u64::MAX),
-                        returned: p.return_due(now, u64::MAX),
-                    };
-                end = finish(journal.as_mut(), id, p);
+        let ids: Vec<PoolId> = self.lock()?.pools.keys().cloned().collect();
+        let mut swept = Swept::default();
+        let mut end = None;
+        // One pool at a time, at most SWEEP_BATCH leases and returns per turn of the lock,
+        // as on Redis: a pool with a large backlog never holds the lock for long.
+        for id in &ids {
+            loop {
+                let step = match self.with_pool(id, |p, _| Swept {
+                    reclaimed: p.reclaim_expired(now, SWEEP_BATCH),
+                    returned: p.return_due(now, SWEEP_BATCH),
+                }) {
+                    Ok((step, step_end)) => {
+                        end = step_end.or(end);
+                        step
+                    }
+                    // Deleted since the listing.
+                    Err(StoreError::PoolNotFound) => break,
+                    Err(error) => return Err(error),
+                };
+                swept = swept + step;
+                if step.reclaimed < SWEEP_BATCH && step.returned < SWEEP_BATCH {
+                    break;
+                }
+                tokio::task::yield_now().await;
             }
-            (swept, end)
-        };
+        }
         self.settle((swept, end), Change::Counts).await
     }
 
@@ -1025,62 +1068,70 @@ impl Store for EmbeddedStore {
     }
 
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError> {
-        let end = {
+        let (removed, end) = {
             let mut inner = self.lock()?;
-            inner.pools.remove(pool).ok_or(StoreError::PoolNotFound)?;
-            inner.journal.as_mut().map(|journal| {
+            let removed = inner.pools.remove(pool).ok_or(StoreError::PoolNotFound)?;
+            let end = inner.journal.as_mut().map(|journal| {
                 journal.pool_deleted(pool);
                 journal.end()
-            })
+            });
+            (removed, end)
         };
+        // Taken out under the lock, so every reader sees it gone at once; freed outside
+        // it, on a blocking thread: dropping a million members' maps takes far longer
+        // than any step should hold the lock or a runtime worker.
+        drop(tokio::task::spawn_blocking(move || drop(removed)));
         self.settle(((), end), Change::Durable).await
     }
 
     async fn add_members(&self, pool: &PoolId, seed: &Seed) -> Result<SeedReport, StoreError> {
-        let answer = self.with_pool(pool, |p, _| {
-            let start = seed
-                .assignments
-                .or(p.config.start_assignments)
-                .unwrap_or_else(|| p.eligible.min().unwrap_or(0));
-            let mut report = SeedReport {
-                added: Vec::new(),
-                existing: Vec::new(),
-                full: Vec::new(),
-                start_assignments: start,
-            };
-            let max = p.config.rules.max_members;
-            let mut size = p.eligible.len() + p.ineligible.len() + seed.pending_adds;
-            for member in &seed.members {
-                let eligible = p.eligible.get(member).is_some();
-                let ineligible = p.ineligible.get(member).is_some();
-                if eligible || ineligible {
-                    if seed.reset && !seed.dry_run {
-                        p.unplace(member);
-                        let ranked = if eligible {
-                            &mut p.eligible
+        let mut report = SeedReport::default();
+        // The first chunk settles the starting count; the later ones keep it, as on Redis.
+        let mut start = seed.assignments;
+        let mut pending_adds = seed.pending_adds;
+        let end = self
+            .in_chunks(pool, &self.chunks.seed, &seed.members, |p, chunk| {
+                let count = *start.get_or_insert_with(|| {
+                    p.config
+                        .start_assignments
+                        .unwrap_or_else(|| p.eligible.min().unwrap_or(0))
+                });
+                report.start_assignments = count;
+                let max = p.config.rules.max_members;
+                let mut size = p.eligible.len() + p.ineligible.len() + pending_adds;
+                for member in chunk {
+                    let eligible = p.eligible.get(member).is_some();
+                    let ineligible = p.ineligible.get(member).is_some();
+                    if eligible || ineligible {
+                        if seed.reset && !seed.dry_run {
+                            p.unplace(member);
+                            let ranked = if eligible {
+                                &mut p.eligible
+                            } else {
+                                &mut p.ineligible
+                            };
+                            ranked.set(member.clone(), count);
+                            p.place(member);
+                            p.mark_member(member);
+                        }
+                        report.existing.push(member.clone());
+                    } else if max.is_some_and(|max| size >= max) {
+                        report.full.push(member.clone());
+                    } else {
+                        if !seed.dry_run {
+                            p.eligible.set(member.clone(), count);
+                            p.place(member);
+                            p.mark_member(member);
                         } else {
-                            &mut p.ineligible
-                        };
-                        ranked.set(member.clone(), start);
-                        p.place(member);
-                        p.mark_member(member);
+                            pending_adds += 1;
+                        }
+                        size += 1;
+                        report.added.push(member.clone());
                     }
-                    report.existing.push(member.clone());
-                } else if max.is_some_and(|max| size >= max) {
-                    report.full.push(member.clone());
-                } else {
-                    if !seed.dry_run {
-                        p.eligible.set(member.clone(), start);
-                        p.place(member);
-                        p.mark_member(member);
-                    }
-                    size += 1;
-                    report.added.push(member.clone());
                 }
-            }
-            report
-        })?;
-        self.settle(answer, Change::Durable).await
+            })
+            .await?;
+        self.settle((report, end), Change::Durable).await
     }
 
     async fn members(
@@ -1133,25 +1184,26 @@ impl Store for EmbeddedStore {
         members: &[MemberId],
         reason: &str,
     ) -> Result<DisableReport, StoreError> {
-        let answer = self.with_pool(pool, |p, _| {
-            let now = Timestamp::now();
-            let mut report = DisableReport::default();
-            for member in members {
-                if p.take_out(member, reason, now) {
-                    report.disabled.push(member.clone());
-                } else if p.cancel_return(member) {
-                    // A cooling-down member is taken over by the operator.
-                    p.taken_out.insert(member.clone(), (reason.to_owned(), now));
-                    report.disabled.push(member.clone());
-                } else if p.ineligible.get(member).is_some() {
-                    report.already_ineligible.push(member.clone());
-                } else {
-                    report.unknown.push(member.clone());
+        let mut report = DisableReport::default();
+        let end = self
+            .in_chunks(pool, &self.chunks.disable, members, |p, chunk| {
+                let now = Timestamp::now();
+                for member in chunk {
+                    if p.take_out(member, reason, now) {
+                        report.disabled.push(member.clone());
+                    } else if p.cancel_return(member) {
+                        // A cooling-down member is taken over by the operator.
+                        p.taken_out.insert(member.clone(), (reason.to_owned(), now));
+                        report.disabled.push(member.clone());
+                    } else if p.ineligible.get(member).is_some() {
+                        report.already_ineligible.push(member.clone());
+                    } else {
+                        report.unknown.push(member.clone());
+                    }
                 }
-            }
-            report
-        })?;
-        self.settle(answer, Change::Durable).await
+            })
+            .await?;
+        self.settle((report, end), Change::Durable).await
     }
 
     async fn enable_members(
@@ -1160,33 +1212,36 @@ impl Store for EmbeddedStore {
         members: &[MemberId],
         restore: Option<RestorePolicy>,
     ) -> Result<EnableReport, StoreError> {
-        let answer = self.with_pool(pool, |p, _| {
-            let restore = restore.unwrap_or(p.config.restore);
-            // Every member of one call is placed against the same minimum: the one among
-            // members that were eligible before the call.
-            let minimum = p.eligible.min();
-            let mut report = EnableReport {
-                restore,
-                enabled: Vec::new(),
-                already_eligible: Vec::new(),
-                unknown: Vec::new(),
-            };
-            for member in members {
-                if let Some((kept, assignments)) = p.restore(member, restore, minimum) {
-                    report.enabled.push(Restored {
-                        member: member.clone(),
-                        kept_assignments: kept,
-                        assignments,
-                    });
-                } else if p.eligible.get(member).is_some() {
-                    report.already_eligible.push(member.clone());
-                } else {
-                    report.unknown.push(member.clone());
+        let mut report: Option<EnableReport> = None;
+        let end = self
+            .in_chunks(pool, &self.chunks.enable, members, |p, chunk| {
+                let report = report.get_or_insert_with(|| EnableReport {
+                    restore: restore.unwrap_or(p.config.restore),
+                    enabled: Vec::new(),
+                    already_eligible: Vec::new(),
+                    unknown: Vec::new(),
+                });
+                // Every member of one chunk is placed against the same minimum: the one
+                // among members that were eligible before the chunk, as on Redis.
+                let minimum = p.eligible.min();
+                for member in chunk {
+                    if let Some((kept, assignments)) = p.restore(member, report.restore, minimum) {
+                        report.enabled.push(Restored {
+                            member: member.clone(),
+                            kept_assignments: kept,
+                            assignments,
+                        });
+                    } else if p.eligible.get(member).is_some() {
+                        report.already_eligible.push(member.clone());
+                    } else {
+                        report.unknown.push(member.clone());
+                    }
                 }
-            }
-            report
-        })?;
-        self.settle(answer, Change::Durable).await
+            })
+            .await?;
+        // There is always at least one chunk, which filled the report or failed above.
+        let report = report.ok_or(StoreError::PoolNotFound)?;
+        self.settle((report, end), Change::Durable).await
     }
 
     async fn remove_members(
@@ -1194,36 +1249,37 @@ impl Store for EmbeddedStore {
         pool: &PoolId,
         members: &[MemberId],
     ) -> Result<RemoveReport, StoreError> {
-        let answer = self.with_pool(pool, |p, _| {
-            let mut report = RemoveReport::default();
-            let removed: std::collections::HashSet<&MemberId> = members.iter().collect();
-            let ended: Vec<LeaseId> = p
-                .leases
-                .iter()
-                .filter(|(_, (member, _))| removed.contains(member))
-                .map(|(id, _)| id.clone())
-                .collect();
-            for id in &ended {
-                p.end_lease(id);
-            }
-            for member in members {
-                p.unplace(member);
-                let was_eligible = p.eligible.remove(member).is_some();
-                let was_ineligible = p.ineligible.remove(member).is_some();
-                p.taken_out.remove(member);
-                p.health.remove(member);
-                p.cancel_return(member);
-                p.checks.remove(member);
-                if was_eligible || was_ineligible {
-                    p.mark_member(member);
-                    report.removed.push(member.clone());
-                } else {
-                    report.unknown.push(member.clone());
+        let mut report = RemoveReport::default();
+        let end = self
+            .in_chunks(pool, &self.chunks.remove, members, |p, chunk| {
+                let removed: std::collections::HashSet<&MemberId> = chunk.iter().collect();
+                let ended: Vec<LeaseId> = p
+                    .leases
+                    .iter()
+                    .filter(|(_, (member, _))| removed.contains(member))
+                    .map(|(id, _)| id.clone())
+                    .collect();
+                for id in &ended {
+                    p.end_lease(id);
                 }
-            }
-            report
-        })?;
-        self.settle(answer, Change::Durable).await
+                for member in chunk {
+                    p.unplace(member);
+                    let was_eligible = p.eligible.remove(member).is_some();
+                    let was_ineligible = p.ineligible.remove(member).is_some();
+                    p.taken_out.remove(member);
+                    p.health.remove(member);
+                    p.cancel_return(member);
+                    p.checks.remove(member);
+                    if was_eligible || was_ineligible {
+                        p.mark_member(member);
+                        report.removed.push(member.clone());
+                    } else {
+                        report.unknown.push(member.clone());
+                    }
+                }
+            })
+            .await?;
+        self.settle((report, end), Change::Durable).await
     }
 
     async fn close(&self) {

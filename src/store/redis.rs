@@ -73,6 +73,8 @@ pub struct RedisStore {
     prefix: Arc<str>,
     timeout: Duration,
     scripts: Arc<Scripts>,
+    /// The chunk sizes of the member operations, learned from their round trips.
+    chunks: Arc<super::chunks::MemberChunks>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -103,6 +105,7 @@ impl RedisStore {
             prefix: options.key_prefix.into(),
             timeout: options.timeout,
             scripts: Arc::new(Scripts::new()),
+            chunks: Arc::default(),
         };
         if let Err(error) = store.load_scripts().await {
             tracing::warn!(%error, "could not load the scripts at startup; they load on first use");

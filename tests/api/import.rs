@@ -8,7 +8,9 @@ use proxy_allocator::http::MAX_MEMBERS_PER_CALL;
 use proxy_allocator::store::Seed;
 
 use crate::for_each_store;
-use crate::helpers::{Backend, TestApp, assert_error, backend_config, read, test_config};
+use crate::helpers::{
+    ADMIN, Backend, TestApp, assert_error, backend_config, raw_request, read, test_config,
+};
 use crate::spy::spawn_spied;
 
 /// Posts a list to the import route; returns status and body.
@@ -28,7 +30,7 @@ async fn import(
     read(response).await
 }
 
-async fn import_text(app: &TestApp, path: &str, text: &str) -> (StatusCode, Value) {
+pub(crate) async fn import_text(app: &TestApp, path: &str, text: &str) -> (StatusCode, Value) {
     import(
         app,
         path,
@@ -174,7 +176,7 @@ async fn lines_that_are_not_utf8_are_rejected_one_by_one(app: TestApp) {
 }
 
 /// `n` distinct public addresses, one per line.
-fn public_list(n: usize) -> String {
+pub(crate) fn public_list(n: usize) -> String {
     (0..n)
         .map(|i| format!("11.{}.{}.1:8080\n", i / 250, i % 250))
         .collect()
@@ -346,6 +348,46 @@ async fn a_list_over_the_import_limit_answers_413_while_other_routes_keep_their_
         app.post_json("/pools/p/members", json!({ "members": list }))
             .await,
         1024,
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_list_sent_without_a_length_is_cut_off_at_the_import_limit_with_413() {
+    let mut config = test_config(None);
+    config.import_body_limit_bytes = 64 * 1024;
+    let app = TestApp::spawn_with(config).await;
+    app.create_pool("p", json!({})).await;
+    // Chunked: the service learns the size only as the list arrives, and stops reading
+    // once it is past the limit.
+    let list = public_list(5_000);
+    assert!(list.len() > 64 * 1024);
+    let chunks: String = list
+        .as_bytes()
+        .chunks(4096)
+        .map(|chunk| {
+            format!(
+                "{:x}\r\n{}\r\n",
+                chunk.len(),
+                String::from_utf8_lossy(chunk)
+            )
+        })
+        .collect();
+    let request = format!(
+        "POST /pools/p/import HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {ADMIN}\r\n\
+         content-type: text/plain\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n\
+         {chunks}0\r\n\r\n"
+    );
+    let (status, body) = raw_request(&app.base, &request).await;
+    assert_error(
+        status,
+        &body,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+    );
+    assert_eq!(
+        body["error"]["message"],
+        json!(format!("request body is larger than {} bytes", 64 * 1024))
     );
     app.stop().await;
 }

@@ -18,6 +18,7 @@ mod contract;
 mod deploy;
 mod health;
 mod import;
+mod large;
 mod leases;
 mod logs;
 mod members;

@@ -18,6 +18,7 @@
 //! | `<prefix>:{<pool>}:returns` | sorted set | cooling-down member -> when it comes back (ms, Redis clock) |
 //! | `<prefix>:{<pool>}:checks` | hash | member -> `"<at_ms> <result>[/<latency_ms>] <detail>"`, its last active check |
 //! | `<prefix>:{<pool>}:check_round` | string with ttl | held by the replica running the pool's check round |
+//! | `<prefix>:{<pool>}:gone:<token>:<part>` | as its part | a deleted pool's key, renamed out of the way by `delete_pool.lua` and unlinked right after (see `operations.rs`) |
 //! | `<prefix>:pools` | set | pool ids, for listing; updated outside the pool scripts because it lives in another slot |
 
 use redis::{RedisWrite, ToRedisArgs};
@@ -43,10 +44,12 @@ pub(super) const POOL_KEY_PARTS: [&str; 12] = [
 ];
 
 /// Every key of one pool, in the order of [`POOL_KEY_PARTS`], written straight into a
-/// command as its arguments.
+/// command as its arguments; with a graveyard token, followed by the names the pool's keys
+/// are renamed to when it is deleted (the same parts, in the same hash slot).
 pub(super) struct PoolKeys<'a> {
     pub(super) prefix: &'a str,
     pub(super) pool: &'a PoolId,
+    pub(super) graveyard: Option<&'a str>,
 }
 
 impl PoolKeys<'_> {
@@ -55,12 +58,22 @@ impl PoolKeys<'_> {
         self.prefix.len() + self.pool.as_str().len() + ":{}:".len()
     }
 
+    /// The bytes a graveyard name adds to a key.
+    fn graveyard_infix(&self) -> usize {
+        self.graveyard
+            .map_or(0, |token| "gone::".len() + token.len())
+    }
+
     /// The bytes of every key together.
     pub(super) fn bytes(&self) -> usize {
-        POOL_KEY_PARTS
+        let keys: usize = POOL_KEY_PARTS
             .iter()
             .map(|part| self.head() + part.len())
-            .sum()
+            .sum();
+        match self.graveyard {
+            Some(_) => 2 * keys + POOL_KEY_PARTS.len() * self.graveyard_infix(),
+            None => keys,
+        }
     }
 }
 
@@ -72,20 +85,32 @@ impl ToRedisArgs for PoolKeys<'_> {
         // One buffer for every key: `write_arg` copies a whole key at a time, where
         // redis-rs's argument writer would take each piece through `io::Write`.
         let longest = POOL_KEY_PARTS.iter().map(|part| part.len()).max();
-        let mut key = Vec::with_capacity(self.head() + longest.unwrap_or(0));
-        for part in POOL_KEY_PARTS {
-            key.clear();
-            key.extend_from_slice(self.prefix.as_bytes());
-            key.extend_from_slice(b":{");
-            key.extend_from_slice(self.pool.as_str().as_bytes());
-            key.extend_from_slice(b"}:");
-            key.extend_from_slice(part.as_bytes());
-            out.write_arg(&key);
+        let mut key =
+            Vec::with_capacity(self.head() + self.graveyard_infix() + longest.unwrap_or(0));
+        let graves = self.graveyard.map(|token| (b"gone:", token));
+        for infix in [None].into_iter().chain(graves.map(Some)) {
+            for part in POOL_KEY_PARTS {
+                key.clear();
+                key.extend_from_slice(self.prefix.as_bytes());
+                key.extend_from_slice(b":{");
+                key.extend_from_slice(self.pool.as_str().as_bytes());
+                key.extend_from_slice(b"}:");
+                if let Some((gone, token)) = infix {
+                    key.extend_from_slice(gone);
+                    key.extend_from_slice(token.as_bytes());
+                    key.push(b':');
+                }
+                key.extend_from_slice(part.as_bytes());
+                out.write_arg(&key);
+            }
         }
     }
 
     fn num_of_args(&self) -> usize {
-        POOL_KEY_PARTS.len()
+        match self.graveyard {
+            Some(_) => 2 * POOL_KEY_PARTS.len(),
+            None => POOL_KEY_PARTS.len(),
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! The operations of the `Store` trait on Redis: each one builds its script's arguments,
 //! runs it and turns its reply into the trait's types.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use redis::{Script, Value};
@@ -24,6 +24,10 @@ use crate::store::{
 /// every call of the hot path.
 static ASSIGN_BATCHES: std::sync::LazyLock<[String; 2]> =
     std::sync::LazyLock::new(|| [RECLAIM_ON_ASSIGN.to_string(), RETURN_ON_ASSIGN.to_string()]);
+
+/// Most members of each set one call of `members.lua` reads: a page of a listing takes as
+/// many calls as it needs.
+const LISTING_PIECE: usize = 250;
 
 /// Most steps one sweep runs on one pool, so that a sweep always ends.
 const MAX_SWEEP_STEPS: u64 = 64;
@@ -57,6 +61,43 @@ impl RedisStore {
             }
         }
         Ok(swept)
+    }
+
+    /// One chunk of a seeding: `members` (part of `seed.members`) with the starting count
+    /// and pending adds the earlier chunks left.
+    async fn seed_chunk(
+        &self,
+        pool: &PoolId,
+        seed: &Seed,
+        members: &[MemberId],
+        start: Option<u64>,
+        pending_adds: u64,
+    ) -> Result<SeedReport, StoreError> {
+        let start = start.map(|n| n.to_string()).unwrap_or_default();
+        let flag = |on: bool| -> &'static [u8] { if on { b"1" } else { b"0" } };
+        let pending = pending_adds.to_string();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() + 4);
+        args.push(start.as_bytes());
+        args.push(flag(seed.reset));
+        args.push(flag(seed.dry_run));
+        args.push(pending.as_bytes());
+        args.extend(members.iter().map(|m| m.as_str().as_bytes()));
+        let value = self.eval(&self.scripts.seed, pool, &args).await?;
+        let reply = SeedReply::decode(value, members.len())?;
+        let mut report = SeedReport {
+            added: Vec::new(),
+            existing: Vec::new(),
+            full: Vec::new(),
+            start_assignments: reply.start_assignments,
+        };
+        for (member, outcome) in members.iter().zip(reply.outcomes) {
+            match outcome {
+                SeedOutcome::Added => report.added.push(member.clone()),
+                SeedOutcome::Full => report.full.push(member.clone()),
+                SeedOutcome::Existing => report.existing.push(member.clone()),
+            }
+        }
+        Ok(report)
     }
 
     /// Runs a script whose arguments are one value, then member ids.
@@ -301,40 +342,54 @@ impl Store for RedisStore {
     }
 
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError> {
-        let value = self.eval(&self.scripts.delete_pool, pool, &[]).await?;
+        // The script only renames the pool's keys out of the way (see delete_pool.lua);
+        // freeing them happens below, outside any script. A fresh token per call keeps a
+        // graveyard name from ever naming a key that exists.
+        let token = format!("{:016x}", rand::random::<u64>());
+        let value = self
+            .eval_with(&self.scripts.delete_pool, pool, Some(&token), &[])
+            .await?;
         let mut srem = redis::cmd("SREM");
         srem.arg(self.registry_key()).arg(pool.as_str());
         self.command(srem).await?;
-        match DeletePoolReply::decode(value)? {
-            DeletePoolReply { existed: true } => Ok(()),
-            DeletePoolReply { existed: false } => Err(StoreError::PoolNotFound),
+        let DeletePoolReply { graveyard } = DeletePoolReply::decode(value)?;
+        let graveyard = graveyard.ok_or(StoreError::PoolNotFound)?;
+        if !graveyard.is_empty() {
+            // UNLINK takes a key out at once and leaves freeing a large value to Redis's
+            // background thread. Every graveyard key shares the pool's hash slot, so one
+            // command frees them all, on a cluster too.
+            // The pool is gone for every reader already: a failure here leaves keys that
+            // expire by themselves (see delete_pool.lua), not a half-deleted pool.
+            let mut unlink = redis::cmd("UNLINK");
+            unlink.arg(&graveyard);
+            if let Err(error) = self.command(unlink).await {
+                tracing::warn!(pool = pool.as_str(), %error, "could not free a deleted pool's keys; they expire within a day");
+            }
         }
+        Ok(())
     }
 
     async fn add_members(&self, pool: &PoolId, seed: &Seed) -> Result<SeedReport, StoreError> {
-        let start = seed.assignments.map(|n| n.to_string()).unwrap_or_default();
-        let flag = |on: bool| -> &'static [u8] { if on { b"1" } else { b"0" } };
-        let pending = seed.pending_adds.to_string();
-        let mut args: Vec<&[u8]> = Vec::with_capacity(seed.members.len() + 4);
-        args.push(start.as_bytes());
-        args.push(flag(seed.reset));
-        args.push(flag(seed.dry_run));
-        args.push(pending.as_bytes());
-        args.extend(seed.members.iter().map(|m| m.as_str().as_bytes()));
-        let value = self.eval(&self.scripts.seed, pool, &args).await?;
-        let reply = SeedReply::decode(value, seed.members.len())?;
-        let mut report = SeedReport {
-            added: Vec::new(),
-            existing: Vec::new(),
-            full: Vec::new(),
-            start_assignments: reply.start_assignments,
-        };
-        for (member, outcome) in seed.members.iter().zip(reply.outcomes) {
-            match outcome {
-                SeedOutcome::Added => report.added.push(member.clone()),
-                SeedOutcome::Full => report.full.push(member.clone()),
-                SeedOutcome::Existing => report.existing.push(member.clone()),
+        let sizer = &self.chunks.seed;
+        let mut report = SeedReport::default();
+        // Every chunk after the first starts its new members at the count the first one
+        // used, and a dry run's chunks count what the earlier ones would have added.
+        let mut start = seed.assignments;
+        let mut pending_adds = seed.pending_adds;
+        for chunk in sizer.chunks(&seed.members) {
+            let started = Instant::now();
+            let part = self
+                .seed_chunk(pool, seed, chunk, start, pending_adds)
+                .await?;
+            sizer.record(chunk.len(), started.elapsed());
+            start = Some(part.start_assignments);
+            if seed.dry_run {
+                pending_adds += part.added.len() as u64;
             }
+            report.start_assignments = part.start_assignments;
+            report.added.extend(part.added);
+            report.existing.extend(part.existing);
+            report.full.extend(part.full);
         }
         Ok(report)
     }
@@ -347,26 +402,49 @@ impl Store for RedisStore {
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
         // One more than a page from each set tells the merge whether more pages follow.
-        let page = (limit + 1).to_string();
-        let (eligible_count, ineligible_count) = match filter {
-            StateFilter::Eligible => (page.as_str(), "0"),
-            StateFilter::Ineligible => ("0", page.as_str()),
-            StateFilter::All => (page.as_str(), page.as_str()),
+        let wanted = |on: bool| if on { limit + 1 } else { 0 };
+        let (mut eligible_left, mut ineligible_left) = match filter {
+            StateFilter::Eligible => (wanted(true), 0),
+            StateFilter::Ineligible => (0, wanted(true)),
+            StateFilter::All => (wanted(true), wanted(true)),
         };
-        let offsets = [cursor.eligible.to_string(), cursor.ineligible.to_string()];
-        let args: [&[u8]; 4] = [
-            offsets[0].as_bytes(),
-            offsets[1].as_bytes(),
-            eligible_count.as_bytes(),
-            ineligible_count.as_bytes(),
-        ];
-        let value = self.eval(&self.scripts.members, pool, &args).await?;
-        let page = MembersReply::decode(value)?;
+        let mut eligible = Vec::with_capacity(eligible_left);
+        let mut ineligible = Vec::with_capacity(ineligible_left);
+        // A page is read in pieces of at most LISTING_PIECE members of each set, one script
+        // call each, so that a page of 1,000 members with their health never makes one long
+        // script. A page is a position, not a snapshot (see `Cursor`), so members moving
+        // between two pieces are no different from members moving between two pages.
+        loop {
+            let take = |left: usize| left.min(LISTING_PIECE);
+            let (eligible_count, ineligible_count) = (take(eligible_left), take(ineligible_left));
+            let args = [
+                (cursor.eligible + eligible.len() as u64).to_string(),
+                (cursor.ineligible + ineligible.len() as u64).to_string(),
+                eligible_count.to_string(),
+                ineligible_count.to_string(),
+            ];
+            let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+            let value = self.eval(&self.scripts.members, pool, &args).await?;
+            let piece = MembersReply::decode(value)?;
+            // A set that gave fewer than asked has nothing more.
+            eligible_left = if piece.eligible.len() < eligible_count {
+                0
+            } else {
+                eligible_left - eligible_count
+            };
+            ineligible_left = if piece.ineligible.len() < ineligible_count {
+                0
+            } else {
+                ineligible_left - ineligible_count
+            };
+            eligible.extend(piece.eligible);
+            ineligible.extend(piece.ineligible);
+            if eligible_left == 0 && ineligible_left == 0 {
+                break;
+            }
+        }
         Ok(crate::store::merge_page(
-            page.eligible,
-            page.ineligible,
-            limit,
-            cursor,
+            eligible, ineligible, limit, cursor,
         ))
     }
 
@@ -376,16 +454,23 @@ impl Store for RedisStore {
         members: &[MemberId],
         reason: &str,
     ) -> Result<DisableReport, StoreError> {
-        let value = self
-            .member_script(&self.scripts.disable, pool, reason.as_bytes(), members)
-            .await?;
-        let DisableReply(outcomes) = DisableReply::decode(value, members.len())?;
+        let sizer = &self.chunks.disable;
         let mut report = DisableReport::default();
-        for (member, outcome) in members.iter().zip(outcomes) {
-            match outcome {
-                DisableOutcome::Disabled => report.disabled.push(member.clone()),
-                DisableOutcome::AlreadyIneligible => report.already_ineligible.push(member.clone()),
-                DisableOutcome::Unknown => report.unknown.push(member.clone()),
+        for chunk in sizer.chunks(members) {
+            let started = Instant::now();
+            let value = self
+                .member_script(&self.scripts.disable, pool, reason.as_bytes(), chunk)
+                .await?;
+            sizer.record(chunk.len(), started.elapsed());
+            let DisableReply(outcomes) = DisableReply::decode(value, chunk.len())?;
+            for (member, outcome) in chunk.iter().zip(outcomes) {
+                match outcome {
+                    DisableOutcome::Disabled => report.disabled.push(member.clone()),
+                    DisableOutcome::AlreadyIneligible => {
+                        report.already_ineligible.push(member.clone());
+                    }
+                    DisableOutcome::Unknown => report.unknown.push(member.clone()),
+                }
             }
         }
         Ok(report)
@@ -397,32 +482,39 @@ impl Store for RedisStore {
         members: &[MemberId],
         restore: Option<RestorePolicy>,
     ) -> Result<EnableReport, StoreError> {
+        let sizer = &self.chunks.enable;
         let policy = restore.map(RestorePolicy::as_str).unwrap_or("");
-        let value = self
-            .member_script(&self.scripts.enable, pool, policy.as_bytes(), members)
-            .await?;
-        let reply = EnableReply::decode(value, members.len())?;
-        let mut report = EnableReport {
-            restore: reply.restore,
-            enabled: Vec::new(),
-            already_eligible: Vec::new(),
-            unknown: Vec::new(),
-        };
-        for (member, outcome) in members.iter().zip(reply.outcomes) {
-            match outcome {
-                EnableOutcome::Enabled {
-                    kept_assignments,
-                    assignments,
-                } => report.enabled.push(Restored {
-                    member: member.clone(),
-                    kept_assignments,
-                    assignments,
-                }),
-                EnableOutcome::AlreadyEligible => report.already_eligible.push(member.clone()),
-                EnableOutcome::Unknown => report.unknown.push(member.clone()),
+        let mut report: Option<EnableReport> = None;
+        for chunk in sizer.chunks(members) {
+            let started = Instant::now();
+            let value = self
+                .member_script(&self.scripts.enable, pool, policy.as_bytes(), chunk)
+                .await?;
+            sizer.record(chunk.len(), started.elapsed());
+            let reply = EnableReply::decode(value, chunk.len())?;
+            let report = report.get_or_insert_with(|| EnableReport {
+                restore: reply.restore,
+                enabled: Vec::new(),
+                already_eligible: Vec::new(),
+                unknown: Vec::new(),
+            });
+            for (member, outcome) in chunk.iter().zip(reply.outcomes) {
+                match outcome {
+                    EnableOutcome::Enabled {
+                        kept_assignments,
+                        assignments,
+                    } => report.enabled.push(Restored {
+                        member: member.clone(),
+                        kept_assignments,
+                        assignments,
+                    }),
+                    EnableOutcome::AlreadyEligible => report.already_eligible.push(member.clone()),
+                    EnableOutcome::Unknown => report.unknown.push(member.clone()),
+                }
             }
         }
-        Ok(report)
+        // The chunks always hold at least one step, which answered or failed above.
+        report.ok_or(StoreError::PoolNotFound)
     }
 
     async fn remove_members(
@@ -430,16 +522,20 @@ impl Store for RedisStore {
         pool: &PoolId,
         members: &[MemberId],
     ) -> Result<RemoveReport, StoreError> {
-        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len());
-        args.extend(members.iter().map(|m| m.as_str().as_bytes()));
-        let value = self.eval(&self.scripts.remove, pool, &args).await?;
-        let RemoveReply(removed) = RemoveReply::decode(value, members.len())?;
+        let sizer = &self.chunks.remove;
         let mut report = RemoveReport::default();
-        for (member, removed) in members.iter().zip(removed) {
-            if removed {
-                report.removed.push(member.clone());
-            } else {
-                report.unknown.push(member.clone());
+        for chunk in sizer.chunks(members) {
+            let args: Vec<&[u8]> = chunk.iter().map(|m| m.as_str().as_bytes()).collect();
+            let started = Instant::now();
+            let value = self.eval(&self.scripts.remove, pool, &args).await?;
+            sizer.record(chunk.len(), started.elapsed());
+            let RemoveReply(removed) = RemoveReply::decode(value, chunk.len())?;
+            for (member, removed) in chunk.iter().zip(removed) {
+                if removed {
+                    report.removed.push(member.clone());
+                } else {
+                    report.unknown.push(member.clone());
+                }
             }
         }
         Ok(report)

@@ -254,20 +254,30 @@ impl PoolInfoReply {
     }
 }
 
-/// `delete_pool.lua`: whether the pool existed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `delete_pool.lua`: whether the pool existed, and where its keys went.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct DeletePoolReply {
-    /// The pool existed and is gone now.
-    pub(super) existed: bool,
+    /// When the pool existed: the graveyard names its keys now have, still to be freed.
+    pub(super) graveyard: Option<Vec<String>>,
 }
 
 impl DeletePoolReply {
-    /// Decodes `1` or `0`.
+    /// Decodes `{0}` or `{1, {graveyard key, ...}}`.
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
-        decode("delete_pool.lua", value, |value| match int(&value)? {
-            1 => Ok(Self { existed: true }),
-            0 => Ok(Self { existed: false }),
-            _ => Err("unknown status".into()),
+        decode("delete_pool.lua", value, |value| {
+            let mut items = Items::new(value)?;
+            let graveyard = match items.int()? {
+                1 => Some(
+                    array(items.next()?)?
+                        .into_iter()
+                        .map(string)
+                        .collect::<Read<_>>()?,
+                ),
+                0 => None,
+                _ => return Err("unknown status".into()),
+            };
+            items.end()?;
+            Ok(Self { graveyard })
         })
     }
 }

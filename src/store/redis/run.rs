@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use deadpool::managed;
-use redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use redis::{ErrorKind, RedisError, Script, ServerErrorKind, ToRedisArgs, Value};
 
 use super::RedisStore;
 use super::connection::{Connection, SharedConnection};
@@ -125,18 +125,31 @@ impl RedisStore {
         pool: &PoolId,
         args: &[&[u8]],
     ) -> Result<Value, StoreError> {
+        self.eval_with(script, pool, None, args).await
+    }
+
+    /// [`RedisStore::eval`], with the graveyard names of the pool's keys after them when
+    /// `graveyard` holds a token (see `keys.rs`).
+    pub(super) async fn eval_with(
+        &self,
+        script: &Script,
+        pool: &PoolId,
+        graveyard: Option<&str>,
+        args: &[&[u8]],
+    ) -> Result<Value, StoreError> {
         let keys = PoolKeys {
             prefix: &self.prefix,
             pool,
+            graveyard,
         };
         let mut evalsha = redis::Cmd::with_capacity(
-            3 + POOL_KEY_PARTS.len() + args.len(),
+            3 + 2 * POOL_KEY_PARTS.len() + args.len(),
             script.get_hash().len() + keys.bytes() + args.iter().map(|a| a.len()).sum::<usize>(),
         );
         evalsha
             .arg("EVALSHA")
             .arg(script.get_hash())
-            .arg(POOL_KEY_PARTS.len())
+            .arg(keys.num_of_args())
             .arg(&keys)
             .arg(args);
         let evalsha = &evalsha;

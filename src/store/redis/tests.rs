@@ -378,20 +378,38 @@ async fn pool_info(redis: &TestRedis) {
 
 async fn delete_pool(redis: &TestRedis) {
     let id = pool("delete-pool");
-    let missing = DeletePoolReply::decode(redis.eval("delete_pool", &id, &[]).await);
+    let script = &redis.store.scripts.delete_pool;
+    let delete = || async {
+        redis
+            .store
+            .eval_with(script, &id, Some("token"), &[])
+            .await
+            .expect("the script runs")
+    };
+    let missing = DeletePoolReply::decode(delete().await);
     assert_eq!(
         missing.expect("decodes"),
-        DeletePoolReply { existed: false }
+        DeletePoolReply { graveyard: None }
     );
     redis.create(&id, PoolConfig::default()).await;
     redis.seed(&id, &["a"], 0).await;
-    let deleted = DeletePoolReply::decode(redis.eval("delete_pool", &id, &[]).await);
-    assert_eq!(deleted.expect("decodes"), DeletePoolReply { existed: true });
+    let deleted = DeletePoolReply::decode(delete().await);
+    let grave = |part: &str| TestRedis::key(&id, &format!("gone:token:{part}"));
+    assert_eq!(
+        deleted.expect("decodes"),
+        DeletePoolReply {
+            graveyard: Some(vec![grave("meta"), grave("eligible")])
+        }
+    );
     let eligible = TestRedis::key(&id, "eligible");
     let left: u64 = redis
         .side(&["EXISTS", &TestRedis::key(&id, "meta"), &eligible])
         .await;
     assert_eq!(left, 0);
+    let renamed: u64 = redis
+        .side(&["EXISTS", &grave("meta"), &grave("eligible")])
+        .await;
+    assert_eq!(renamed, 2);
 }
 
 async fn seed(redis: &TestRedis) {

@@ -1,7 +1,7 @@
 -- Returns members to the eligible set under a restore policy, atomically with reading the
 -- current minimum, so that no assign can move the minimum between the read and the write.
--- Every member of one call is placed against the minimum of the members that were eligible
--- before the call; `restore` in health.lua holds the rule (the same one brings members
+-- Every member of one call (one chunk of an operator's call, see src/store/chunks.rs) is
+-- placed against the minimum of the members that were eligible before the call; `restore` in health.lua holds the rule (the same one brings members
 -- back after a cooldown). A cooling-down member enabled here has its scheduled return
 -- cancelled.
 -- Policies apply to the cumulative count only: on a least-in-flight pool the member comes
