@@ -37,7 +37,9 @@
 //! - [`sweep`]: the background sweep that reclaims expired leases and returns members
 //!   whose cooldown has ended, in every pool.
 //! - [`checker`]: the background task that runs active checks of pools that have them (one
-//!   replica per pool and interval) and feeds their results into the health rules.
+//!   replica per pool and interval) and feeds their results into the health rules; and
+//!   the fetcher a pool's sources will use (`checker/fetch.rs`: bounded, at most 3
+//!   redirects, every hop through the checker's private-address guard).
 //! - [`startup`]: [`startup::Application`], which binds, builds and serves (port 0 works,
 //!   which is how the tests start it): the API port and, with `PROBE_LISTEN`, a probe port.
 //! - [`connections`]: what every listening port goes through: a connection cap, deadlines
