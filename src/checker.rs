@@ -1,10 +1,11 @@
 //! Active checks: a background task that probes the members of pools with a `check` and
 //! feeds the results into the same health rules as worker reports.
 //!
-//! Every replica runs one. Each tick it looks for pools with checks and asks the store to
-//! claim each pool's next round ([`Store::claim_check_round`]); the claim lasts the pool's
-//! `interval_ms`, so across replicas a pool's round runs at most once per interval, on one
-//! replica. A round is bounded three ways: at most `concurrency` probes at once, each at
+//! Every replica runs one. Each tick it takes the pools whose round is due from the store's
+//! index ([`Store::due_check_pools`]: only those, never every pool) and asks the store to
+//! claim each one's round ([`Store::claim_check_round`]), which schedules the next; the
+//! claim lasts the pool's `interval_ms`, so across replicas a pool's round runs at most once
+//! per interval, on one replica. A round is bounded three ways: at most `concurrency` probes at once, each at
 //! most `timeout_ms`, and the whole round at most `interval_ms` (probes not started by
 //! then wait for the next round). Results are reported one by one as they come in, so a
 //! failing member trips without waiting for the rest of the round.
@@ -59,20 +60,29 @@ pub async fn run(store: Arc<dyn Store>, tick: Duration, stop: impl Future<Output
     }
 }
 
+/// Most pools whose round is due that one tick takes; the rest wait for the next tick.
+const DUE_ROUNDS_PER_TICK: usize = 256;
+
 async fn start_due_rounds(
     store: &Arc<dyn Store>,
     rounds: &mut HashMap<PoolId, JoinHandle<()>>,
 ) -> Result<(), crate::store::StoreError> {
-    for info in store.pools().await? {
+    for pool in store.due_check_pools(DUE_ROUNDS_PER_TICK).await? {
+        // Due again means a whole interval has passed: the round before has run out of its
+        // time (it stops at its deadline) and gives way to the next.
+        if let Some(round) = rounds.remove(&pool) {
+            round.abort();
+        }
+        let info = match store.pool(&pool).await {
+            Ok(info) => info,
+            Err(crate::store::StoreError::PoolNotFound) => continue,
+            Err(error) => return Err(error),
+        };
         let Some(check) = info.config.health.check else {
             continue;
         };
-        // A round still running here keeps its pool, whatever the store's claim says.
-        if rounds.contains_key(&info.pool) {
-            continue;
-        }
         let interval = Duration::from_millis(check.interval_ms);
-        let claimed = match store.claim_check_round(&info.pool, interval).await {
+        let claimed = match store.claim_check_round(&pool, interval).await {
             Ok(claimed) => claimed,
             Err(crate::store::StoreError::PoolNotFound) => continue,
             Err(error) => return Err(error),
@@ -86,18 +96,13 @@ async fn start_due_rounds(
             let prober = match Prober::new(check, info.config.rules.allow_private) {
                 Ok(prober) => prober,
                 Err(error) => {
-                    tracing::warn!(pool = info.pool.as_str(), %error,
+                    tracing::warn!(pool = pool.as_str(), %error,
                         "check round skipped: its TLS settings could not be built");
                     continue;
                 }
             };
-            let task = tokio::spawn(run_round(
-                Arc::clone(store),
-                info.pool.clone(),
-                prober,
-                targets,
-            ));
-            rounds.insert(info.pool, task);
+            let task = tokio::spawn(run_round(Arc::clone(store), pool.clone(), prober, targets));
+            rounds.insert(pool, task);
         }
     }
     Ok(())

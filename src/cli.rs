@@ -395,9 +395,10 @@ async fn run_pools(remote: &Remote, command: PoolsCommand) -> Result<(), Failure
     let service = Service::new(remote)?;
     match command {
         PoolsCommand::List => {
-            let answer = service.get("/pools").await?;
-            let pools = answer["pools"].as_array().map_or(&[][..], Vec::as_slice);
-            print(remote, &answer, Report::done(render::pools(pools)))
+            // Every page, however many pools there are.
+            let pools = service.all_pools().await?;
+            let answer = serde_json::json!({ "pools": pools });
+            print(remote, &answer, Report::done(render::pools(&pools)))
         }
         PoolsCommand::Show { pool } => {
             let answer = service.get(&format!("/pools/{pool}")).await?;

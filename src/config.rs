@@ -156,8 +156,8 @@ pub struct Config {
     pub import_body_read_timeout_ms: u64,
 
     /// How often, in milliseconds, the background sweep reclaims expired leases and returns
-    /// members whose cooldown has ended, in every pool (assigns also do a few in their own
-    /// pool). A crashed worker's lease is back within its ttl plus this interval, and a
+    /// members whose cooldown has ended, in the pools that have them due (assigns also do a
+    /// few in their own pool). A crashed worker's lease is back within its ttl plus this interval, and a
     /// cooled-down member within its cooldown plus this interval, even in a pool nobody
     /// assigns from.
     #[arg(long, env = "SWEEP_INTERVAL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -171,6 +171,17 @@ pub struct Config {
     /// How often, in milliseconds, the per-pool gauges of `/metrics` are refreshed.
     #[arg(long, env = "METRICS_REFRESH_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..))]
     pub metrics_refresh_ms: u64,
+
+    /// Most pools with series of their own in `/metrics` (per-pool gauges and the `pool`
+    /// label of `pa_assigns_total`); every other pool counts under `pool="_other"`, so a
+    /// scrape stays small whatever the number of pools.
+    #[arg(long, env = "METRICS_MAX_POOLS", default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub metrics_max_pools: u64,
+
+    /// The pools with series of their own, comma-separated (at most `METRICS_MAX_POOLS`).
+    /// Unset: the first `METRICS_MAX_POOLS` pools this replica assigns from.
+    #[arg(long, env = "METRICS_POOLS", value_delimiter = ',', value_parser = parse_pool_id)]
+    pub metrics_pools: Vec<crate::domain::PoolId>,
     /// How often, in milliseconds, each replica looks for pools whose active check round
     /// is due. A pool's round itself runs once per its `check.interval_ms`, on one replica.
     #[arg(long, env = "CHECK_TICK_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -281,6 +292,10 @@ impl Config {
         // Environment variables are read, exactly as for the binary.
         Self::parse_from(["proxy-allocator"])
     }
+}
+
+fn parse_pool_id(text: &str) -> Result<crate::domain::PoolId, String> {
+    crate::domain::PoolId::parse(text).map_err(|e| e.to_string())
 }
 
 /// A comma-separated list of URLs, each passed on as written (a `rediss://` scheme, a user

@@ -35,9 +35,10 @@
 //!   (assign, outcomes, leases, pools, members, the import with its own body limit,
 //!   probes), auth, extractors, the error type.
 //! - [`sweep`]: the background sweep that reclaims expired leases and returns members
-//!   whose cooldown has ended, in every pool.
-//! - [`checker`]: the background task that runs active checks of pools that have them (one
-//!   replica per pool and interval) and feeds their results into the health rules; and
+//!   whose cooldown has ended, in the pools that have such work due (each store keeps an
+//!   index of them; see `src/store/redis/keys.rs`).
+//! - [`checker`]: the background task that runs active checks of pools whose round is due
+//!   (one replica per pool and interval) and feeds their results into the health rules; and
 //!   the fetcher a pool's sources will use (`checker/fetch.rs`: bounded, at most 3
 //!   redirects, every hop through the checker's private-address guard).
 //! - [`startup`]: [`startup::Application`], which binds, builds and serves (port 0 works,

@@ -3,10 +3,12 @@
 //! Counters and histograms go through the `metrics` facade into one recorder installed
 //! once per process (installing it per application would fail for the second one, which
 //! is exactly what tests do). Per-pool gauges are not kept in the recorder: they are
-//! rendered at scrape time from a snapshot of `Store::pools` refreshed every
-//! `METRICS_REFRESH_MS`, so a deleted pool's series disappear with it and only pools that
-//! exist ever become label values. Requests naming a pool that does not exist are counted
-//! under `pool="_other"`, so a flood of random pool ids cannot grow the series.
+//! rendered at scrape time from a snapshot of at most `METRICS_MAX_POOLS` pools (see
+//! [`PoolSnapshot`]) refreshed every `METRICS_REFRESH_MS`, so a deleted pool's series
+//! disappear with it and only pools that exist ever become label values. Requests naming a
+//! pool without series of its own (one that does not exist, or one beyond the bound) are
+//! counted under `pool="_other"`, so neither a flood of random pool ids nor a hundred
+//! thousand real pools can grow the series.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -242,46 +244,104 @@ pub fn record_store_round_trip(seconds: f64) {
 /// A per-pool gauge: name, help text, and how to read it from a pool's numbers.
 type Gauge = (&'static str, &'static str, fn(&PoolInfo) -> Option<u64>);
 
-/// What the scrape renders for every pool, refreshed in the background.
-#[derive(Clone, Default)]
+/// The pools with series of their own and what the scrape renders for them, refreshed in
+/// the background. Cloning is shallow.
+///
+/// At most `max` pools have series: the named ones (`METRICS_POOLS`), or else the first
+/// pools this replica assigns from (a pool takes a place when the store has just said it
+/// exists, and gives it back once a refresh finds it deleted). Every other pool counts
+/// under [`OTHER_POOL`], so the number of series never grows with the number of pools, and
+/// a refresh reads only these pools and the number of all pools.
+#[derive(Clone)]
 pub struct PoolSnapshot {
     inner: Arc<RwLock<Snapshot>>,
 }
 
-#[derive(Default)]
 struct Snapshot {
+    /// The pools with series, and whether they were named (then none joins).
+    tracked: HashSet<PoolId>,
+    named: bool,
+    max: usize,
+    /// Their numbers at the last refresh.
     pools: Vec<PoolInfo>,
-    known: HashSet<PoolId>,
+    /// How many pools exist, at the last refresh.
+    total: Option<u64>,
+}
+
+impl Default for PoolSnapshot {
+    /// Up to 100 pools, none named.
+    fn default() -> Self {
+        Self::new(100, Vec::new())
+    }
 }
 
 impl PoolSnapshot {
-    /// The label to use for `pool`: itself when it is known to exist, else [`OTHER_POOL`].
-    pub fn label(&self, pool: &PoolId) -> String {
-        let known = self
-            .inner
-            .read()
-            .is_ok_and(|snapshot| snapshot.known.contains(pool));
-        if known {
-            pool.as_str().to_owned()
-        } else {
-            OTHER_POOL.to_owned()
+    /// Series for `named` pools (at most `max` of them), or, when none is named, for the
+    /// first `max` pools assigned from.
+    pub fn new(max: usize, named: Vec<PoolId>) -> Self {
+        let is_named = !named.is_empty();
+        let tracked = named.into_iter().take(max).collect();
+        Self {
+            inner: Arc::new(RwLock::new(Snapshot {
+                tracked,
+                named: is_named,
+                max,
+                pools: Vec::new(),
+                total: None,
+            })),
         }
     }
 
-    fn replace(&self, pools: Vec<PoolInfo>) {
-        let known = pools.iter().map(|p| p.pool.clone()).collect();
-        if let Ok(mut snapshot) = self.inner.write() {
-            *snapshot = Snapshot { pools, known };
+    /// The label to use for `pool`: itself when it has series, else [`OTHER_POOL`]. With
+    /// `exists` (the store has just answered for it) a pool takes a free place.
+    pub fn label(&self, pool: &PoolId, exists: bool) -> String {
+        // A poisoned lock only means a panic while a pool was added: the set is whole.
+        let joins = {
+            let snapshot = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+            if snapshot.tracked.contains(pool) {
+                return pool.as_str().to_owned();
+            }
+            exists && !snapshot.named && snapshot.tracked.len() < snapshot.max
+        };
+        if joins {
+            let mut snapshot = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+            if snapshot.tracked.len() < snapshot.max {
+                snapshot.tracked.insert(pool.clone());
+                return pool.as_str().to_owned();
+            }
         }
+        OTHER_POOL.to_owned()
     }
 
-    /// Reads every pool once.
+    /// Reads the pools with series and the number of all pools, once.
     ///
     /// # Errors
     /// The store's error; the previous snapshot stays.
     pub async fn refresh(&self, store: &dyn Store) -> Result<(), crate::store::StoreError> {
-        let pools = store.pools().await?;
-        self.replace(pools);
+        let ids: Vec<PoolId> = {
+            let snapshot = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+            snapshot.tracked.iter().cloned().collect()
+        };
+        let total = store.pool_count().await?;
+        let infos = futures_util::future::join_all(ids.iter().map(|id| store.pool(id))).await;
+        let mut pools = Vec::with_capacity(ids.len());
+        let mut gone = Vec::new();
+        for (id, info) in ids.into_iter().zip(infos) {
+            match info {
+                Ok(info) => pools.push(info),
+                Err(crate::store::StoreError::PoolNotFound) => gone.push(id),
+                Err(e) => return Err(e),
+            }
+        }
+        pools.sort_by(|a, b| a.pool.cmp(&b.pool));
+        let mut snapshot = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        if !snapshot.named {
+            for id in &gone {
+                snapshot.tracked.remove(id);
+            }
+        }
+        snapshot.pools = pools;
+        snapshot.total = Some(total);
         Ok(())
     }
 
@@ -307,12 +367,22 @@ impl PoolSnapshot {
         }
     }
 
-    /// The per-pool gauges in Prometheus text format.
+    /// The per-pool gauges and the pool totals in Prometheus text format.
     pub fn render(&self) -> String {
-        let Ok(snapshot) = self.inner.read() else {
-            return String::new();
-        };
+        let snapshot = self.inner.read().unwrap_or_else(PoisonError::into_inner);
         let mut out = String::new();
+        if let Some(total) = snapshot.total {
+            let _ = writeln!(
+                out,
+                "# HELP pa_pools Pools in the store.\n# TYPE pa_pools gauge\npa_pools {total}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP pa_pools_with_series Pools with series of their own here (at most METRICS_MAX_POOLS).\n\
+             # TYPE pa_pools_with_series gauge\npa_pools_with_series {}",
+            snapshot.pools.len()
+        );
         let gauges: [Gauge; 9] = [
             (
                 "pa_pool_eligible_members",
@@ -370,5 +440,31 @@ impl PoolSnapshot {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(id: &str) -> PoolId {
+        PoolId::parse(id).expect("a valid pool id")
+    }
+
+    #[test]
+    fn named_pools_have_series_and_no_other_pool_takes_a_place() {
+        let snapshot = PoolSnapshot::new(2, vec![pool("named")]);
+        assert_eq!(snapshot.label(&pool("named"), false), "named");
+        assert_eq!(snapshot.label(&pool("other"), true), OTHER_POOL);
+    }
+
+    #[test]
+    fn without_names_the_first_pools_assigned_from_take_the_places() {
+        let snapshot = PoolSnapshot::new(2, Vec::new());
+        assert_eq!(snapshot.label(&pool("unknown"), false), OTHER_POOL);
+        assert_eq!(snapshot.label(&pool("first"), true), "first");
+        assert_eq!(snapshot.label(&pool("second"), true), "second");
+        assert_eq!(snapshot.label(&pool("third"), true), OTHER_POOL);
+        assert_eq!(snapshot.label(&pool("first"), false), "first");
     }
 }

@@ -115,7 +115,10 @@ impl Application {
     ) -> Result<Self, StartupError> {
         let open_files = open_file_limit();
         crate::monitoring::prometheus();
-        let snapshot = PoolSnapshot::default();
+        let snapshot = PoolSnapshot::new(
+            usize::try_from(config.metrics_max_pools).unwrap_or(usize::MAX),
+            config.metrics_pools.clone(),
+        );
         let state = AppState {
             store: Arc::clone(&store),
             tokens: Arc::new(tokens),

@@ -68,6 +68,22 @@ pub const SWEEP_BATCH: u64 = 256;
 /// It keeps the assign step short; the background sweep returns the rest.
 pub const RETURN_ON_ASSIGN: u64 = 16;
 
+/// Most pools one call of [`Store::sweep`] sweeps; pools due beyond that wait for the next
+/// call, earliest first.
+pub const SWEEP_POOLS_PER_CALL: usize = 4_096;
+
+/// Registered pools the Redis store's safety net looks at per sweep (see the key layout in
+/// `store/redis/keys.rs`): a walk of the registry at this pace repairs what a replica that
+/// died between a script and its index update left behind, and adopts pools written before
+/// the indexes existed. Each costs two scripts, so an idle replica's sweep costs the same
+/// few commands whatever the number of pools.
+pub const SAFETY_NET_POOLS_PER_SWEEP: usize = 4;
+
+/// How long a pool handed out by [`Store::due_check_pools`] is withheld from other
+/// replicas: the time a replica has to claim its round, and the longest a replica that
+/// died in between delays the pool's checks.
+pub const CHECK_CLAIM_HOLD: Duration = Duration::from_secs(60);
+
 /// Most members one check round probes: a pool larger than this has the rest probed in
 /// later rounds as members change places.
 pub const MAX_PROBES_PER_ROUND: u64 = 10_000;
@@ -179,6 +195,15 @@ pub struct PoolStats {
     /// Times a cooling-down member came back by itself (end of cooldown or a passing
     /// check); operator enables are not counted.
     pub recovered: u64,
+}
+
+/// One page of a pool listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolPage {
+    /// Pools ordered by id.
+    pub pools: Vec<PoolInfo>,
+    /// The last pool of this page when more follow: the next page starts after it.
+    pub next: Option<PoolId>,
 }
 
 /// Whether a pool was created or an existing one updated.
@@ -536,8 +561,11 @@ pub trait Store: Send + Sync + 'static {
         ttl: Option<LeaseTtl>,
     ) -> Result<Renewed, StoreError>;
 
-    /// Reclaims every expired lease and returns every member whose cooldown has ended, in
-    /// every pool. Run periodically so that pools nobody assigns from are kept too.
+    /// Reclaims expired leases and returns members whose cooldown has ended, in the pools
+    /// that have such work due, found through the store's due index rather than by reading
+    /// every pool: at most [`SWEEP_POOLS_PER_CALL`] pools, plus on Redis the few pools of
+    /// the safety net (see the key layout in `store/redis/keys.rs`). Run periodically so
+    /// that pools nobody assigns from are kept too.
     async fn sweep(&self) -> Result<Swept, StoreError>;
 
     /// Applies outcome reports in order (see [`ReportSource`] for who may move what).
@@ -549,9 +577,16 @@ pub trait Store: Send + Sync + 'static {
         reports: &[Report],
     ) -> Result<ReportSummary, StoreError>;
 
+    /// Pools with checks whose next round is due, at most `limit`, earliest first. Each is
+    /// held for this replica for [`CHECK_CLAIM_HOLD`] (other replicas are not given it
+    /// meanwhile) and rescheduled by [`Store::claim_check_round`]; pools whose checks were
+    /// switched off are no longer listed. Reads only what is due, not every pool.
+    async fn due_check_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError>;
+
     /// Claims the pool's next check round for `interval`: `None` when another replica (or
     /// this one) already ran a round less than `interval` ago. Lists at most
-    /// [`MAX_PROBES_PER_ROUND`] members.
+    /// [`MAX_PROBES_PER_ROUND`] members. Either way the pool's next round is scheduled for
+    /// when this claim (or the one that holds the round) ends.
     async fn claim_check_round(
         &self,
         pool: &PoolId,
@@ -568,8 +603,17 @@ pub trait Store: Send + Sync + 'static {
     /// One pool's configuration and numbers.
     async fn pool(&self, pool: &PoolId) -> Result<PoolInfo, StoreError>;
 
-    /// Every pool, ordered by id.
-    async fn pools(&self) -> Result<Vec<PoolInfo>, StoreError>;
+    /// One page of pools ordered by id: at most `limit` of those whose id starts with
+    /// `prefix` (every pool with `""`), after `after` when given. Reads only that page.
+    async fn pool_page(
+        &self,
+        prefix: &str,
+        after: Option<&PoolId>,
+        limit: usize,
+    ) -> Result<PoolPage, StoreError>;
+
+    /// How many pools exist (one command on Redis, whatever the number).
+    async fn pool_count(&self) -> Result<u64, StoreError>;
 
     /// Removes the pool and everything it holds.
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError>;

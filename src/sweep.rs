@@ -1,5 +1,6 @@
 //! The background sweep: reclaims expired leases and returns members whose cooldown has
-//! ended, in every pool, at a fixed interval.
+//! ended, at a fixed interval, in the pools the store's due index says have such work due
+//! (never by reading every pool).
 //!
 //! Assigns reclaim a few expired leases and return a few due members of their own pool,
 //! but a pool nobody assigns from would keep its abandoned leases (and its members'
@@ -15,7 +16,7 @@ use tokio::time::MissedTickBehavior;
 
 use crate::store::{Store, Swept};
 
-/// Sweeps every pool each `interval` until `stop` completes. A sweep that fails (the store
+/// Sweeps the due pools each `interval` until `stop` completes. A sweep that fails (the store
 /// is down) is logged once when failures start and once when they stop, not every tick.
 pub async fn run(store: Arc<dyn Store>, interval: Duration, stop: impl Future<Output = ()>) {
     let mut ticks = tokio::time::interval(interval);

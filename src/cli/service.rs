@@ -154,24 +154,41 @@ impl Service {
 
     /// Every member of a pool in `state`, following the listing's pages.
     pub async fn all_members(&self, pool: &PoolId, state: &str) -> Result<Vec<Value>, Failure> {
-        let mut members = Vec::new();
+        let query = vec![("state", state.to_owned()), ("limit", PAGE.to_string())];
+        self.all_pages(&format!("/pools/{pool}/members"), query, "members")
+            .await
+    }
+
+    /// Every pool, following the listing's pages.
+    pub async fn all_pools(&self) -> Result<Vec<Value>, Failure> {
+        self.all_pages("/pools", vec![("limit", PAGE.to_string())], "pools")
+            .await
+    }
+
+    /// Every entry under `key` of a paginated listing at `path`, page after page.
+    async fn all_pages(
+        &self,
+        path: &str,
+        query: Vec<(&str, String)>,
+        key: &str,
+    ) -> Result<Vec<Value>, Failure> {
+        let mut entries = Vec::new();
         let mut cursor = String::new();
         loop {
-            let mut query = vec![("state", state.to_owned()), ("limit", PAGE.to_string())];
+            let mut query = query.clone();
             if !cursor.is_empty() {
                 query.push(("cursor", cursor.clone()));
             }
-            let path = format!("/pools/{pool}/members");
             let (_, answer) = self
-                .send_with_query(Method::GET, &path, &query, Body::None)
+                .send_with_query(Method::GET, path, &query, Body::None)
                 .await?;
-            let answer = answer.ok_or_else(|| self.empty(&path))?;
-            if let Some(page) = answer["members"].as_array() {
-                members.extend(page.iter().cloned());
+            let answer = answer.ok_or_else(|| self.empty(path))?;
+            if let Some(page) = answer[key].as_array() {
+                entries.extend(page.iter().cloned());
             }
             match answer["next_cursor"].as_str() {
                 Some(next) if !next.is_empty() => cursor = next.to_owned(),
-                _ => return Ok(members),
+                _ => return Ok(entries),
             }
         }
     }

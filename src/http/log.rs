@@ -103,7 +103,8 @@ pub async fn log_request(
     response
 }
 
-/// Counts an assign under its pool — but only pools known to exist become label values.
+/// Counts an assign under its pool — but only pools with series of their own (see
+/// [`monitoring::PoolSnapshot`]) become label values.
 fn record_assign(
     state: &AppState,
     pool: Option<&PoolId>,
@@ -112,13 +113,20 @@ fn record_assign(
     seconds: f64,
 ) {
     let (outcome, label): (&'static str, _) = match (outcome, code) {
-        // The store has just said the pool exists.
-        ("assigned", _) => ("assigned", pool.map(|p| Cow::Borrowed(p.as_str()))),
-        ("empty", _) => ("empty", pool.map(|p| Cow::Borrowed(p.as_str()))),
+        // The store has just said the pool exists: it may take a place of its own.
+        ("assigned", _) => (
+            "assigned",
+            pool.map(|p| Cow::Owned(state.snapshot.label(p, true))),
+        ),
+        ("empty", _) => (
+            "empty",
+            pool.map(|p| Cow::Owned(state.snapshot.label(p, true))),
+        ),
         (_, Some("pool_not_found")) => ("not_found", None),
-        (_, Some("store_unavailable")) => {
-            ("error", pool.map(|p| Cow::Owned(state.snapshot.label(p))))
-        }
+        (_, Some("store_unavailable")) => (
+            "error",
+            pool.map(|p| Cow::Owned(state.snapshot.label(p, false))),
+        ),
         // Refused before the store was asked (bad id, token): not an assign.
         _ => return,
     };

@@ -3,13 +3,14 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
 use serde_json::json;
 
 use super::AppState;
 use super::auth::Admin;
 use super::error::ApiError;
-use super::extract::{JsonOrDefault, PoolPath};
-use crate::domain::{Policy, PoolConfig};
+use super::extract::{JsonOrDefault, PoolPath, Query};
+use crate::domain::{Policy, PoolConfig, PoolId};
 use crate::store::PutPool;
 
 /// Creates the pool (201) or replaces its configuration (200); fields left out take their
@@ -48,10 +49,52 @@ pub async fn get_pool(
     Ok(axum::Json(info).into_response())
 }
 
-/// Every pool with its numbers, ordered by id.
-pub async fn list_pools(_: Admin, State(state): State<AppState>) -> Result<Response, ApiError> {
-    let pools = state.store.pools().await?;
-    Ok(axum::Json(json!({ "pools": pools })).into_response())
+/// Largest page of a pool listing, and the page size when none is asked for.
+pub const MAX_POOL_PAGE: usize = 1_000;
+
+/// Query of `GET /pools`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolListQuery {
+    #[serde(default)]
+    limit: Option<usize>,
+    #[serde(default)]
+    cursor: Option<String>,
+    #[serde(default)]
+    prefix: Option<String>,
+}
+
+/// Pools with their numbers, ordered by id, one page at a time (only pools whose id
+/// starts with `prefix`, when given). The cursor is the last pool of the page before.
+pub async fn list_pools(
+    _: Admin,
+    State(state): State<AppState>,
+    Query(query): Query<PoolListQuery>,
+) -> Result<Response, ApiError> {
+    let limit = query.limit.unwrap_or(MAX_POOL_PAGE);
+    if !(1..=MAX_POOL_PAGE).contains(&limit) {
+        return Err(ApiError::InvalidQuery(format!(
+            "limit is between 1 and {MAX_POOL_PAGE}"
+        )));
+    }
+    let after = match query.cursor.as_deref() {
+        None | Some("") => None,
+        Some(text) => Some(PoolId::parse(text).map_err(|_| {
+            ApiError::InvalidQuery("cursor is not one this service issued".to_owned())
+        })?),
+    };
+    // A prefix is the start of a pool id: the same characters, possibly none.
+    let prefix = query.prefix.unwrap_or_default();
+    if !prefix.is_empty() && PoolId::parse(&prefix).is_err() {
+        return Err(ApiError::InvalidQuery(
+            "prefix is the start of a pool id".to_owned(),
+        ));
+    }
+    let page = state
+        .store
+        .pool_page(&prefix, after.as_ref(), limit)
+        .await?;
+    Ok(axum::Json(json!({ "pools": page.pools, "next_cursor": page.next })).into_response())
 }
 
 /// Removes the pool and all its state; assigns on it answer 404 from then on.

@@ -23,6 +23,7 @@
 //! jitter draw the operations used.
 
 mod codec;
+mod due;
 mod files;
 mod journal;
 mod recovery;
@@ -37,11 +38,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Assignment, CheckRound, Cursor, DisableReport, Effect, EnableReport, Health, LastCheck, Lease,
-    MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, PoolInfo, PoolStats, PutPool,
-    RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
-    ReportSummary, Restored, SWEEP_BATCH, Seed, SeedReport, StateFilter, Store, StoreError,
-    StoreStatus, Swept,
+    Assignment, CHECK_CLAIM_HOLD, CheckRound, Cursor, DisableReport, Effect, EnableReport, Health,
+    LastCheck, Lease, MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, PoolInfo,
+    PoolPage, PoolStats, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed,
+    Report, ReportSource, ReportSummary, Restored, SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed,
+    SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 use crate::domain::{
     LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId, RestorePolicy,
@@ -49,6 +50,7 @@ use crate::domain::{
 };
 
 use self::codec::{MemberImage, PoolImage};
+use self::due::DueIndex;
 use self::journal::{Buffer, Disk};
 use super::chunks::{ChunkSizer, MemberChunks};
 
@@ -66,6 +68,10 @@ pub struct EmbeddedStore {
 #[derive(Debug, Default)]
 struct Inner {
     pools: BTreeMap<PoolId, Pool>,
+    /// Pools by when their next lease expires or member returns: what the sweep visits.
+    sweep_due: DueIndex,
+    /// Pools with checks by when their next round is due: what the checker visits.
+    checks_due: DueIndex,
     /// With a data directory: records of whole operations not yet taken by the writer.
     journal: Option<Buffer>,
     /// Why every operation is refused from now on: the store was closed, or its disk
@@ -451,6 +457,13 @@ impl Pool {
     }
 
     /// How long until the earliest return, when nothing is eligible.
+    /// When the pool's next lease expires or member returns, if ever.
+    fn next_due(&self) -> Option<Timestamp> {
+        let lease = self.expiry.first().map(|(at, _)| *at);
+        let back = self.returns.first().map(|(at, _)| *at);
+        lease.into_iter().chain(back).min()
+    }
+
     fn next_return(&self, now: Timestamp) -> Option<Duration> {
         self.returns
             .first()
@@ -733,11 +746,19 @@ impl EmbeddedStore {
     /// crash, which is dropped with a warning).
     pub fn open(options: DataDirOptions) -> Result<Self, OpenError> {
         let recovered = recovery::recover(&options)?;
-        let inner = Arc::new(Mutex::new(Inner {
+        let mut inner = Inner {
             pools: recovered.pools,
-            journal: None,
-            refused: None,
-        }));
+            ..Inner::default()
+        };
+        // The indexes are not on disk: one pass over the recovered pools rebuilds them.
+        let now = Timestamp::now();
+        for (id, p) in &inner.pools {
+            inner.sweep_due.set(id, p.next_due());
+            if p.config.health.check.is_some() {
+                inner.checks_due.set(id, Some(now));
+            }
+        }
+        let inner = Arc::new(Mutex::new(inner));
         let disk = Disk::start(&inner, options, recovered.disk)?;
         Ok(Self {
             inner,
@@ -780,9 +801,16 @@ impl EmbeddedStore {
         f: impl FnOnce(&mut Pool, Option<&mut Buffer>) -> T,
     ) -> Result<(T, Option<u64>), StoreError> {
         let mut inner = self.lock()?;
-        let Inner { pools, journal, .. } = &mut *inner;
+        let Inner {
+            pools,
+            journal,
+            sweep_due,
+            ..
+        } = &mut *inner;
         let p = pools.get_mut(pool).ok_or(StoreError::PoolNotFound)?;
         let value = f(p, journal.as_mut());
+        // Whatever the operation scheduled or ended, the sweep finds the pool at its time.
+        sweep_due.set(pool, p.next_due());
         Ok((value, finish(journal.as_mut(), pool, p)))
     }
 
@@ -946,12 +974,14 @@ impl Store for EmbeddedStore {
 
     async fn sweep(&self) -> Result<Swept, StoreError> {
         let now = Timestamp::now();
-        let ids: Vec<PoolId> = self.lock()?.pools.keys().cloned().collect();
+        // Only the pools the index says are due, taken out of it; `with_pool` puts each back
+        // at its next due time after every step.
+        let due = self.lock()?.sweep_due.take_due(now, SWEEP_POOLS_PER_CALL);
         let mut swept = Swept::default();
         let mut end = None;
         // One pool at a time, at most SWEEP_BATCH leases and returns per turn of the lock,
         // as on Redis: a pool with a large backlog never holds the lock for long.
-        for id in &ids {
+        for id in &due {
             loop {
                 let step = match self.with_pool(id, |p, _| Swept {
                     reclaimed: p.reclaim_expired(now, SWEEP_BATCH),
@@ -961,7 +991,7 @@ impl Store for EmbeddedStore {
                         end = step_end.or(end);
                         step
                     }
-                    // Deleted since the listing.
+                    // Deleted since it was taken from the index.
                     Err(StoreError::PoolNotFound) => break,
                     Err(error) => return Err(error),
                 };
@@ -1000,6 +1030,19 @@ impl Store for EmbeddedStore {
         self.settle(answer, Change::Counts).await
     }
 
+    async fn due_check_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError> {
+        let mut inner = self.lock()?;
+        let now = Timestamp::now();
+        let hold = u64::try_from(CHECK_CLAIM_HOLD.as_millis()).unwrap_or(u64::MAX);
+        let due = inner.checks_due.take_due(now, limit);
+        for pool in &due {
+            inner
+                .checks_due
+                .set(pool, Some(Timestamp(now.0.saturating_add(hold))));
+        }
+        Ok(due)
+    }
+
     async fn claim_check_round(
         &self,
         pool: &PoolId,
@@ -1007,11 +1050,12 @@ impl Store for EmbeddedStore {
     ) -> Result<Option<CheckRound>, StoreError> {
         let answer = self.with_pool(pool, |p, _| {
             let now = Timestamp::now();
-            if p.check_round_until.is_some_and(|until| until > now) {
-                return None;
+            if let Some(until) = p.check_round_until.filter(|until| *until > now) {
+                return (None, until);
             }
             let millis = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
-            p.check_round_until = Some(Timestamp(now.0.saturating_add(millis.max(1))));
+            let until = Timestamp(now.0.saturating_add(millis.max(1)));
+            p.check_round_until = Some(until);
             p.changes.pool = true;
             let limit = usize::try_from(MAX_PROBES_PER_ROUND).unwrap_or(usize::MAX);
             let eligible: Vec<MemberId> = p
@@ -1027,15 +1071,28 @@ impl Store for EmbeddedStore {
                 .take(limit - eligible.len())
                 .map(|(_, m)| m.clone())
                 .collect();
-            Some(CheckRound { eligible, cooling })
+            (Some(CheckRound { eligible, cooling }), until)
         })?;
-        self.settle(answer, Change::Counts).await
+        let ((round, next_round), end) = answer;
+        {
+            // Only a pool still indexed: one whose checks were switched off stays out.
+            let mut inner = self.lock()?;
+            if inner.checks_due.get(pool).is_some() {
+                inner.checks_due.set(pool, Some(next_round));
+            }
+        }
+        self.settle((round, end), Change::Counts).await
     }
 
     async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError> {
         let answer = {
             let mut inner = self.lock()?;
-            let Inner { pools, journal, .. } = &mut *inner;
+            let Inner {
+                pools,
+                journal,
+                checks_due,
+                ..
+            } = &mut *inner;
             let put = if let Some(existing) = pools.get_mut(pool) {
                 let has_members = existing.eligible.len() + existing.ineligible.len() > 0;
                 if existing.config.policy != config.policy && has_members {
@@ -1049,7 +1106,11 @@ impl Store for EmbeddedStore {
             };
             let p = pools.get_mut(pool).ok_or(StoreError::PoolNotFound)?;
             p.changes.pool = true;
-            (put, finish(journal.as_mut(), pool, p))
+            let end = finish(journal.as_mut(), pool, p);
+            // A pool with checks is due for a round now; one without leaves the index.
+            let round = config.health.check.as_ref().map(|_| Timestamp::now());
+            checks_due.set(pool, round);
+            (put, end)
         };
         self.settle(answer, Change::Durable).await
     }
@@ -1058,19 +1119,44 @@ impl Store for EmbeddedStore {
         Ok(self.with_pool(pool, |p, _| p.info(pool))?.0)
     }
 
-    async fn pools(&self) -> Result<Vec<PoolInfo>, StoreError> {
-        Ok(self
-            .lock()?
+    async fn pool_page(
+        &self,
+        prefix: &str,
+        after: Option<&PoolId>,
+        limit: usize,
+    ) -> Result<PoolPage, StoreError> {
+        use std::ops::Bound;
+        let inner = self.lock()?;
+        let start = match after {
+            Some(after) if after.as_str() >= prefix => Bound::Excluded(after.as_str()),
+            _ => Bound::Included(prefix),
+        };
+        let mut pools: Vec<PoolInfo> = inner
             .pools
-            .iter()
+            .range::<str, _>((start, Bound::Unbounded))
+            .take_while(|(id, _)| id.as_str().starts_with(prefix))
+            .take(limit.saturating_add(1))
             .map(|(id, p)| p.info(id))
-            .collect())
+            .collect();
+        let next = if pools.len() > limit {
+            pools.truncate(limit);
+            pools.last().map(|info| info.pool.clone())
+        } else {
+            None
+        };
+        Ok(PoolPage { pools, next })
+    }
+
+    async fn pool_count(&self) -> Result<u64, StoreError> {
+        Ok(u64::try_from(self.lock()?.pools.len()).unwrap_or(u64::MAX))
     }
 
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError> {
         let (removed, end) = {
             let mut inner = self.lock()?;
             let removed = inner.pools.remove(pool).ok_or(StoreError::PoolNotFound)?;
+            inner.sweep_due.set(pool, None);
+            inner.checks_due.set(pool, None);
             let end = inner.journal.as_mut().map(|journal| {
                 journal.pool_deleted(pool);
                 journal.end()

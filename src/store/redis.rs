@@ -75,6 +75,15 @@ pub struct RedisStore {
     scripts: Arc<Scripts>,
     /// The chunk sizes of the member operations, learned from their round trips.
     chunks: Arc<super::chunks::MemberChunks>,
+    /// Where this replica's walk of the pool registry (the due index's safety net) goes on.
+    registry_walk: Arc<std::sync::Mutex<RegistryWalk>>,
+}
+
+/// A replica's walk of the pool registry: the last pool it looked at (`None`: the walk
+/// starts at the first).
+#[derive(Debug, Default)]
+struct RegistryWalk {
+    last: Option<crate::domain::PoolId>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -106,9 +115,13 @@ impl RedisStore {
             timeout: options.timeout,
             scripts: Arc::new(Scripts::new()),
             chunks: Arc::default(),
+            registry_walk: Arc::default(),
         };
         if let Err(error) = store.load_scripts().await {
             tracing::warn!(%error, "could not load the scripts at startup; they load on first use");
+        }
+        if let Err(error) = store.adopt_legacy_registry().await {
+            tracing::warn!(%error, "could not copy the pool registry of an earlier version; trying again at the next start");
         }
         Ok(store)
     }

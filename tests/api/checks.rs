@@ -292,17 +292,19 @@ async fn two_instances_sharing_one_redis_run_a_pools_check_round_once() {
     let check = json!({"kind": "tcp", "interval_ms": 60000, "timeout_ms": 100});
     start_checks(&first, checked_pool(check, json!({})), &[&id]).await;
     await_member(&second, &id, |m| m.get("last_check").is_some()).await;
-    // Both instances tick every 50 ms: each asks for the round again after it ran, and
-    // neither gets it.
-    let marks = (first_spy.claims.mark(), second_spy.claims.mark());
+    // Both instances tick every 50 ms: each looks for due rounds again after it ran, and
+    // neither is handed the pool again, nor claims its round.
+    let marks = (first_spy.check_ticks.mark(), second_spy.check_ticks.mark());
     first_spy
-        .claims
-        .await_one_after(marks.0, "claim of the first instance")
+        .check_ticks
+        .await_one_after(marks.0, "check tick of the first instance")
         .await;
     second_spy
-        .claims
-        .await_one_after(marks.1, "claim of the second instance")
+        .check_ticks
+        .await_one_after(marks.1, "check tick of the second instance")
         .await;
+    let claims = first_spy.claims.mark() + second_spy.claims.mark();
+    assert_eq!(claims, 1, "claims of the pool's round by the two instances");
     let rounds = first_spy.rounds.load(Ordering::SeqCst) + second_spy.rounds.load(Ordering::SeqCst);
     assert_eq!(rounds, 1, "check rounds the two instances won");
     assert_eq!(proxy.connections.load(Ordering::SeqCst), 1);

@@ -757,3 +757,24 @@ async fn serve_help_names_every_service_option_with_its_environment_variable_and
         help.stdout
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_list_follows_every_page_of_the_pool_listing() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    // More pools than one page of the service's listing holds.
+    for i in 0..1_001 {
+        app.create_pool(&format!("p{i:04}"), json!({})).await;
+    }
+    let listed = run(&app, &["pools", "list", "--json"]).await;
+    assert_eq!((listed.code, listed.stderr.as_str()), (0, ""));
+    let listed: Value = serde_json::from_str(&listed.stdout).expect("JSON");
+    let pools = listed["pools"].as_array().expect("pools");
+    assert_eq!(pools.len(), 1_001);
+    assert_eq!(pools[1_000]["pool"], json!("p1000"));
+    let text = run(&app, &["pools", "list"]).await;
+    assert_eq!(
+        text.stdout.lines().count(),
+        1 + 1_001,
+        "a header and a line a pool"
+    );
+}

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use proxy_allocator::config::Config;
 use proxy_allocator::startup::Application;
@@ -572,4 +573,88 @@ macro_rules! for_each_store {
             )*
         }
     };
+}
+
+/// How long the background sweep alone takes to end abandoned work in two pools nobody
+/// assigns from, created here: in `leased` (least-in-flight, 300 ms leases) a worker takes
+/// a lease and crashes, and in `cooling` a member trips for a 300 ms cooldown. Returns how
+/// long after its start each ended: `(lease reclaimed, member back)`.
+pub async fn abandoned_work_ends(
+    app: &TestApp,
+    leased: &str,
+    cooling: &str,
+) -> (Duration, Duration) {
+    app.create_pool(
+        leased,
+        json!({"policy": "least-in-flight", "lease_ttl_ms": ABANDONED_WORK_MS}),
+    )
+    .await;
+    app.seed(leased, &["a"], Some(0)).await;
+    let cooldown = json!({"max_consecutive_failures": 1, "cooldown_ms": ABANDONED_WORK_MS,
+        "jitter_percent": 0});
+    app.create_pool(cooling, json!({ "health": cooldown }))
+        .await;
+    app.seed(cooling, &["a"], Some(0)).await;
+
+    let leased_at = Instant::now();
+    let (status, body) = app.assign(leased).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let tripped_at = Instant::now();
+    let (status, body) = app
+        .post_json(
+            &format!("/pools/{cooling}/outcomes"),
+            json!({"proxy": "a", "result": "failed"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["outcomes"][0]["effect"], json!("tripped"), "{body}");
+
+    let stats = |pool: &str| {
+        let path = format!("/pools/{pool}");
+        async move {
+            let (status, body) = app.get(&path).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            body["stats"].clone()
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut reclaimed, mut returned) = (None, None);
+    while reclaimed.is_none() || returned.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "still waiting after 10 s: lease reclaimed {reclaimed:?}, member back {returned:?}"
+        );
+        if reclaimed.is_none() {
+            let now = stats(leased).await;
+            if (&now["in_flight"], &now["abandoned"]) == (&json!(0), &json!(1)) {
+                reclaimed = Some(leased_at.elapsed());
+            }
+        }
+        if returned.is_none() {
+            let now = stats(cooling).await;
+            if (&now["eligible"], &now["recovered"]) == (&json!(1), &json!(1)) {
+                returned = Some(tripped_at.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    (reclaimed.unwrap_or_default(), returned.unwrap_or_default())
+}
+
+/// The lease ttl and the cooldown of [`abandoned_work_ends`], in milliseconds.
+pub const ABANDONED_WORK_MS: u64 = 300;
+
+/// Asserts that what [`abandoned_work_ends`] measured is within the promise, a ttl (or
+/// cooldown) plus one sweep interval, with slack for a loaded test machine.
+pub fn assert_abandoned_work_ended_on_time((reclaimed, returned): (Duration, Duration)) {
+    let promise = Duration::from_millis(ABANDONED_WORK_MS + SWEEP_INTERVAL_MS);
+    let slack = Duration::from_millis(400);
+    assert!(
+        reclaimed >= Duration::from_millis(ABANDONED_WORK_MS) && reclaimed <= promise + slack,
+        "the lease was reclaimed after {reclaimed:?}"
+    );
+    assert!(
+        returned >= Duration::from_millis(ABANDONED_WORK_MS) && returned <= promise + slack,
+        "the member came back after {returned:?}"
+    );
 }

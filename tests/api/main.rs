@@ -16,6 +16,7 @@ mod cli;
 mod concurrency;
 mod contract;
 mod deploy;
+mod due;
 mod health;
 mod import;
 mod large;

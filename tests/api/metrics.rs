@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use reqwest::{Client, Method, StatusCode};
 use serde_json::json;
 
@@ -147,13 +148,12 @@ async fn counters_have_exact_values_after_a_scripted_sequence_and_pool_labels_st
         .expect("imported");
     assert_eq!(imported.status(), StatusCode::OK);
 
-    // The per-pool gauges appear once the refresher has read the pools (imp came last).
+    // The per-pool gauges appear once the refresher has read the pools (imp came last). Only
+    // the pools assigned from have series of their own: imp was only imported into.
     let deadline = Instant::now() + Duration::from_secs(5);
     let (text, series) = loop {
         let (text, series) = scrape(&client, &base).await;
-        if series.get("pa_pool_eligible_members{pool=\"imp\"}") == Some(&1.0)
-            || Instant::now() > deadline
-        {
+        if series.get("pa_pools") == Some(&3.0) || Instant::now() > deadline {
             break (text, series);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -202,6 +202,8 @@ async fn counters_have_exact_values_after_a_scripted_sequence_and_pool_labels_st
         ("pa_import_lines_total{outcome=\"duplicate\"}", 1.0),
         ("pa_import_lines_total{outcome=\"private_address\"}", 1.0),
         ("pa_import_lines_total{outcome=\"unparsable\"}", 1.0),
+        ("pa_pools", 3.0),
+        ("pa_pools_with_series", 2.0),
     ];
     for (series_name, value) in expected {
         assert_eq!(
@@ -224,7 +226,7 @@ async fn counters_have_exact_values_after_a_scripted_sequence_and_pool_labels_st
         .collect();
     pools.sort_unstable();
     pools.dedup();
-    assert_eq!(pools, ["_other", "dry", "imp", "web"]);
+    assert_eq!(pools, ["_other", "dry", "web"]);
 
     // With Redis gone, the assign is an error, still labelled with its (known) pool.
     redis.kill();
@@ -305,4 +307,74 @@ async fn the_contract_is_served_at_openapi_yaml() {
     let on_disk = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml"))
         .expect("read");
     assert_eq!(served, on_disk);
+}
+
+/// Pools in the scale test of `/metrics`, and how many of them are assigned from.
+const MANY_POOLS: usize = 10_000;
+const ASSIGNED_POOLS: usize = 150;
+const MAX_POOLS: usize = 100;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_at_ten_thousand_pools_have_series_for_a_hundred_and_stay_under_200_kb() {
+    // The embedded store: the point is what the scrape holds, not where pools live.
+    let service = ServiceProcess::start(&[("METRICS_REFRESH_MS", "100".to_owned())]);
+    let base = service.base.clone();
+    let client = Client::new();
+    let created = futures_util::stream::iter(0..MANY_POOLS)
+        .map(|i| call(&client, Method::PUT, format!("{base}/pools/p{i:05}"), None))
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    assert!(created.iter().all(|s| *s == StatusCode::CREATED));
+    // The first pools assigned from take the hundred places; the last fifty count as _other.
+    for i in 0..ASSIGNED_POOLS {
+        let pool = format!("p{i:05}");
+        call(
+            &client,
+            Method::POST,
+            format!("{base}/pools/{pool}/members"),
+            Some(json!({"members": ["a"]})),
+        )
+        .await;
+        let assigned = call(
+            &client,
+            Method::POST,
+            format!("{base}/pools/{pool}/assign"),
+            None,
+        );
+        assert_eq!(assigned.await, StatusCode::OK);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (text, series) = loop {
+        let (text, series) = scrape(&client, &base).await;
+        let refreshed = series.get("pa_pools_with_series") == Some(&100.0)
+            && series.get("pa_pools") == Some(&10_000.0);
+        if refreshed || Instant::now() > deadline {
+            break (text, series);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(series.get("pa_pools"), Some(&10_000.0));
+    assert_eq!(series.get("pa_pools_with_series"), Some(&100.0));
+    let count = |prefix: &str| series.keys().filter(|k| k.starts_with(prefix)).count();
+    for gauge in [
+        "pa_pool_eligible_members{",
+        "pa_pool_ineligible_members{",
+        "pa_pool_in_flight{",
+        "pa_pool_min_assignments{",
+        "pa_pool_max_assignments{",
+        "pa_pool_assignments{",
+        "pa_pool_abandoned_leases{",
+        "pa_pool_health_trips{",
+        "pa_pool_health_returns{",
+    ] {
+        assert_eq!(count(gauge), MAX_POOLS, "{gauge}");
+    }
+    assert_eq!(count("pa_assigns_total{"), MAX_POOLS + 1);
+    let other = f64::from(u32::try_from(ASSIGNED_POOLS - MAX_POOLS).expect("small"));
+    assert_eq!(
+        series.get("pa_assigns_total{outcome=\"assigned\",pool=\"_other\"}"),
+        Some(&other)
+    );
+    assert!(text.len() < 200_000, "{} bytes", text.len());
 }

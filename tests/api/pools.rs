@@ -1,7 +1,7 @@
 //! Pool routes: create, update, read, list and delete.
 
 use reqwest::{Method, StatusCode};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::for_each_store;
 use crate::helpers::{TestApp, assert_error, read};
@@ -153,6 +153,69 @@ async fn get_pools_lists_every_pool_in_id_order(app: TestApp) {
     assert_eq!(pools[1]["stats"]["min_assignments"], json!(3));
 }
 
+/// The ids of a listing page and its cursor.
+async fn page(app: &TestApp, query: &str) -> (Vec<String>, Value) {
+    let (status, body) = app.get(&format!("/pools?{query}")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let ids = body["pools"]
+        .as_array()
+        .expect("pools")
+        .iter()
+        .map(|p| p["pool"].as_str().expect("id").to_owned())
+        .collect();
+    (ids, body["next_cursor"].clone())
+}
+
+async fn get_pools_pages_through_pools_with_a_cursor_and_finds_them_by_prefix(app: TestApp) {
+    for pool in ["web-3", "api", "web-1", "web-2", "webs", "zeta"] {
+        app.create_pool(pool, json!({})).await;
+    }
+    assert_eq!(
+        page(&app, "limit=2").await,
+        (vec!["api".to_owned(), "web-1".to_owned()], json!("web-1"))
+    );
+    assert_eq!(
+        page(&app, "limit=2&cursor=web-1").await,
+        (vec!["web-2".to_owned(), "web-3".to_owned()], json!("web-3"))
+    );
+    assert_eq!(
+        page(&app, "limit=2&cursor=web-3").await,
+        (vec!["webs".to_owned(), "zeta".to_owned()], Value::Null)
+    );
+    assert_eq!(
+        page(&app, "prefix=web-&limit=2").await,
+        (vec!["web-1".to_owned(), "web-2".to_owned()], json!("web-2"))
+    );
+    assert_eq!(
+        page(&app, "prefix=web-&limit=2&cursor=web-2").await,
+        (vec!["web-3".to_owned()], Value::Null)
+    );
+    // A cursor before the prefix starts at the prefix's first pool.
+    assert_eq!(
+        page(&app, "prefix=web&cursor=api").await,
+        (
+            vec![
+                "web-1".to_owned(),
+                "web-2".to_owned(),
+                "web-3".to_owned(),
+                "webs".to_owned()
+            ],
+            Value::Null
+        )
+    );
+    assert_eq!(page(&app, "prefix=nothing").await, (vec![], Value::Null));
+    for (query, code) in [
+        ("limit=0", "invalid_query"),
+        ("limit=1001", "invalid_query"),
+        ("cursor=bad%7Bid", "invalid_query"),
+        ("prefix=bad%7B", "invalid_query"),
+        ("page=2", "invalid_query"),
+    ] {
+        let (status, body) = app.get(&format!("/pools?{query}")).await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST, code);
+    }
+}
+
 async fn delete_removes_the_pool_and_assign_then_answers_404(app: TestApp) {
     app.create_pool("gone", json!({})).await;
     app.seed("gone", &["a"], None).await;
@@ -168,7 +231,7 @@ async fn delete_removes_the_pool_and_assign_then_answers_404(app: TestApp) {
     let (status, body) = app.assign("gone").await;
     assert_error(status, &body, StatusCode::NOT_FOUND, "pool_not_found");
     let (_, list) = app.get("/pools").await;
-    assert_eq!(list, json!({"pools": []}));
+    assert_eq!(list, json!({"pools": [], "next_cursor": null}));
     // Re-creating starts from nothing: the old members are gone with their counts.
     app.create_pool("gone", json!({})).await;
     assert_eq!(app.assign("gone").await.0, StatusCode::NO_CONTENT);
@@ -192,6 +255,33 @@ for_each_store!(
     get_pool_shows_configuration_and_stats,
     get_pool_of_an_empty_pool_has_null_min_and_max,
     get_pools_lists_every_pool_in_id_order,
+    get_pools_pages_through_pools_with_a_cursor_and_finds_them_by_prefix,
     delete_removes_the_pool_and_assign_then_answers_404,
     delete_of_an_unknown_pool_answers_404,
 );
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_registered_by_an_earlier_version_are_listed_once_a_replica_starts() {
+    let config = crate::helpers::test_config(Some(crate::helpers::shared_redis_url()));
+    let url = crate::helpers::shared_redis_url();
+    let earlier = TestApp::spawn_with(config.clone()).await;
+    for pool in ["b", "a"] {
+        earlier.create_pool(pool, json!({})).await;
+    }
+    // The registry as earlier versions kept it: a set, and no sorted set.
+    let prefix = &config.key_prefix;
+    crate::helpers::redis_cli(&url, &["DEL", &format!("{prefix}:pool_ids")]);
+    crate::helpers::redis_cli(&url, &["SADD", &format!("{prefix}:pools"), "a", "b"]);
+    let (ids, _) = page(&earlier, "").await;
+    assert_eq!(ids, Vec::<String>::new());
+
+    let started = TestApp::spawn_with(config.clone()).await;
+    assert_eq!(
+        page(&started, "").await,
+        (vec!["a".to_owned(), "b".to_owned()], Value::Null)
+    );
+    assert_eq!(
+        crate::helpers::redis_cli(&url, &["EXISTS", &format!("{prefix}:pools")]),
+        redis::Value::Int(0)
+    );
+}

@@ -58,7 +58,7 @@ async fn every_key_of_a_pool_carries_the_pool_as_its_hash_tag() {
     }
     // Only the registry lives outside the pool's slot.
     assert_eq!(keys.matches("{tagged}").count(), 4, "{keys}");
-    assert!(keys.contains(&format!("{prefix}:pools")), "{keys}");
+    assert!(keys.contains(&format!("{prefix}:pool_ids")), "{keys}");
 }
 
 #[tokio::test]

@@ -12,9 +12,9 @@ use async_trait::async_trait;
 use proxy_allocator::config::Config;
 use proxy_allocator::domain::{LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy};
 use proxy_allocator::store::{
-    Assignment, CheckRound, Cursor, DisableReport, EnableReport, MemberPage, PoolInfo, PutPool,
-    RemoveReport, Renewed, Report, ReportSource, ReportSummary, Seed, SeedReport, StateFilter,
-    Store, StoreError, StoreStatus, Swept,
+    Assignment, CheckRound, Cursor, DisableReport, EnableReport, MemberPage, PoolInfo, PoolPage,
+    PutPool, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Seed, SeedReport,
+    StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 
 use crate::helpers::TestApp;
@@ -64,6 +64,8 @@ pub struct Spy {
     inner: Arc<dyn Store>,
     /// Background sweeps.
     pub sweeps: Calls,
+    /// Looks into the index of due check rounds (one per check tick).
+    pub check_ticks: Calls,
     /// Check-round claims.
     pub claims: Calls,
     /// Leases the sweeps reclaimed.
@@ -80,6 +82,7 @@ impl Spy {
         Self {
             inner,
             sweeps: Calls::default(),
+            check_ticks: Calls::default(),
             claims: Calls::default(),
             reclaimed: AtomicU64::new(0),
             returned: AtomicU64::new(0),
@@ -161,6 +164,13 @@ impl Store for Spy {
         self.inner.report(pool, source, reports).await
     }
 
+    async fn due_check_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError> {
+        self.check_ticks.start();
+        let due = self.inner.due_check_pools(limit).await;
+        self.check_ticks.finish();
+        due
+    }
+
     async fn claim_check_round(
         &self,
         pool: &PoolId,
@@ -183,8 +193,17 @@ impl Store for Spy {
         self.inner.pool(pool).await
     }
 
-    async fn pools(&self) -> Result<Vec<PoolInfo>, StoreError> {
-        self.inner.pools().await
+    async fn pool_page(
+        &self,
+        prefix: &str,
+        after: Option<&PoolId>,
+        limit: usize,
+    ) -> Result<PoolPage, StoreError> {
+        self.inner.pool_page(prefix, after, limit).await
+    }
+
+    async fn pool_count(&self) -> Result<u64, StoreError> {
+        self.inner.pool_count().await
     }
 
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError> {

@@ -9,8 +9,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    NEVER_PER_ASSIGN, TestApp, command_calls, command_delta, redis_cli, test_config,
-    without_background_traffic,
+    NEVER_PER_ASSIGN, TestApp, abandoned_work_ends, assert_abandoned_work_ended_on_time,
+    command_calls, command_delta, redis_cli, test_config, without_background_traffic,
 };
 use crate::topology::RedisCluster;
 
@@ -307,4 +307,20 @@ async fn when_a_primary_dies_only_its_pools_answer_503_until_its_replica_takes_o
             json!({"status": "ready", "store": "redis", "topology": "cluster", "primaries": 3})
         )
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_and_cooldowns_end_on_time_in_pools_on_every_primary_nobody_assigns_from() {
+    let cluster = RedisCluster::start();
+    // The background sweep runs, unlike in `app_on`: it is what this test is about.
+    let mut config = test_config(None);
+    config.redis_cluster_urls = Some(cluster.seeds());
+    let app = TestApp::spawn_with(config).await;
+    let leased = pool_per_primary(&cluster, "leased");
+    let cooling = pool_per_primary(&cluster, "cooling");
+    // Each pool's keys live on its own primary; the due index lives on whichever serves
+    // its slot, so every index update crosses to another primary for two of the three.
+    for ((leased, _), (cooling, _)) in leased.iter().zip(&cooling) {
+        assert_abandoned_work_ended_on_time(abandoned_work_ends(&app, leased, cooling).await);
+    }
 }

@@ -19,7 +19,36 @@
 //! | `<prefix>:{<pool>}:checks` | hash | member -> `"<at_ms> <result>[/<latency_ms>] <detail>"`, its last active check |
 //! | `<prefix>:{<pool>}:check_round` | string with ttl | held by the replica running the pool's check round |
 //! | `<prefix>:{<pool>}:gone:<token>:<part>` | as its part | a deleted pool's key, renamed out of the way by `delete_pool.lua` and unlinked right after (see `operations.rs`) |
-//! | `<prefix>:pools` | set | pool ids, for listing; updated outside the pool scripts because it lives in another slot |
+//! | `<prefix>:pool_ids` | sorted set | the registry: pool ids, all at score 0 so that they sort by id (listing pages, prefix search, the safety net's walk); updated outside the pool scripts because it lives in another slot |
+//! | `<prefix>:pools` | set | the registry of earlier versions: copied into `pool_ids` and removed when a replica starts |
+//! | `<prefix>:due` | sorted set | the sweep's due index: pool id -> when its next lease expires or member returns (ms, Redis clock), never later |
+//! | `<prefix>:checks_due` | sorted set | the check index: pool id -> when its next check round is due (ms, Redis clock) |
+//!
+//! # The due index
+//! Background work finds pools through the two indexes instead of reading every pool, so an
+//! idle replica sends the same few commands whatever the number of pools. The indexes live
+//! in hash slots of their own, which no pool script may touch; they are kept by the service,
+//! next to the scripts, under these invariants:
+//! - A pool's meta field `due` is never later than its earliest lease expiry or return
+//!   (`due_by` in `leases.lua`; `sweep.lua` sets it to the exact time, or removes it).
+//! - The pool's entry in `<prefix>:due` is never later than its `due`: a script that moves
+//!   `due` earlier answers the new time (the hint, rare in steady state: later work leaves
+//!   `due` where it is) and the service lowers the entry with `ZADD LT`. The sweep takes due
+//!   pools out of the index (`claim_due.lua`), sweeps each and puts it back with `ZADD LT`
+//!   at the time `sweep.lua` answered; every write to the index only lowers an entry or adds
+//!   one, so a hint sent while a pool is being swept is never overwritten by a later time.
+//! - Entries may be early (a released lease leaves `due` and the entry where they were):
+//!   the sweep then finds nothing to do and moves them to the right time.
+//! - A replica that dies between a script and its hint, or between taking a pool from the
+//!   index and putting it back, leaves a pool whose entry is missing or late. Each sweep
+//!   therefore also sweeps a few registered pools, walking the registry in id order
+//!   ([`super::operations`]'s safety net), which puts each back into the index at its
+//!   exact time, and puts pools with checks into the check index unless they are there.
+//! - `<prefix>:checks_due` is set to "due now" by `PUT /pools/{pool}` with checks and
+//!   cleared by one without (and by a delete). The checker takes due pools with a hold
+//!   (`claim_due.lua`), and once a round is claimed (or found held by another replica) sets
+//!   the entry to when the next one may start (`ZADD XX`, so a pool whose checks were
+//!   switched off meanwhile is not put back).
 
 use redis::{RedisWrite, ToRedisArgs};
 
@@ -117,6 +146,21 @@ impl ToRedisArgs for PoolKeys<'_> {
 impl RedisStore {
     /// The registry of pool ids.
     pub(super) fn registry_key(&self) -> String {
+        format!("{}:pool_ids", self.prefix)
+    }
+
+    /// The registry of earlier versions, a set.
+    pub(super) fn legacy_registry_key(&self) -> String {
         format!("{}:pools", self.prefix)
+    }
+
+    /// The sweep's due index.
+    pub(super) fn due_key(&self) -> String {
+        format!("{}:due", self.prefix)
+    }
+
+    /// The check rounds' due index.
+    pub(super) fn checks_due_key(&self) -> String {
+        format!("{}:checks_due", self.prefix)
     }
 }

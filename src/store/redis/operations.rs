@@ -8,16 +8,17 @@ use redis::{Script, Value};
 
 use super::RedisStore;
 use super::reply::{
-    self, AssignReply, ClaimCheckReply, DeletePoolReply, DisableOutcome, DisableReply,
-    EnableOutcome, EnableReply, MembersReply, OutcomesReply, PoolInfoReply, PutPoolReply,
-    ReleaseReply, RemoveReply, RenewReply, SeedOutcome, SeedReply, SweepReply,
+    self, AssignReply, ClaimCheckReply, ClaimDueReply, DeletePoolReply, DisableOutcome,
+    DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply, PoolInfoReply,
+    PutPoolReply, ReleaseReply, RemoveReply, RenewReply, SeedOutcome, SeedReply, SweepReply,
 };
 use crate::domain::{LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy};
 use crate::store::{
     Assignment, CheckRound, Cursor, DisableReport, EnableReport, Lease, MAX_PROBES_PER_ROUND,
-    MemberPage, PoolInfo, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed,
-    Report, ReportSource, ReportSummary, Restored, SWEEP_BATCH, Seed, SeedReport, StateFilter,
-    Store, StoreError, StoreStatus, Swept,
+    MemberPage, PoolInfo, PoolPage, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport,
+    Renewed, Report, ReportSource, ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP,
+    SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed, SeedReport, StateFilter, Store, StoreError,
+    StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
@@ -32,34 +33,181 @@ const LISTING_PIECE: usize = 250;
 /// Most steps one sweep runs on one pool, so that a sweep always ends.
 const MAX_SWEEP_STEPS: u64 = 64;
 
+/// Most pools one take from the sweep's due index hands out; a sweep takes again while
+/// takes come back full, up to [`SWEEP_POOLS_PER_CALL`].
+const DUE_TAKE: usize = 512;
+
 impl RedisStore {
-    /// Every registered pool id, in id order.
-    async fn pool_ids(&self) -> Result<Vec<PoolId>, StoreError> {
-        let mut smembers = redis::cmd("SMEMBERS");
-        smembers.arg(self.registry_key());
-        reply::pool_ids(self.command(smembers).await?)
+    /// Takes up to `limit` due pools from the index at `key`, holding them for `hold`
+    /// (removing them with a zero hold).
+    async fn take_due(
+        &self,
+        key: &str,
+        limit: usize,
+        hold: Duration,
+    ) -> Result<Vec<PoolId>, StoreError> {
+        let limit = limit.to_string();
+        let hold = hold.as_millis().to_string();
+        let value = self
+            .eval_on(
+                &self.scripts.claim_due,
+                key,
+                &[limit.as_bytes(), hold.as_bytes()],
+            )
+            .await?;
+        ClaimDueReply::decode(value).map(|ClaimDueReply(pools)| pools)
+    }
+
+    /// Sets `pool`'s entry in the index at `key` to `at` with `flag` (`LT`: lower or add;
+    /// `XX`: only when present; `NX`: only when absent).
+    async fn index(&self, key: &str, flag: &str, pool: &PoolId, at: u64) -> Result<(), StoreError> {
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(key).arg(flag).arg(at).arg(pool.as_str());
+        self.command(zadd).await.map(drop)
+    }
+
+    /// Removes `pool` from the index at `key`.
+    async fn unindex(&self, key: &str, pool: &PoolId) -> Result<(), StoreError> {
+        let mut zrem = redis::cmd("ZREM");
+        zrem.arg(key).arg(pool.as_str());
+        self.command(zrem).await.map(drop)
+    }
+
+    /// Lowers `pool`'s entry in the sweep's due index to a script's hint.
+    async fn hint_due(&self, pool: &PoolId, hint: Option<u64>) -> Result<(), StoreError> {
+        match hint {
+            Some(at) => self.index(&self.due_key(), "LT", pool, at).await,
+            None => Ok(()),
+        }
+    }
+
+    /// One step of the safety net: the next [`SAFETY_NET_POOLS_PER_SWEEP`] pools of the
+    /// registry are swept (which writes their exact `due` and puts them into the due index)
+    /// and, when they have checks, put into the check index unless they are there already.
+    async fn safety_net(&self) -> Result<Swept, StoreError> {
+        let pools = self.next_walked_pools().await?;
+        let mut swept = Swept::default();
+        for pool in pools {
+            swept = swept + self.sweep_pool(&pool).await?;
+            match self.pool(&pool).await {
+                Ok(info) if info.config.health.check.is_some() => {
+                    self.index(&self.checks_due_key(), "NX", &pool, 0).await?;
+                }
+                Ok(_) | Err(StoreError::PoolNotFound) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(swept)
+    }
+
+    /// The next [`SAFETY_NET_POOLS_PER_SWEEP`] pools of this replica's walk of the
+    /// registry, in id order, going on from the first after the last.
+    async fn next_walked_pools(&self) -> Result<Vec<PoolId>, StoreError> {
+        let last = self.walk().last.clone();
+        let mut pools = self
+            .registry_range("", last.as_ref(), SAFETY_NET_POOLS_PER_SWEEP)
+            .await?;
+        if pools.len() < SAFETY_NET_POOLS_PER_SWEEP && last.is_some() {
+            // The end of the registry: the walk starts over at the first pool.
+            let more = SAFETY_NET_POOLS_PER_SWEEP - pools.len();
+            pools.extend(self.registry_range("", None, more).await?);
+        }
+        self.walk().last = pools.last().cloned();
+        Ok(pools)
+    }
+
+    /// Up to `limit` registered pool ids starting with `prefix`, after `after` when given,
+    /// in id order: one `ZRANGE ... BYLEX`.
+    async fn registry_range(
+        &self,
+        prefix: &str,
+        after: Option<&PoolId>,
+        limit: usize,
+    ) -> Result<Vec<PoolId>, StoreError> {
+        let min = match after {
+            Some(after) if after.as_str() >= prefix => format!("({after}"),
+            _ => format!("[{prefix}"),
+        };
+        // Pool ids are ASCII: no id that starts with the prefix sorts after `prefix\xff`.
+        let mut max = b"[".to_vec();
+        max.extend_from_slice(prefix.as_bytes());
+        max.push(0xff);
+        let mut zrange = redis::cmd("ZRANGE");
+        zrange
+            .arg(self.registry_key())
+            .arg(min)
+            .arg(if prefix.is_empty() {
+                b"+".to_vec()
+            } else {
+                max
+            })
+            .arg("BYLEX")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit);
+        reply::pool_ids(self.command(zrange).await?)
+    }
+
+    /// Copies the registry of an earlier version (a set) into this one's and removes it,
+    /// a thousand pools a command: pools created by replicas of that version are listed,
+    /// walked and counted from then on.
+    pub(super) async fn adopt_legacy_registry(&self) -> Result<(), StoreError> {
+        let legacy = self.legacy_registry_key();
+        let mut cursor = 0;
+        loop {
+            let mut sscan = redis::cmd("SSCAN");
+            sscan.arg(&legacy).arg(cursor).arg("COUNT").arg(1_000);
+            let (next, pools) = reply::registry_page(self.command(sscan).await?)?;
+            if !pools.is_empty() {
+                let mut zadd = redis::cmd("ZADD");
+                zadd.arg(self.registry_key());
+                for pool in &pools {
+                    zadd.arg(0).arg(pool.as_str());
+                }
+                self.command(zadd).await?;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        let mut unlink = redis::cmd("UNLINK");
+        unlink.arg(&legacy);
+        self.command(unlink).await.map(drop)
+    }
+
+    fn walk(&self) -> std::sync::MutexGuard<'_, super::RegistryWalk> {
+        // The walk is a position and a queue: a panic elsewhere cannot leave it torn.
+        self.registry_walk
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Sweep steps on one pool until it has no expired lease and no due return left (or
-    /// the step budget is spent; the next sweep goes on).
+    /// the step budget is spent; the next sweep goes on), then puts the pool back into the
+    /// due index at its next due time.
     async fn sweep_pool(&self, pool: &PoolId) -> Result<Swept, StoreError> {
         let batch = SWEEP_BATCH.to_string();
         let mut swept = Swept::default();
+        let mut next_due = None;
         for _ in 0..MAX_SWEEP_STEPS {
             let value = self
                 .eval(&self.scripts.sweep, pool, &[batch.as_bytes()])
                 .await?;
             let step = match SweepReply::decode(value) {
-                Ok(SweepReply(step)) => step,
-                // Deleted between the listing and the step.
-                Err(StoreError::PoolNotFound) => Swept::default(),
+                Ok(step) => step,
+                // Deleted since it was indexed: it leaves the index.
+                Err(StoreError::PoolNotFound) => return Ok(swept),
                 Err(e) => return Err(e),
             };
-            swept = swept + step;
-            if step.reclaimed < SWEEP_BATCH && step.returned < SWEEP_BATCH {
+            swept = swept + step.swept;
+            next_due = step.next_due;
+            if step.swept.reclaimed < SWEEP_BATCH && step.swept.returned < SWEEP_BATCH {
                 break;
             }
         }
+        // `LT`: a hint sent since the step may already have put an earlier time there.
+        self.hint_due(pool, next_due).await?;
         Ok(swept)
     }
 
@@ -154,16 +302,20 @@ impl Store for RedisStore {
                 in_flight,
                 expires_at,
                 ttl_ms,
-            } => Assignment::Leased {
-                member,
-                assignments,
-                in_flight,
-                lease: Lease {
-                    id,
-                    expires_at,
-                    ttl_ms,
-                },
-            },
+                due_hint,
+            } => {
+                self.hint_due(pool, due_hint).await?;
+                Assignment::Leased {
+                    member,
+                    assignments,
+                    in_flight,
+                    lease: Lease {
+                        id,
+                        expires_at,
+                        ttl_ms,
+                    },
+                }
+            }
         })
     }
 
@@ -199,13 +351,46 @@ impl Store for RedisStore {
     }
 
     async fn sweep(&self) -> Result<Swept, StoreError> {
-        let pools = self.pool_ids().await?;
-        // Issued together so that they travel pipelined on the shared connection.
-        let swept =
-            futures_util::future::join_all(pools.iter().map(|pool| self.sweep_pool(pool))).await;
-        swept
-            .into_iter()
-            .try_fold(Swept::default(), |sum, pool| Ok(sum + pool?))
+        let key = self.due_key();
+        let mut swept = Swept::default();
+        let mut taken = 0;
+        let mut failed = None;
+        while taken < SWEEP_POOLS_PER_CALL {
+            let limit = DUE_TAKE.min(SWEEP_POOLS_PER_CALL - taken);
+            let pools = self.take_due(&key, limit, Duration::ZERO).await?;
+            taken += pools.len();
+            // Issued together so that they travel pipelined on the shared connection.
+            let steps =
+                futures_util::future::join_all(pools.iter().map(|pool| self.sweep_pool(pool)))
+                    .await;
+            for (pool, step) in pools.iter().zip(steps) {
+                match step {
+                    Ok(step) => swept = swept + step,
+                    Err(error) => {
+                        // Out of the index and not swept: put back as due now, so that the
+                        // next sweep (of any replica) tries again.
+                        let _ = self.index(&key, "LT", pool, 0).await;
+                        failed.get_or_insert(error);
+                    }
+                }
+            }
+            if pools.len() < limit {
+                break;
+            }
+        }
+        if let Some(error) = failed {
+            return Err(error);
+        }
+        Ok(swept + self.safety_net().await?)
+    }
+
+    async fn due_check_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError> {
+        self.take_due(
+            &self.checks_due_key(),
+            limit,
+            crate::store::CHECK_CLAIM_HOLD,
+        )
+        .await
     }
 
     async fn report(
@@ -234,7 +419,8 @@ impl Store for RedisStore {
             args.push(latency.as_bytes());
         }
         let value = self.eval(&self.scripts.outcomes, pool, &args).await?;
-        let OutcomesReply(outcomes) = OutcomesReply::decode(value, reports.len())?;
+        let OutcomesReply { outcomes, due_hint } = OutcomesReply::decode(value, reports.len())?;
+        self.hint_due(pool, due_hint).await?;
         let mut summary = ReportSummary::default();
         for (report, outcome) in reports.iter().zip(outcomes) {
             match outcome {
@@ -263,7 +449,10 @@ impl Store for RedisStore {
                 &[ms.as_bytes(), limit.as_bytes()],
             )
             .await?;
-        let ClaimCheckReply(round) = ClaimCheckReply::decode(value)?;
+        let ClaimCheckReply { round, next_round } = ClaimCheckReply::decode(value)?;
+        // `XX`: a pool whose checks were switched off since it was taken stays out.
+        self.index(&self.checks_due_key(), "XX", pool, next_round)
+            .await?;
         Ok(round)
     }
 
@@ -303,10 +492,17 @@ impl Store for RedisStore {
             PutPoolReply::Updated => false,
         };
         // The registry lives in another hash slot, so it is updated after the pool script.
-        // A crash in between leaves a pool that `pools()` does not list until its next PUT.
-        let mut sadd = redis::cmd("SADD");
-        sadd.arg(self.registry_key()).arg(pool.as_str());
-        self.command(sadd).await?;
+        // A crash in between leaves a pool that the listing does not show until its next PUT.
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(self.registry_key()).arg(0).arg(pool.as_str());
+        self.command(zadd).await?;
+        // A pool with checks is due for a round now (a round already held keeps its claim:
+        // see claim_check.lua); one without leaves the check index.
+        if config.health.check.is_some() {
+            self.index(&self.checks_due_key(), "LT", pool, 0).await?;
+        } else {
+            self.unindex(&self.checks_due_key(), pool).await?;
+        }
         Ok(if created {
             PutPool::Created
         } else {
@@ -325,8 +521,18 @@ impl Store for RedisStore {
         })
     }
 
-    async fn pools(&self) -> Result<Vec<PoolInfo>, StoreError> {
-        let ids = self.pool_ids().await?;
+    async fn pool_page(
+        &self,
+        prefix: &str,
+        after: Option<&PoolId>,
+        limit: usize,
+    ) -> Result<PoolPage, StoreError> {
+        // One more than a page tells whether more follow.
+        let mut ids = self
+            .registry_range(prefix, after, limit.saturating_add(1))
+            .await?;
+        let more = ids.len() > limit;
+        ids.truncate(limit);
         // Issued together so that they travel pipelined on the shared connection.
         let infos = futures_util::future::join_all(ids.iter().map(|id| self.pool(id))).await;
         let mut pools = Vec::with_capacity(infos.len());
@@ -338,7 +544,14 @@ impl Store for RedisStore {
                 Err(e) => return Err(e),
             }
         }
-        Ok(pools)
+        let next = if more { ids.pop() } else { None };
+        Ok(PoolPage { pools, next })
+    }
+
+    async fn pool_count(&self) -> Result<u64, StoreError> {
+        let mut zcard = redis::cmd("ZCARD");
+        zcard.arg(self.registry_key());
+        reply::pool_count(self.command(zcard).await?)
     }
 
     async fn delete_pool(&self, pool: &PoolId) -> Result<(), StoreError> {
@@ -349,9 +562,11 @@ impl Store for RedisStore {
         let value = self
             .eval_with(&self.scripts.delete_pool, pool, Some(&token), &[])
             .await?;
-        let mut srem = redis::cmd("SREM");
-        srem.arg(self.registry_key()).arg(pool.as_str());
-        self.command(srem).await?;
+        let mut zrem = redis::cmd("ZREM");
+        zrem.arg(self.registry_key()).arg(pool.as_str());
+        self.command(zrem).await?;
+        // Its entry in the sweep's index goes at its next sweep, which finds no pool.
+        self.unindex(&self.checks_due_key(), pool).await?;
         let DeletePoolReply { graveyard } = DeletePoolReply::decode(value)?;
         let graveyard = graveyard.ok_or(StoreError::PoolNotFound)?;
         if !graveyard.is_empty() {

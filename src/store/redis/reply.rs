@@ -110,6 +110,11 @@ impl Items {
         count(&self.next()?)
     }
 
+    /// A time in ms on Redis's clock, `0` standing for none.
+    fn due_time(&mut self) -> Read<Option<u64>> {
+        self.count().map(|ms| (ms > 0).then_some(ms))
+    }
+
     fn member(&mut self) -> Read<MemberId> {
         string(self.next()?).map(MemberId::from_stored)
     }
@@ -151,12 +156,15 @@ pub(super) enum AssignReply {
         expires_at: Timestamp,
         /// The ttl it was given.
         ttl_ms: LeaseTtl,
+        /// The pool's new earliest due time when this lease moved it earlier (the hint for
+        /// the due index, see `keys.rs`).
+        due_hint: Option<u64>,
     },
 }
 
 impl AssignReply {
     /// Decodes `{-1}`, `{0}`, `{0, ms}`, `{1, member, assignments}` or
-    /// `{2, member, assignments, in_flight, expires_ms, ttl_ms}`.
+    /// `{2, member, assignments, in_flight, expires_ms, ttl_ms, due hint}`.
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
         decode("assign.lua", value, |value| {
             let mut items = Items::new(value)?;
@@ -181,6 +189,7 @@ impl AssignReply {
                     in_flight: items.count()?,
                     expires_at: Timestamp(items.count()?),
                     ttl_ms: lease_ttl(items.count()?)?,
+                    due_hint: items.due_time()?,
                 },
                 _ => return Err("unknown status".into()),
             };
@@ -631,12 +640,17 @@ impl RenewReply {
     }
 }
 
-/// `sweep.lua`: what one sweep step did in one pool.
+/// `sweep.lua`: what one sweep step did in one pool, and when its next work is due.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct SweepReply(pub(super) Swept);
+pub(super) struct SweepReply {
+    /// What the step did.
+    pub(super) swept: Swept,
+    /// When the pool's next lease expires or member returns (ms, Redis clock), if any.
+    pub(super) next_due: Option<u64>,
+}
 
 impl SweepReply {
-    /// Decodes `{-1}` or `{1, reclaimed, returned}`.
+    /// Decodes `{-1}` or `{1, reclaimed, returned, next due or 0}`.
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
         decode("sweep.lua", value, |value| {
             let mut items = Items::of_pool(value)?;
@@ -644,24 +658,33 @@ impl SweepReply {
                 reclaimed: items.count()?,
                 returned: items.count()?,
             };
+            let next_due = items.due_time()?;
             items.end()?;
-            Ok(Self(swept))
+            Ok(Self { swept, next_due })
         })
     }
 }
 
 /// `outcomes.lua`: per report, in request order, what it did and the member's failure
-/// streak after it; `None` for a member the pool does not have.
+/// streak after it; `None` for a member the pool does not have. With the pool's new earliest
+/// due time when a trip moved it earlier (the hint for the due index, see `keys.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct OutcomesReply(pub(super) Vec<Option<(Effect, u64)>>);
+pub(super) struct OutcomesReply {
+    /// Per report, what it did.
+    pub(super) outcomes: Vec<Option<(Effect, u64)>>,
+    /// The due index's hint.
+    pub(super) due_hint: Option<u64>,
+}
 
 impl OutcomesReply {
-    /// Decodes `{-1}` or `{1, {effect, streak, ...}}` with effect 0 = unknown,
-    /// 1 = counted, 2 = tripped, 3 = ignored, 4 = returned, for each of `asked` reports.
+    /// Decodes `{-1}` or `{1, {effect, streak, ...}, due hint or 0}` with effect
+    /// 0 = unknown, 1 = counted, 2 = tripped, 3 = ignored, 4 = returned, for each of
+    /// `asked` reports.
     pub(super) fn decode(value: Value, asked: usize) -> Result<Self, StoreError> {
         decode("outcomes.lua", value, |value| {
             let mut items = Items::of_pool(value)?;
             let outcomes = array(items.next()?)?;
+            let due_hint = items.due_time()?;
             items.end()?;
             if outcomes.len() != asked * 2 {
                 return Err(format!("{} values for {asked} reports", outcomes.len()).into());
@@ -683,21 +706,30 @@ impl OutcomesReply {
                     Ok(Some((effect, count(streak)?)))
                 })
                 .collect::<Read<_>>()?;
-            Ok(Self(outcomes))
+            Ok(Self { outcomes, due_hint })
         })
     }
 }
 
-/// `claim_check.lua`: the members to probe when the round is this replica's, else `None`.
+/// `claim_check.lua`: the members to probe when the round is this replica's, else `None`,
+/// and when the pool's next round may start.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct ClaimCheckReply(pub(super) Option<CheckRound>);
+pub(super) struct ClaimCheckReply {
+    /// The round, when it is this replica's.
+    pub(super) round: Option<CheckRound>,
+    /// When the claim that holds the pool ends (ms, Redis clock).
+    pub(super) next_round: u64,
+}
 
 impl ClaimCheckReply {
-    /// Decodes `{-1}`, `{1, 0}` or `{1, 1, eligible members, cooling-down members}`.
+    /// Decodes `{-1}`, `{1, 0, next}` or `{1, 1, next, eligible members, cooling-down
+    /// members}`.
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
         decode("claim_check.lua", value, |value| {
             let mut items = Items::of_pool(value)?;
-            let round = match items.int()? {
+            let claimed = items.int()?;
+            let next_round = items.count()?;
+            let round = match claimed {
                 0 => None,
                 1 => Some(CheckRound {
                     eligible: members(items.next()?)?,
@@ -706,23 +738,56 @@ impl ClaimCheckReply {
                 _ => return Err("unknown claim status".into()),
             };
             items.end()?;
-            Ok(Self(round))
+            Ok(Self { round, next_round })
         })
     }
 }
 
-/// `SMEMBERS` of the pool registry: every registered pool id, in id order. An entry that
-/// is not a valid pool id is skipped (nothing the service writes is one).
-pub(super) fn pool_ids(value: Value) -> Result<Vec<PoolId>, StoreError> {
-    decode("SMEMBERS", value, |value| {
-        let mut ids: Vec<PoolId> = array(value)?
-            .into_iter()
-            .filter_map(|v| string(v).ok())
-            .filter_map(|s| PoolId::parse(&s).ok())
-            .collect();
-        ids.sort();
-        Ok(ids)
+/// `claim_due.lua`: the pools taken from a due index, earliest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ClaimDueReply(pub(super) Vec<PoolId>);
+
+impl ClaimDueReply {
+    /// Decodes a list of pool ids.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("claim_due.lua", value, |value| {
+            pool_id_list(value).map(Self)
+        })
+    }
+}
+
+/// `SSCAN` of an earlier version's pool registry: the cursor to go on from (`0` once the walk is through)
+/// and a few pool ids.
+pub(super) fn registry_page(value: Value) -> Result<(u64, Vec<PoolId>), StoreError> {
+    decode("SSCAN", value, |value| {
+        let mut items = Items::new(value)?;
+        let cursor = string(items.next()?)?
+            .parse::<u64>()
+            .map_err(|_| "expected a cursor")?;
+        let ids = pool_id_list(items.next()?)?;
+        items.end()?;
+        Ok((cursor, ids))
     })
+}
+
+/// `ZRANGE ... BYLEX` of the pool registry: pool ids, in id order.
+pub(super) fn pool_ids(value: Value) -> Result<Vec<PoolId>, StoreError> {
+    decode("ZRANGE", value, pool_id_list)
+}
+
+/// `ZCARD` of the pool registry: how many pools exist.
+pub(super) fn pool_count(value: Value) -> Result<u64, StoreError> {
+    decode("ZCARD", value, |value| count(&value))
+}
+
+/// A list of pool ids; an entry that is not a valid one is skipped (nothing the service
+/// writes is one).
+fn pool_id_list(value: Value) -> Read<Vec<PoolId>> {
+    Ok(array(value)?
+        .into_iter()
+        .filter_map(|v| string(v).ok())
+        .filter_map(|s| PoolId::parse(&s).ok())
+        .collect())
 }
 
 /// The status lease scripts put after the pool's: `1` live, `0` not.

@@ -152,7 +152,23 @@ impl RedisStore {
             .arg(keys.num_of_args())
             .arg(&keys)
             .arg(args);
-        let evalsha = &evalsha;
+        self.evalsha(script, &evalsha).await
+    }
+
+    /// Runs a script that is not a pool script on one key of its own (a due index).
+    pub(super) async fn eval_on(
+        &self,
+        script: &Script,
+        key: &str,
+        args: &[&[u8]],
+    ) -> Result<Value, StoreError> {
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(script.get_hash()).arg(1).arg(key).arg(args);
+        self.evalsha(script, &evalsha).await
+    }
+
+    /// Sends `evalsha`, loading `script` and sending it again after NOSCRIPT.
+    async fn evalsha(&self, script: &Script, evalsha: &redis::Cmd) -> Result<Value, StoreError> {
         self.run(|mut connection| async move {
             match evalsha.query_async(&mut connection).await {
                 Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {

@@ -58,4 +58,5 @@ scripts! {
     sweep: with_helpers,
     outcomes: with_helpers,
     claim_check: plain,
+    claim_due: plain,
 }

@@ -20,9 +20,9 @@ mod redis_server;
 
 use self::redis_server::RedisServer;
 use super::reply::{
-    AssignReply, ClaimCheckReply, DeletePoolReply, DisableOutcome, DisableReply, EnableOutcome,
-    EnableReply, MembersReply, OutcomesReply, PoolInfoReply, ReleaseReply, RemoveReply, RenewReply,
-    Renewal, SeedOutcome, SeedReply, SweepReply,
+    AssignReply, ClaimCheckReply, ClaimDueReply, DeletePoolReply, DisableOutcome, DisableReply,
+    EnableOutcome, EnableReply, MembersReply, OutcomesReply, PoolInfoReply, ReleaseReply,
+    RemoveReply, RenewReply, Renewal, SeedOutcome, SeedReply, SweepReply,
 };
 use super::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
@@ -195,6 +195,7 @@ async fn every_script_s_replies_decode_from_a_real_redis() {
             "sweep" => sweep(&redis).await,
             "outcomes" => outcomes(&redis).await,
             "claim_check" => claim_check(&redis).await,
+            "claim_due" => claim_due(&redis).await,
             other => panic!("{other}.lua has no reply test: add its case to this match"),
         }
     }
@@ -269,9 +270,25 @@ async fn assign(redis: &TestRedis) {
             in_flight: 1,
             expires_at: Timestamp(expires_ms),
             ttl_ms: ttl(5000),
+            due_hint: Some(expires_ms),
         }
     );
-    let at_cap = AssignReply::decode(run_assign(redis, &leased, "lease-2", "").await);
+    // A lease expiring after the pool's earliest due work sends no hint.
+    redis.seed(&leased, &["b"], 4).await;
+    let later = AssignReply::decode(run_assign(redis, &leased, "lease-2", "60000").await);
+    let later_ms: u64 = redis.side(&["ZSCORE", &expiry, "lease-2"]).await;
+    assert_eq!(
+        later.expect("decodes"),
+        AssignReply::Leased {
+            member: member("b"),
+            assignments: 5,
+            in_flight: 1,
+            expires_at: Timestamp(later_ms),
+            ttl_ms: ttl(60000),
+            due_hint: None,
+        }
+    );
+    let at_cap = AssignReply::decode(run_assign(redis, &leased, "lease-3", "").await);
     assert_eq!(
         at_cap.expect("decodes"),
         AssignReply::Empty { next_return: None }
@@ -679,8 +696,11 @@ async fn sweep(redis: &TestRedis) {
     redis
         .report(&id, ReportSource::Worker, &[("b", OutcomeResult::Failed)])
         .await;
-    // Due long ago: both leases expired and the cooldown ended.
+    // A third lease, not expired: the pool's next due work.
+    run_assign(redis, &id, "lease-3", "60000").await;
     let expiry = TestRedis::key(&id, "lease_expiry");
+    let next: u64 = redis.side(&["ZSCORE", &expiry, "lease-3"]).await;
+    // Due long ago: two leases expired and the cooldown ended.
     let () = redis
         .side(&["ZADD", &expiry, "1", "lease-1", "1", "lease-2"])
         .await;
@@ -690,13 +710,26 @@ async fn sweep(redis: &TestRedis) {
     let swept = SweepReply::decode(run().await);
     assert_eq!(
         swept.expect("decodes"),
-        SweepReply(Swept {
-            reclaimed: 2,
-            returned: 1
-        })
+        SweepReply {
+            swept: Swept {
+                reclaimed: 2,
+                returned: 1
+            },
+            next_due: Some(next),
+        }
     );
-    let nothing = SweepReply::decode(run().await);
-    assert_eq!(nothing.expect("decodes"), SweepReply(Swept::default()));
+    let () = redis.side(&["ZADD", &expiry, "1", "lease-3"]).await;
+    let last = SweepReply::decode(run().await);
+    assert_eq!(
+        last.expect("decodes"),
+        SweepReply {
+            swept: Swept {
+                reclaimed: 1,
+                returned: 0
+            },
+            next_due: None,
+        }
+    );
 }
 
 async fn outcomes(redis: &TestRedis) {
@@ -713,19 +746,28 @@ async fn outcomes(redis: &TestRedis) {
         "", "",
     ];
     let applied = OutcomesReply::decode(run(worker).await, 4);
+    let returns_at: u64 = redis
+        .side(&["ZSCORE", &TestRedis::key(&id, "returns"), "a"])
+        .await;
     assert_eq!(
         applied.expect("decodes"),
-        OutcomesReply(vec![
-            Some((Effect::Counted, 1)),
-            Some((Effect::Tripped, 2)),
-            None,
-            Some((Effect::Ignored, 2)),
-        ])
+        OutcomesReply {
+            outcomes: vec![
+                Some((Effect::Counted, 1)),
+                Some((Effect::Tripped, 2)),
+                None,
+                Some((Effect::Ignored, 2)),
+            ],
+            due_hint: Some(returns_at),
+        }
     );
     let check = OutcomesReply::decode(run(&["check", "0", "a", "ok", "HTTP 200", "17"]).await, 1);
     assert_eq!(
         check.expect("decodes"),
-        OutcomesReply(vec![Some((Effect::Returned, 0))])
+        OutcomesReply {
+            outcomes: vec![Some((Effect::Returned, 0))],
+            due_hint: None,
+        }
     );
 }
 
@@ -739,16 +781,79 @@ async fn claim_check(redis: &TestRedis) {
     redis
         .report(&id, ReportSource::Worker, &[("d", OutcomeResult::Failed)])
         .await;
-    let claimed = ClaimCheckReply::decode(run().await);
+    let before = redis.now_ms().await;
+    let claimed = ClaimCheckReply::decode(run().await).expect("decodes");
+    let after = redis.now_ms().await;
     assert_eq!(
-        claimed.expect("decodes"),
-        ClaimCheckReply(Some(CheckRound {
+        claimed.round,
+        Some(CheckRound {
             eligible: vec![member("a"), member("b")],
             cooling: vec![member("d")],
-        }))
+        })
     );
-    let taken = ClaimCheckReply::decode(run().await);
-    assert_eq!(taken.expect("decodes"), ClaimCheckReply(None));
+    assert!(
+        (before + 60_000..=after + 60_000).contains(&claimed.next_round),
+        "the next round when the claim ends, not at {} (claimed between {before} and {after})",
+        claimed.next_round
+    );
+    let taken = ClaimCheckReply::decode(run().await).expect("decodes");
+    assert_eq!(taken.round, None);
+    // When the claim that holds the round ends, to the millisecond PTTL rounds to.
+    assert!(
+        claimed.next_round.abs_diff(taken.next_round) <= 1,
+        "{} against {}",
+        taken.next_round,
+        claimed.next_round
+    );
+}
+
+async fn claim_due(redis: &TestRedis) {
+    let index = format!("{PREFIX}:due-test");
+    let take = |limit: &'static str, hold: &'static str| {
+        let index = index.clone();
+        async move {
+            let (_, script) = redis
+                .store
+                .scripts
+                .all()
+                .find(|(name, _)| *name == "claim_due")
+                .expect("the script");
+            let value = redis
+                .store
+                .eval_on(script, &index, &[limit.as_bytes(), hold.as_bytes()])
+                .await
+                .expect("the script runs");
+            ClaimDueReply::decode(value).expect("decodes")
+        }
+    };
+    assert_eq!(take("10", "0").await, ClaimDueReply(vec![]));
+    let () = redis
+        .side(&[
+            "ZADD",
+            &index,
+            "3",
+            "c",
+            "1",
+            "a",
+            "2",
+            "b",
+            "99999999999999",
+            "later",
+        ])
+        .await;
+    // Taken without a hold: out of the index.
+    assert_eq!(take("1", "0").await, ClaimDueReply(vec![pool("a")]));
+    let before = redis.now_ms().await;
+    // Taken with a hold: moved to now + hold, so not taken again meanwhile.
+    assert_eq!(
+        take("10", "60000").await,
+        ClaimDueReply(vec![pool("b"), pool("c")])
+    );
+    let held: u64 = redis.side(&["ZSCORE", &index, "b"]).await;
+    assert!(held >= before + 60_000, "held until {held}");
+    assert_eq!(take("10", "0").await, ClaimDueReply(vec![]));
+    let left: Vec<String> = redis.side(&["ZRANGE", &index, "0", "-1"]).await;
+    assert_eq!(left, ["b", "c", "later"]);
 }
 
 fn text(value: &str) -> Value {
@@ -800,6 +905,7 @@ fn an_outcome_code_the_script_never_returns_is_refused() {
     let unknown = Value::Array(vec![
         Value::Int(1),
         Value::Array(vec![Value::Int(5), Value::Int(0)]),
+        Value::Int(0),
     ]);
     assert_eq!(
         refusal(OutcomesReply::decode(unknown, 1)),

@@ -16,7 +16,8 @@
 -- Returns {-1} when the pool does not exist, {0} when there is nothing to assign,
 -- {0, ms} when nothing is eligible and the earliest cooldown ends in ms,
 -- {1, member, assignments} on a least-used pool,
--- {2, member, assignments, in_flight, expires_ms, ttl_ms} on a least-in-flight pool.
+-- {2, member, assignments, in_flight, expires_ms, ttl_ms, due hint} on a least-in-flight
+-- pool, the hint being the pool's new earliest due time, or 0 (see `due_by` in leases.lua).
 local meta = redis.call('HMGET', KEYS[1], 'created_ms', 'policy', 'lease_ttl_ms', 'max_in_flight')
 if not meta[1] then
     return {-1}
@@ -66,4 +67,6 @@ local ttl = tonumber(ARGV[2]) or tonumber(meta[3])
 local expires = now + ttl
 redis.call('HSET', KEYS[7], ARGV[1], member)
 redis.call('ZADD', KEYS[8], expires, ARGV[1])
-return {2, member, tonumber(assignments), redis.call('HGET', KEYS[6], member), expires, ttl}
+due_by(expires)
+return {2, member, tonumber(assignments), redis.call('HGET', KEYS[6], member), expires, ttl,
+    due_hint or 0}

@@ -133,6 +133,7 @@ local function trip(member, reason, now, streak, trips, cfg, draw, lif)
         redis.call('HSET', KEYS[4], member, ms_text(now) .. ' ' .. reason)
     end
     redis.call('ZADD', KEYS[10], now + cooldown, member)
+    due_by(now + cooldown)
     set_health(member, streak, trips, cooldown)
     redis.call('HINCRBY', KEYS[1], 'tripped', 1)
 end

@@ -10,6 +10,25 @@ local function least_in_flight()
     return redis.call('HGET', KEYS[1], 'policy') == 'least-in-flight'
 end
 
+-- The due index (redis/keys.rs): the meta field `due` is never later than the pool's
+-- earliest lease expiry or return. A script that schedules work earlier than `due` moves it
+-- and reports the new time as its hint; the service then lowers the pool's entry in the
+-- index to it (the index lives in another hash slot). Later work leaves `due` alone, so in
+-- steady state (a lease or a cooldown behind the earliest) no hint is sent.
+local due_hint = false
+
+-- Notes work of this pool that falls due at `at` (ms, Redis clock).
+local function due_by(at)
+    local due = tonumber(redis.call('HGET', KEYS[1], 'due'))
+    if due and due <= at then
+        return
+    end
+    redis.call('HSET', KEYS[1], 'due', string.format('%.0f', at))
+    if not due_hint or at < due_hint then
+        due_hint = at
+    end
+end
+
 -- Milliseconds from Redis's own clock: replicas never pass their clocks in.
 local function now_ms()
     local t = redis.call('TIME')

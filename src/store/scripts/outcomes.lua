@@ -8,8 +8,9 @@
 -- ARGV[1] 'worker' or 'check', ARGV[2] jitter draw in [-1, 1], then per report
 -- member, result (ok | failed | blocked), detail (checks: what the probe saw), latency in
 -- milliseconds (checks with an answer; empty otherwise).
--- Returns {-1} when the pool does not exist, else {1, {effect, streak, ...}} with effect
--- 0 = unknown, 1 = counted, 2 = tripped, 3 = ignored, 4 = returned.
+-- Returns {-1} when the pool does not exist, else {1, {effect, streak, ...}, due hint} with
+-- effect 0 = unknown, 1 = counted, 2 = tripped, 3 = ignored, 4 = returned, and the hint the
+-- pool's new earliest due time, or 0 (see `due_by` in leases.lua).
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
@@ -59,4 +60,4 @@ for i = 3, #ARGV, 4 do
     out[#out + 1] = effect
     out[#out + 1] = streak
 end
-return {1, out}
+return {1, out, due_hint or 0}

@@ -1,11 +1,28 @@
 -- The background sweep's step on one pool: reclaims up to ARGV[1] leases that expired by
--- now and returns up to ARGV[1] members whose cooldown has ended. Several replicas may run
--- it at once: `end_lease` and `return_due` keep both exact.
+-- now and returns up to ARGV[1] members whose cooldown has ended, then writes the time the
+-- pool's next work falls due into its `due` field (see `due_by` in leases.lua) and answers
+-- it, so that the service puts the pool back into the due index at that time. Several
+-- replicas may run it at once: `end_lease` and `return_due` keep both exact.
 -- KEYS as in leases.lua and health.lua.
--- Returns {-1} when the pool does not exist, else {1, reclaimed, returned}.
+-- Returns {-1} when the pool does not exist, else {1, reclaimed, returned, next due} with
+-- next due 0 when nothing is scheduled (a time at or before now when a batch was full).
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
 local now = now_ms()
 local limit = tonumber(ARGV[1])
-return {1, reclaim_expired(now, limit), return_due(now, limit)}
+local reclaimed = reclaim_expired(now, limit)
+local returned = return_due(now, limit)
+local next_due = false
+for _, key in ipairs({KEYS[8], KEYS[10]}) do
+    local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')[2]
+    if first and (not next_due or tonumber(first) < next_due) then
+        next_due = tonumber(first)
+    end
+end
+if next_due then
+    redis.call('HSET', KEYS[1], 'due', string.format('%.0f', next_due))
+else
+    redis.call('HDEL', KEYS[1], 'due')
+end
+return {1, reclaimed, returned, next_due or 0}
