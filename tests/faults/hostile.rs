@@ -60,6 +60,41 @@ async fn malformed_json_on_every_body_route_answers_400_invalid_json() {
 }
 
 #[tokio::test]
+async fn a_json_array_on_every_route_that_takes_an_object_answers_400_invalid_json() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    app.create_pool("p", json!({})).await;
+    // A proxy list may be a JSON array; every other body is an object, and an array must not
+    // be read into its fields by position.
+    let object_routes: Vec<_> = body_routes()
+        .into_iter()
+        .filter(|(_, _, body)| *body != RouteBody::List)
+        .collect();
+    assert!(object_routes.len() >= 8, "{object_routes:?}");
+    for (method, path, _) in object_routes {
+        for body in ["[null, null]", "[]", "[{\"members\": []}]", "7", "null"] {
+            let response = app
+                .admin(method.clone(), &path)
+                .header("content-type", "application/json")
+                .body(body.to_owned())
+                .send()
+                .await
+                .expect("sent");
+            let (status, answer) = read(response).await;
+            assert_eq!(
+                status,
+                StatusCode::BAD_REQUEST,
+                "{method} {path} {body}: {answer}"
+            );
+            assert_eq!(
+                answer,
+                json!({"error": {"code": "invalid_json", "message": "the body must be a JSON object"}}),
+                "{method} {path} {body}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
 async fn wrong_content_types_on_every_body_route_answer_415() {
     let app = TestApp::spawn(Backend::Embedded).await;
     app.create_pool("p", json!({})).await;
