@@ -59,4 +59,5 @@ scripts! {
     outcomes: with_helpers,
     claim_check: plain,
     claim_due: plain,
+    walk: plain,
 }
