@@ -29,9 +29,10 @@ SCRIPTS = os.path.join(ROOT, "src", "store", "scripts")
 # src/store/redis/scripts.rs) with every key of the pool (`POOL_KEY_PARTS` in
 # src/store/redis/keys.rs); redis-benchmark must run exactly that script with exactly those
 # keys to be a fair yardstick.
-SCRIPT_PARTS = ["leases.lua", "health.lua", "assign.lua"]
+SCRIPT_PARTS = ["labels.lua", "leases.lua", "health.lua", "assign.lua"]
 KEY_PARTS = ["meta", "eligible", "ineligible", "taken_out", "by_in_flight", "in_flight",
-             "leases", "lease_expiry", "health", "returns", "checks", "check_round"]
+             "leases", "lease_expiry", "health", "returns", "checks", "check_round", "labels",
+             "by_label", "label_members"]
 SIZES = [int(s) for s in os.environ.get("SIZES", "100 10000 1000000").split()]
 DURATION = int(os.environ.get("DURATION", "10"))
 # The machines are shared and noisy: every figure is the median of ROUNDS runs, and the
@@ -93,9 +94,12 @@ def to_ms(text):
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def wrk(url, method="POST", threads=None):
+def wrk(url, method="POST", threads=None, body=None):
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(f'wrk.method = "{method}"\n')
+        if body is not None:
+            script.write(f'wrk.body = [[{json.dumps(body)}]]\n')
+            script.write('wrk.headers["Content-Type"] = "application/json"\n')
     out = subprocess.run(
         ["wrk", f"-t{threads or WRK_THREADS}", f"-c{CONNECTIONS}", f"-d{DURATION}s", "--latency", "-s", script.name, url],
         check=True, capture_output=True, text=True,
@@ -334,7 +338,7 @@ def redis_and_embedded_rows():
                     keys = [f"{PREFIX}:{{{pool}}}:{part}" for part in KEY_PARTS]
                     # ARGV as the service sends them: a lease id (unused on a
                     # least-used pool), no ttl, and the reclaim and return batch sizes.
-                    args = ["0123456789abcdef0123456789abcdef", "", "16", "16"]
+                    args = ["0123456789abcdef0123456789abcdef", "", "16", "16", "2000"]
                     service, yardstick, two_threads = [], [], []
                     compare_threads = store == "redis" and size == SIZES[len(SIZES) // 2] \
                         and WRK_THREADS != 2

@@ -10,6 +10,7 @@
 //! then wait for the next round). Results are reported one by one as they come in, so a
 //! failing member trips without waiting for the rest of the round.
 
+mod fetch;
 mod probe;
 
 use std::collections::HashMap;
@@ -21,6 +22,7 @@ use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
+pub use self::fetch::{FetchError, Fetcher, MAX_REDIRECTS, masked_url};
 pub use self::probe::{Probed, Prober, ProxyAddr, guarded_addresses};
 use crate::domain::{MemberId, PoolId};
 use crate::store::{Effect, Report, ReportSource, Store};

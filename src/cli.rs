@@ -267,6 +267,9 @@ pub enum MembersCommand {
         /// Set members already in the pool to the starting count too.
         #[arg(long)]
         reset: bool,
+        /// A label for every member named (repeatable), replacing the labels it had.
+        #[arg(long = "label", value_name = "KEY=VALUE")]
+        labels: Vec<String>,
     },
     /// Import a list of candidate proxies, one per line, filtered by the pool's rules.
     Import {
@@ -281,6 +284,9 @@ pub enum MembersCommand {
         /// Scheme of the lines that name none [service default: http].
         #[arg(long)]
         default_scheme: Option<String>,
+        /// A label for every imported member (repeatable), replacing the labels it had.
+        #[arg(long = "label", value_name = "KEY=VALUE")]
+        labels: Vec<String>,
     },
     /// List members by assignments, then id.
     List {
@@ -290,6 +296,10 @@ pub enum MembersCommand {
         /// Which members to list.
         #[arg(long, default_value = "all", value_parser = PossibleValuesParser::new(["all", "eligible", "ineligible"]))]
         state: String,
+        /// Only members carrying this label (repeatable; a key given twice accepts either
+        /// value).
+        #[arg(long = "label", value_name = "KEY=VALUE")]
+        labels: Vec<String>,
     },
     /// Take members out of the eligible set; they keep their counts.
     Disable {
@@ -469,10 +479,22 @@ async fn run_members(remote: &Remote, command: MembersCommand) -> Result<(), Fai
             members,
             assignments,
             reset,
+            labels,
         } => {
             let mut body = json!({ "members": members, "reset": reset });
             if let Some(n) = assignments {
                 body["assignments"] = json!(n);
+            }
+            if !labels.is_empty() {
+                // The service checks each key and value and names the one it refuses.
+                let labels: serde_json::Map<String, Value> = labels
+                    .iter()
+                    .map(|pair| {
+                        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                        (key.to_owned(), json!(value))
+                    })
+                    .collect();
+                body["labels"] = Value::Object(labels);
             }
             let answer = service
                 .post(&format!("/pools/{pool}/members"), body)
@@ -483,6 +505,7 @@ async fn run_members(remote: &Remote, command: MembersCommand) -> Result<(), Fai
             pool,
             dry_run,
             default_scheme,
+            labels,
             ..
         } => {
             let mut query = Vec::new();
@@ -492,6 +515,7 @@ async fn run_members(remote: &Remote, command: MembersCommand) -> Result<(), Fai
             if let Some(scheme) = default_scheme {
                 query.push(("default_scheme", scheme));
             }
+            query.extend(labels.into_iter().map(|pair| ("label", pair)));
             let (_, answer) = service
                 .send_with_query(
                     reqwest::Method::POST,
@@ -503,8 +527,12 @@ async fn run_members(remote: &Remote, command: MembersCommand) -> Result<(), Fai
             let answer = answer.unwrap_or(Value::Null);
             print(remote, &answer, render::imported(&answer, dry_run))
         }
-        MembersCommand::List { pool, state } => {
-            let members = service.all_members(&pool, &state).await?;
+        MembersCommand::List {
+            pool,
+            state,
+            labels,
+        } => {
+            let members = service.all_members(&pool, &state, &labels).await?;
             let text = render::members(&members);
             let answer = json!({ "pool": pool.as_str(), "members": members });
             print(remote, &answer, Report::done(text))

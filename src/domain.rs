@@ -4,6 +4,7 @@
 mod candidate;
 pub mod count;
 mod health;
+mod labels;
 mod lease;
 mod member_id;
 mod pool_config;
@@ -18,6 +19,10 @@ pub use candidate::{
 pub use health::{
     CHECK_BODY_WINDOW_BYTES, CheckConfig, CheckKind, HealthConfig, InvalidHealthConfig,
     OutcomeResult,
+};
+pub use labels::{
+    InvalidLabels, LabelFilter, Labels, MAX_FILTER_VALUES, MAX_LABEL_KEY_LEN, MAX_LABEL_VALUE_LEN,
+    MAX_LABELS,
 };
 pub use lease::hex;
 pub use lease::{InvalidLeaseId, InvalidLeaseTtl, LeaseId, LeaseTtl};

@@ -38,7 +38,9 @@
 //!   whose cooldown has ended, in the pools that have such work due (each store keeps an
 //!   index of them; see `src/store/redis/keys.rs`).
 //! - [`checker`]: the background task that runs active checks of pools whose round is due
-//!   (one replica per pool and interval) and feeds their results into the health rules.
+//!   (one replica per pool and interval) and feeds their results into the health rules; and
+//!   the fetcher a pool's sources will use (`checker/fetch.rs`: bounded, at most 3
+//!   redirects, every hop through the checker's private-address guard).
 //! - [`startup`]: [`startup::Application`], which binds, builds and serves (port 0 works,
 //!   which is how the tests start it): the API port and, with `PROBE_LISTEN`, a probe port.
 //! - [`connections`]: what every listening port goes through: a connection cap, deadlines

@@ -52,7 +52,8 @@ pub use self::chunks::{CHUNK_BUDGET, CHUNK_GRANULE, MAX_CHUNK, MIN_CHUNK};
 pub use self::embedded::{DataDirOptions, EmbeddedStore, OpenError};
 pub use self::redis::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
-    LeaseId, LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId, RestorePolicy, Timestamp,
+    LabelFilter, Labels, LeaseId, LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId,
+    RestorePolicy, Timestamp,
 };
 
 /// How many expired leases an assign reclaims before it chooses, at most. It keeps the
@@ -88,6 +89,27 @@ pub const CHECK_CLAIM_HOLD: Duration = Duration::from_secs(60);
 /// later rounds as members change places.
 pub const MAX_PROBES_PER_ROUND: u64 = 10_000;
 
+/// Most candidates an assign with a label filter over several keys checks before it gives
+/// up with [`StoreError::FilterTooCostly`]: it walks the members carrying the key with the
+/// fewest of them, least-used first, and stops at the first that carries the others too,
+/// so the members it checks are the ones it skips. This bound keeps that walk short.
+/// A filter on one key (with one value or several) reads one entry per value and is never
+/// refused.
+pub const MAX_LABEL_CHECKS: u64 = 2_000;
+
+/// Most label-index entries one page of a listing with a label filter reads. A page may
+/// then hold fewer members than asked for while a next cursor is given.
+pub const MAX_LISTING_SCAN: u64 = 2_000;
+
+/// What an assign asks for beyond the pool's own rule.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AssignRequest {
+    /// On least-in-flight pools, the lease ttl (the pool's `lease_ttl_ms` when `None`).
+    pub ttl: Option<LeaseTtl>,
+    /// Only members whose labels pass this filter are candidates.
+    pub labels: LabelFilter,
+}
+
 /// What went wrong in a store. Each variant maps to one documented HTTP answer.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -98,6 +120,10 @@ pub enum StoreError {
     /// with its member.
     #[error("lease not found")]
     LeaseNotFound,
+    /// An assign's label filter over several keys would check more than
+    /// [`MAX_LABEL_CHECKS`] candidates before finding one.
+    #[error("the label filter would check more than {MAX_LABEL_CHECKS} members")]
+    FilterTooCostly,
     /// A pool's policy can only change while it has no members.
     #[error("the policy of a pool can only change while it has no members")]
     PolicyChangeRequiresEmptyPool,
@@ -235,6 +261,10 @@ pub struct Seed {
     /// In a dry run split into several calls: new members the earlier calls reported as
     /// added. They count against `max_members` as if they had been written.
     pub pending_adds: u64,
+    /// Labels for members of this call: each one named here (new or existing, eligible or
+    /// not) has its labels replaced by these, keeping its count and state. Members not
+    /// named keep theirs (new ones have none).
+    pub labels: std::collections::HashMap<MemberId, Labels>,
 }
 
 impl Seed {
@@ -246,6 +276,7 @@ impl Seed {
             reset: false,
             dry_run: false,
             pending_adds: 0,
+            labels: std::collections::HashMap::new(),
         }
     }
 }
@@ -335,6 +366,9 @@ pub struct MemberView {
     /// The result of the last active check, when the pool has checks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_check: Option<LastCheck>,
+    /// Its labels (left out when it has none).
+    #[serde(skip_serializing_if = "Labels::is_empty")]
+    pub labels: Labels,
 }
 
 /// A member's health numbers as a store keeps them.
@@ -537,10 +571,19 @@ pub trait Store: Send + Sync + 'static {
     /// Checks that the store answers, for the readiness probe.
     async fn status(&self) -> Result<StoreStatus, StoreError>;
 
-    /// Picks a member under the pool's policy and counts one more assignment for it. On a
-    /// least-in-flight pool it first reclaims up to [`RECLAIM_ON_ASSIGN`] expired leases of
-    /// the pool, then leases the member for `ttl` (the pool's `lease_ttl_ms` when `None`).
-    async fn assign(&self, pool: &PoolId, ttl: Option<LeaseTtl>) -> Result<Assignment, StoreError>;
+    /// Picks a member under the pool's policy, among those that pass the request's label
+    /// filter, and counts one more assignment for it. On a least-in-flight pool it first
+    /// reclaims up to [`RECLAIM_ON_ASSIGN`] expired leases of the pool, then leases the
+    /// member for the request's ttl (the pool's `lease_ttl_ms` when `None`).
+    ///
+    /// # Errors
+    /// [`StoreError::FilterTooCostly`] when a filter over several keys would check more
+    /// than [`MAX_LABEL_CHECKS`] candidates; nothing changes.
+    async fn assign(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+    ) -> Result<Assignment, StoreError>;
 
     /// Ends a live lease and frees its place on its member.
     ///
@@ -621,11 +664,16 @@ pub trait Store: Send + Sync + 'static {
     /// Adds members; see [`Seed`] for how their starting count is chosen.
     async fn add_members(&self, pool: &PoolId, seed: &Seed) -> Result<SeedReport, StoreError>;
 
-    /// One page of the pool's members.
+    /// One page of the pool's members. With a label filter, the page walks the members
+    /// carrying the filter's first key, value by value in the filter's order and by id
+    /// within a value, keeping those that pass the whole filter; `cursor.eligible` then
+    /// counts the entries earlier pages passed, and a page reads at most
+    /// [`MAX_LISTING_SCAN`] of them.
     async fn members(
         &self,
         pool: &PoolId,
         filter: StateFilter,
+        labels: &LabelFilter,
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError>;
@@ -699,5 +747,31 @@ fn merge_page(
     MemberPage {
         members,
         next: more.then_some(next),
+    }
+}
+
+/// A page of a listing with a label filter, from its eligible and ineligible members: in
+/// the order of the walk (the filter's first key, value by value in the filter's order,
+/// then by id), with the next page starting `next` entries into the walk.
+fn labelled_page(
+    eligible: Vec<MemberView>,
+    ineligible: Vec<MemberView>,
+    labels: &LabelFilter,
+    next: Option<u64>,
+) -> MemberPage {
+    let mut members: Vec<MemberView> = eligible.into_iter().chain(ineligible).collect();
+    if let Some((key, values)) = labels.groups().next() {
+        let place = |view: &MemberView| {
+            let value = view.labels.get(key);
+            values.iter().position(|v| Some(v.as_str()) == value)
+        };
+        members.sort_by(|a, b| (place(a), &a.member).cmp(&(place(b), &b.member)));
+    }
+    MemberPage {
+        members,
+        next: next.map(|entries| Cursor {
+            eligible: entries,
+            ineligible: 0,
+        }),
     }
 }

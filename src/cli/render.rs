@@ -198,30 +198,49 @@ pub fn members(members: &[Value]) -> String {
     if members.is_empty() {
         return "no members\n".to_owned();
     }
+    // The labels column only when some member has labels: pools without keep their table.
+    let labelled = members.iter().any(|member| member.get("labels").is_some());
     let rows: Vec<Vec<String>> = members
         .iter()
         .map(|member| {
-            vec![
+            let mut row = vec![
                 cell(&member["member"]),
                 cell(&member["state"]),
                 cell(&member["assignments"]),
                 cell(&member["in_flight"]),
                 cell(&member["reason"]),
                 cell(&member["since"]),
-            ]
+            ];
+            if labelled {
+                row.push(labels_cell(&member["labels"]));
+            }
+            row
         })
         .collect();
-    table(
-        &[
-            "MEMBER",
-            "STATE",
-            "ASSIGNMENTS",
-            "IN_FLIGHT",
-            "REASON",
-            "SINCE",
-        ],
-        &rows,
-    )
+    let mut headers = vec![
+        "MEMBER",
+        "STATE",
+        "ASSIGNMENTS",
+        "IN_FLIGHT",
+        "REASON",
+        "SINCE",
+    ];
+    if labelled {
+        headers.push("LABELS");
+    }
+    table(&headers, &rows)
+}
+
+/// A member's labels as `key=value,key=value` (`-` when it has none).
+fn labels_cell(labels: &Value) -> String {
+    match labels.as_object() {
+        Some(map) if !map.is_empty() => map
+            .iter()
+            .map(|(key, value)| format!("{key}={}", value.as_str().unwrap_or("")))
+            .collect::<Vec<_>>()
+            .join(","),
+        _ => "-".to_owned(),
+    }
 }
 
 /// The strings of an array field (member ids).

@@ -153,8 +153,14 @@ impl Service {
     }
 
     /// Every member of a pool in `state`, following the listing's pages.
-    pub async fn all_members(&self, pool: &PoolId, state: &str) -> Result<Vec<Value>, Failure> {
-        let query = vec![("state", state.to_owned()), ("limit", PAGE.to_string())];
+    pub async fn all_members(
+        &self,
+        pool: &PoolId,
+        state: &str,
+        labels: &[String],
+    ) -> Result<Vec<Value>, Failure> {
+        let mut query = vec![("state", state.to_owned()), ("limit", PAGE.to_string())];
+        query.extend(labels.iter().map(|pair| ("label", pair.clone())));
         self.all_pages(&format!("/pools/{pool}/members"), query, "members")
             .await
     }

@@ -5,16 +5,42 @@ use std::time::Duration;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::auth::Worker;
 use super::error::ApiError;
 use super::extract::{JsonOrDefault, PoolPath};
-use super::leases::LeaseBody;
 use super::log::Outcome;
-use crate::domain::{MemberId, PoolId};
-use crate::store::{Assignment, Lease};
+use crate::domain::{LabelFilter, LeaseTtl, MemberId, PoolId};
+use crate::store::{AssignRequest, Assignment, Lease, MAX_LABEL_CHECKS, StoreError};
+
+/// Optional body of an assign; every field is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AssignBody {
+    /// A lease ttl other than the pool's (100 ms to 24 h; least-in-flight pools only).
+    #[serde(default)]
+    ttl_ms: Option<LeaseTtl>,
+    /// `{"key": "value" | ["v1", "v2"]}`: only members whose labels match, for every key.
+    #[serde(default)]
+    labels: Option<serde_json::Value>,
+}
+
+impl AssignBody {
+    /// The store's request, labels parsed.
+    fn request(self) -> Result<AssignRequest, ApiError> {
+        let labels = match &self.labels {
+            Some(value) => LabelFilter::from_json("labels", value)
+                .map_err(|e| ApiError::InvalidRequest(e.to_string()))?,
+            None => LabelFilter::default(),
+        };
+        Ok(AssignRequest {
+            ttl: self.ttl_ms,
+            labels,
+        })
+    }
+}
 
 #[derive(Serialize)]
 struct Assigned<'a> {
@@ -36,14 +62,25 @@ struct Leased<'a> {
 /// pool, its lease), 204 when the pool has no member to give (the worker skips its
 /// request; `Retry-After` says when the first member cooling down comes back, if any),
 /// 404 when there is no pool. The body is optional: `{"ttl_ms": n}` asks for a
-/// lease ttl other than the pool's (ignored by least-used pools, which give no leases).
+/// lease ttl other than the pool's (ignored by least-used pools, which give no leases);
+/// `{"labels": {...}}` chooses among the members whose labels match only.
 pub async fn assign(
     _: Worker,
     State(state): State<AppState>,
     PoolPath(pool): PoolPath,
-    JsonOrDefault(body): JsonOrDefault<LeaseBody>,
+    JsonOrDefault(body): JsonOrDefault<AssignBody>,
 ) -> Result<Response, ApiError> {
-    let (outcome, mut response) = match state.store.assign(&pool, body.ttl_ms).await? {
+    let request = body.request()?;
+    let assignment = match state.store.assign(&pool, &request).await {
+        Err(StoreError::FilterTooCostly) => {
+            return Err(ApiError::InvalidRequest(format!(
+                "labels: this filter would check more than {MAX_LABEL_CHECKS} members; \
+                 filter on one key, or give the members a label that combines the keys"
+            )));
+        }
+        other => other?,
+    };
+    let (outcome, mut response) = match assignment {
         Assignment::Assigned {
             member,
             assignments,

@@ -312,3 +312,31 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
             .map_err(|rejection| ApiError::InvalidQuery(rejection.body_text()))
     }
 }
+
+/// Query parameters with the repeatable `label=key=value` ones set apart (the typed part
+/// cannot hold a repeated name), rejected with the API's error shape.
+#[derive(Debug, Clone)]
+pub struct QueryWithLabels<T>(pub T, pub Vec<String>);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryWithLabels<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+        let query = parts.uri.query().unwrap_or("");
+        let mut labels = Vec::new();
+        let mut rest = form_urlencoded::Serializer::new(String::new());
+        for (name, value) in form_urlencoded::parse(query.as_bytes()) {
+            if name == "label" {
+                labels.push(value.into_owned());
+            } else {
+                rest.append_pair(&name, &value);
+            }
+        }
+        let uri: axum::http::Uri = format!("/?{}", rest.finish())
+            .parse()
+            .map_err(|_| ApiError::InvalidQuery("the query is not valid".to_owned()))?;
+        let axum::extract::Query(value) = axum::extract::Query::<T>::try_from_uri(&uri)
+            .map_err(|rejection| ApiError::InvalidQuery(rejection.body_text()))?;
+        Ok(Self(value, labels))
+    }
+}

@@ -12,7 +12,7 @@
 //!
 //! Only counts are logged, never a line: lines may hold credentials.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 
 use axum::extract::State;
@@ -22,10 +22,10 @@ use serde::{Deserialize, Serialize};
 use super::AppState;
 use super::auth::Admin;
 use super::error::ApiError;
-use super::extract::{ListBody, ListKind, PoolPath, Query};
+use super::extract::{ListBody, ListKind, PoolPath, QueryWithLabels};
 use super::log::Outcome;
 use super::members::MAX_MEMBERS_PER_CALL;
-use crate::domain::{MemberId, PoolId, Rejection, Rules, Scheme, mask_credentials};
+use crate::domain::{Labels, MemberId, PoolId, Rejection, Rules, Scheme, mask_credentials};
 use crate::store::Seed;
 
 /// Most examples of rejected lines a report shows.
@@ -201,6 +201,8 @@ struct Writer<'a> {
     /// The count the first batch started its new members at, for the later ones.
     start: Option<u64>,
     pending_adds: u64,
+    /// Labels for every imported member, replacing their own (none given: left alone).
+    labels: Labels,
     added: u64,
     existing: u64,
     /// New members refused because the pool is full, counted apart from the parser's
@@ -216,6 +218,14 @@ impl Writer<'_> {
             assignments: self.start,
             dry_run: self.dry_run,
             pending_adds: self.pending_adds,
+            labels: if self.labels.is_empty() {
+                HashMap::new()
+            } else {
+                batch
+                    .iter()
+                    .map(|(member, ..)| (member.clone(), self.labels.clone()))
+                    .collect()
+            },
             ..Seed::new(batch.iter().map(|(member, ..)| member.clone()).collect())
         };
         let outcome = self.state.store.add_members(self.pool, &seed).await?;
@@ -286,9 +296,11 @@ pub async fn import(
     _: Admin,
     State(state): State<AppState>,
     PoolPath(pool): PoolPath,
-    Query(query): Query<ImportQuery>,
+    QueryWithLabels(query, labels): QueryWithLabels<ImportQuery>,
     mut body: ListBody,
 ) -> Result<Response, ApiError> {
+    let labels = Labels::from_pairs("label", labels.iter().map(String::as_str))
+        .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     let rules = state.store.pool(&pool).await?.config.rules;
     let mut plan = Plan::new(rules, query.default_scheme);
     let mut writer = Writer {
@@ -297,6 +309,7 @@ pub async fn import(
         dry_run: query.dry_run,
         start: None,
         pending_adds: 0,
+        labels,
         added: 0,
         existing: 0,
         full: 0,

@@ -18,7 +18,7 @@ use super::extract::{JsonOrDefault, LeasePath};
 use super::log::Outcome;
 use crate::domain::LeaseTtl;
 
-/// Optional body of assign and renew: a lease ttl other than the pool's `lease_ttl_ms`.
+/// Optional body of a renewal: a lease ttl other than the pool's `lease_ttl_ms`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LeaseBody {

@@ -16,8 +16,10 @@ use serde_json::json;
 use super::AppState;
 use super::auth::Admin;
 use super::error::ApiError;
-use super::extract::{Json, PoolPath, Query};
-use crate::domain::{InvalidMemberId, MemberId, Rejection, RestorePolicy, canonical_member_id};
+use super::extract::{Json, PoolPath, QueryWithLabels};
+use crate::domain::{
+    InvalidMemberId, LabelFilter, Labels, MemberId, Rejection, RestorePolicy, canonical_member_id,
+};
 use crate::store::{Cursor, Seed, StateFilter};
 
 /// Most members one call may name.
@@ -52,22 +54,22 @@ pub(super) fn check_count(count: usize) -> Result<(), ApiError> {
     }
 }
 
-/// Parses the ids of one call and passes each through `admit` (canonicalisation, and the
-/// pool's rules when seeding), keeping the first of any repeated id. The caller has checked
-/// the count with [`check_count`].
-fn parse_members(
-    raw: Vec<String>,
+/// Parses the ids of one call, each with what goes along with it, and passes each through
+/// `admit` (canonicalisation, and the pool's rules when seeding), keeping the first of any
+/// repeated id. The caller has checked the count with [`check_count`].
+fn parse_members<T>(
+    raw: Vec<(String, T)>,
     admit: impl Fn(MemberId) -> Result<MemberId, Rejection>,
-) -> (Vec<MemberId>, Vec<Rejected>) {
+) -> (Vec<(MemberId, T)>, Vec<Rejected>) {
     let mut seen = HashSet::with_capacity(raw.len());
     let mut members = Vec::with_capacity(raw.len());
     let mut rejected = Vec::new();
-    for text in raw {
+    for (text, along) in raw {
         let reason = match MemberId::parse(&text) {
             Ok(member) => match admit(member) {
                 Ok(member) => {
                     if seen.insert(member.clone()) {
-                        members.push(member);
+                        members.push((member, along));
                     }
                     continue;
                 }
@@ -93,14 +95,69 @@ pub(super) fn named_member(text: &str) -> Result<MemberId, &'static str> {
 /// reachable, to be taken out).
 fn parse_named_members(raw: Vec<String>) -> Result<(Vec<MemberId>, Vec<Rejected>), ApiError> {
     check_count(raw.len())?;
-    Ok(parse_members(raw, |member| Ok(canonical_member_id(member))))
+    let raw = raw.into_iter().map(|text| (text, ())).collect();
+    let (members, rejected) = parse_members(raw, |member| Ok(canonical_member_id(member)));
+    Ok((
+        members.into_iter().map(|(member, ())| member).collect(),
+        rejected,
+    ))
+}
+
+/// One entry of a seeding's `members`: an id, or `{"member": id, "labels": {...}}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum SeedEntry {
+    /// Just the id.
+    Id(String),
+    /// The id with its labels.
+    Labelled {
+        /// The id.
+        member: String,
+        /// Its labels, replacing any it has (the call's when left out).
+        #[serde(default)]
+        labels: Option<serde_json::Value>,
+    },
+}
+
+/// The labels of each entry of a seeding: its own, else the call's, else none given.
+fn entry_labels(
+    entries: Vec<SeedEntry>,
+    call: Option<&serde_json::Value>,
+) -> Result<Vec<(String, Option<Labels>)>, ApiError> {
+    let invalid = |e: crate::domain::InvalidLabels| ApiError::InvalidRequest(e.to_string());
+    let call = call
+        .map(|value| Labels::from_json("labels", value))
+        .transpose()
+        .map_err(invalid)?;
+    entries
+        .into_iter()
+        .enumerate()
+        .map(|(i, entry)| match entry {
+            SeedEntry::Id(text) => Ok((text, call.clone())),
+            SeedEntry::Labelled {
+                member,
+                labels: None,
+            } => Ok((member, call.clone())),
+            SeedEntry::Labelled {
+                member,
+                labels: Some(labels),
+            } => {
+                let labels =
+                    Labels::from_json(&format!("members[{i}].labels"), &labels).map_err(invalid)?;
+                Ok((member, Some(labels)))
+            }
+        })
+        .collect()
 }
 
 /// Body of `POST /pools/{pool}/members`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SeedBody {
-    members: Vec<String>,
+    members: Vec<SeedEntry>,
+    /// Labels for the entries that give none of their own.
+    #[serde(default)]
+    labels: Option<serde_json::Value>,
     #[serde(default, deserialize_with = "crate::domain::count::optional")]
     assignments: Option<u64>,
     #[serde(default)]
@@ -120,12 +177,18 @@ pub async fn add_members(
 ) -> Result<Response, ApiError> {
     // Checked before the rules are read, so an oversized call costs no store round trip.
     check_count(body.members.len())?;
+    let entries = entry_labels(body.members, body.labels.as_ref())?;
     let rules = state.store.pool(&pool).await?.config.rules;
-    let (members, mut rejected) = parse_members(body.members, |member| rules.admit_member(member));
+    let (members, mut rejected) = parse_members(entries, |member| rules.admit_member(member));
+    let labels = members
+        .iter()
+        .filter_map(|(member, labels)| Some((member.clone(), labels.clone()?)))
+        .collect();
     let seed = Seed {
         assignments: body.assignments,
         reset: body.reset,
-        ..Seed::new(members)
+        labels,
+        ..Seed::new(members.into_iter().map(|(member, _)| member).collect())
     };
     let report = state.store.add_members(&pool, &seed).await?;
     rejected.extend(report.full.into_iter().map(|member| Rejected {
@@ -171,13 +234,16 @@ fn format_cursor(cursor: Cursor) -> String {
     format!("{}.{}", cursor.eligible, cursor.ineligible)
 }
 
-/// Lists members ordered by assignments, then id, one page at a time.
+/// Lists members ordered by assignments, then id, one page at a time; with `label=key=value`
+/// filters, only members carrying them, in the order `Store::members` gives.
 pub async fn list_members(
     _: Admin,
     State(state): State<AppState>,
     PoolPath(pool): PoolPath,
-    Query(query): Query<ListQuery>,
+    QueryWithLabels(query, labels): QueryWithLabels<ListQuery>,
 ) -> Result<Response, ApiError> {
+    let labels = LabelFilter::from_pairs("label", labels.iter().map(String::as_str))
+        .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     let filter = match query.state.as_deref() {
         None | Some("all") => StateFilter::All,
         Some("eligible") => StateFilter::Eligible,
@@ -200,7 +266,10 @@ pub async fn list_members(
             ApiError::InvalidQuery("cursor is not one this service issued".to_owned())
         })?,
     };
-    let page = state.store.members(&pool, filter, limit, cursor).await?;
+    let page = state
+        .store
+        .members(&pool, filter, &labels, limit, cursor)
+        .await?;
     Ok(axum::Json(json!({
         "pool": pool,
         "members": page.members,

@@ -26,6 +26,7 @@ mod codec;
 mod due;
 mod files;
 mod journal;
+mod labelled;
 mod recovery;
 mod snapshot;
 
@@ -38,15 +39,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Assignment, CHECK_CLAIM_HOLD, CheckRound, Cursor, DisableReport, Effect, EnableReport, Health,
-    LastCheck, Lease, MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, PoolInfo,
-    PoolPage, PoolStats, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed,
-    Report, ReportSource, ReportSummary, Restored, SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed,
-    SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
+    AssignRequest, Assignment, CHECK_CLAIM_HOLD, CheckRound, Cursor, DisableReport, Effect,
+    EnableReport, Health, LastCheck, Lease, MAX_PROBES_PER_ROUND, MemberPage, MemberState,
+    MemberView, PoolInfo, PoolPage, PoolStats, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN,
+    RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored, SWEEP_BATCH,
+    SWEEP_POOLS_PER_CALL, Seed, SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 use crate::domain::{
-    LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId, RestorePolicy,
-    Timestamp,
+    LabelFilter, LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId,
+    RestorePolicy, Timestamp,
 };
 
 use self::codec::{MemberImage, PoolImage};
@@ -198,6 +199,8 @@ struct Pool {
     return_at: HashMap<MemberId, Timestamp>,
     /// The last active check of each member.
     checks: HashMap<MemberId, LastCheck>,
+    /// Members' labels and the indexes over them.
+    labels: labelled::LabelIndex,
     tripped: u64,
     recovered: u64,
     /// Until when the last check round holds the pool.
@@ -298,6 +301,7 @@ impl Pool {
             returns: BTreeSet::new(),
             return_at: HashMap::new(),
             checks: HashMap::new(),
+            labels: labelled::LabelIndex::default(),
             tripped: 0,
             recovered: 0,
             check_round_until: None,
@@ -344,6 +348,7 @@ impl Pool {
             health: self.health_of(member),
             returns_at: self.return_at.get(member).copied(),
             last_check: self.checks.get(member).map(Cow::Borrowed),
+            labels: Cow::Borrowed(self.labels.of.get(member).unwrap_or(&NO_LABELS)),
         }
     }
 
@@ -558,6 +563,12 @@ impl Pool {
         view.last_cooldown_ms = (health.trips > 0).then_some(health.cooldown_ms);
         view.returns_at = self.return_at.get(&view.member).copied();
         view.last_check = self.checks.get(&view.member).cloned();
+        view.labels = self
+            .labels
+            .of
+            .get(&view.member)
+            .cloned()
+            .unwrap_or_default();
         view
     }
 
@@ -570,8 +581,10 @@ impl Pool {
         Some((self.in_flight_of(member), assignments, member.clone()))
     }
 
-    /// Takes the member out of the choosing order, before its numbers change.
+    /// Takes the member out of the choosing order and the label index, before its numbers
+    /// change.
     fn unplace(&mut self, member: &MemberId) {
+        self.unlabel(member);
         // Only least-in-flight pools have the order (a policy changes only while the pool
         // is empty), and building a key costs a copy of the id.
         if self.config.policy != Policy::LeastInFlight {
@@ -582,14 +595,15 @@ impl Pool {
         }
     }
 
-    /// Puts the member back into the choosing order with its current numbers, when the
-    /// pool is least-in-flight and the member eligible.
+    /// Puts the member back into the choosing order (when the pool is least-in-flight) and
+    /// the label index with its current numbers, when it is eligible.
     fn place(&mut self, member: &MemberId) {
         if self.config.policy == Policy::LeastInFlight
             && let Some(key) = self.order_key(member)
         {
             self.order.insert(key);
         }
+        self.label(member);
     }
 
     fn lease_for(&mut self, member: &MemberId, now: Timestamp, ttl: LeaseTtl) -> Lease {
@@ -650,12 +664,75 @@ impl Pool {
         reclaimed
     }
 
-    fn assign_least_in_flight(&mut self, ttl: Option<LeaseTtl>, now: Timestamp) -> Assignment {
+    /// How long until the earliest return, for an assign that found nothing: none with a
+    /// label filter, since that member may not carry the labels (as in assign.lua).
+    fn wait_for(&self, labels: &LabelFilter, now: Timestamp) -> Option<Duration> {
+        if labels.is_empty() {
+            self.next_return(now)
+        } else {
+            None
+        }
+    }
+
+    fn assign_least_used(
+        &mut self,
+        labels: &LabelFilter,
+        now: Timestamp,
+    ) -> Result<Assignment, StoreError> {
+        let chosen = if labels.is_empty() {
+            if self.labels.of.is_empty() {
+                // No labels anywhere: the plain path, one pop and one insert.
+                return Ok(match self.eligible.add_one_to_first() {
+                    Some((member, assignments)) => {
+                        self.total_assignments += 1;
+                        Assignment::Assigned {
+                            member,
+                            assignments,
+                        }
+                    }
+                    None => Assignment::Empty {
+                        next_return: self.next_return(now),
+                    },
+                });
+            }
+            self.eligible
+                .order
+                .first()
+                .map(|(_, member)| member.clone())
+        } else {
+            self.pick_labelled(labels)?.map(|(_, _, member)| member)
+        };
+        let Some(member) = chosen else {
+            return Ok(Assignment::Empty {
+                next_return: self.wait_for(labels, now),
+            });
+        };
+        self.unplace(&member);
+        let assignments = self.eligible.get(&member).unwrap_or(0) + 1;
+        self.eligible.set(member.clone(), assignments);
+        self.place(&member);
+        self.total_assignments += 1;
+        Ok(Assignment::Assigned {
+            member,
+            assignments,
+        })
+    }
+
+    fn assign_least_in_flight(
+        &mut self,
+        request: &AssignRequest,
+        now: Timestamp,
+    ) -> Result<Assignment, StoreError> {
         self.reclaim_expired(now, RECLAIM_ON_ASSIGN);
-        let Some((in_flight, _, member)) = self.order.first().cloned() else {
-            return Assignment::Empty {
-                next_return: self.next_return(now),
-            };
+        let first = if request.labels.is_empty() {
+            self.order.first().cloned()
+        } else {
+            self.pick_labelled(&request.labels)?
+        };
+        let Some((in_flight, _, member)) = first else {
+            return Ok(Assignment::Empty {
+                next_return: self.wait_for(&request.labels, now),
+            });
         };
         // The first entry has the fewest live leases of all: if it is at the cap, so is
         // every other member.
@@ -664,7 +741,7 @@ impl Pool {
             .max_in_flight
             .is_some_and(|cap| in_flight >= cap.get())
         {
-            return Assignment::Empty { next_return: None };
+            return Ok(Assignment::Empty { next_return: None });
         }
         self.unplace(&member);
         let assignments = self.eligible.get(&member).unwrap_or(0) + 1;
@@ -672,13 +749,14 @@ impl Pool {
         self.in_flight.insert(member.clone(), in_flight + 1);
         self.place(&member);
         self.total_assignments += 1;
-        let lease = self.lease_for(&member, now, ttl.unwrap_or(self.config.lease_ttl_ms));
-        Assignment::Leased {
+        let ttl = request.ttl.unwrap_or(self.config.lease_ttl_ms);
+        let lease = self.lease_for(&member, now, ttl);
+        Ok(Assignment::Leased {
             member,
             assignments,
             in_flight: in_flight + 1,
             lease,
-        }
+        })
     }
 
     fn info(&self, pool: &PoolId) -> PoolInfo {
@@ -700,6 +778,22 @@ impl Pool {
         }
     }
 
+    fn view_eligible(&self, member: &MemberId, assignments: u64) -> MemberView {
+        self.with_health(MemberView {
+            member: member.clone(),
+            state: MemberState::Eligible,
+            assignments,
+            in_flight: self.in_flight_of(member),
+            reason: None,
+            since: None,
+            consecutive_failures: 0,
+            last_cooldown_ms: None,
+            returns_at: None,
+            last_check: None,
+            labels: crate::domain::Labels::default(),
+        })
+    }
+
     fn view_ineligible(&self, member: &MemberId, assignments: u64) -> MemberView {
         let (reason, since) = self
             .taken_out
@@ -717,9 +811,14 @@ impl Pool {
             last_cooldown_ms: None,
             returns_at: None,
             last_check: None,
+            labels: crate::domain::Labels::default(),
         })
     }
 }
+
+/// The labels of a member that has none, for images that borrow.
+static NO_LABELS: std::sync::LazyLock<crate::domain::Labels> =
+    std::sync::LazyLock::new(crate::domain::Labels::default);
 
 /// When an operation's answer waits for the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -887,23 +986,20 @@ impl Store for EmbeddedStore {
         })
     }
 
-    async fn assign(&self, pool: &PoolId, ttl: Option<LeaseTtl>) -> Result<Assignment, StoreError> {
+    async fn assign(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+    ) -> Result<Assignment, StoreError> {
         let answer = self.with_pool(pool, |p, journal| {
             let now = Timestamp::now();
             p.return_due(now, RETURN_ON_ASSIGN);
             let assignment = if p.config.policy == Policy::LeastInFlight {
-                p.assign_least_in_flight(ttl, now)
-            } else if let Some((member, assignments)) = p.eligible.add_one_to_first() {
-                p.total_assignments += 1;
-                Assignment::Assigned {
-                    member,
-                    assignments,
-                }
+                p.assign_least_in_flight(request, now)
             } else {
-                Assignment::Empty {
-                    next_return: p.next_return(now),
-                }
+                p.assign_least_used(&request.labels, now)
             };
+            let assignment = assignment?;
             if let (
                 Some(journal),
                 Assignment::Assigned {
@@ -921,14 +1017,14 @@ impl Store for EmbeddedStore {
                 // only what changed, and costs no lookup.
                 journal.assigned(pool, member, *assignments, p.total_assignments);
             }
-            assignment
+            Ok(assignment)
         })?;
         // A lease issued is on disk before the worker holds it.
         let change = match answer.0 {
-            Assignment::Leased { .. } => Change::Durable,
+            Ok(Assignment::Leased { .. }) => Change::Durable,
             _ => Change::Counts,
         };
-        self.settle(answer, change).await
+        self.settle(answer, change).await?
     }
 
     async fn release(&self, pool: &PoolId, lease: &LeaseId) -> Result<(), StoreError> {
@@ -1200,6 +1296,12 @@ impl Store for EmbeddedStore {
                             p.place(member);
                             p.mark_member(member);
                         }
+                        if let Some(labels) = seed.labels.get(member)
+                            && !seed.dry_run
+                        {
+                            p.set_labels(member, labels.clone());
+                            p.mark_member(member);
+                        }
                         report.existing.push(member.clone());
                     } else if max.is_some_and(|max| size >= max) {
                         report.full.push(member.clone());
@@ -1207,6 +1309,9 @@ impl Store for EmbeddedStore {
                         if !seed.dry_run {
                             p.eligible.set(member.clone(), count);
                             p.place(member);
+                            if let Some(labels) = seed.labels.get(member) {
+                                p.set_labels(member, labels.clone());
+                            }
                             p.mark_member(member);
                         } else {
                             pending_adds += 1;
@@ -1224,10 +1329,14 @@ impl Store for EmbeddedStore {
         &self,
         pool: &PoolId,
         filter: StateFilter,
+        labels: &LabelFilter,
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
         let (page, _) = self.with_pool(pool, |p, _| {
+            if !labels.is_empty() {
+                return p.labelled_page(filter, labels, limit, cursor);
+            }
             // Take one more than a page from each set so that the merge knows whether
             // anything is left after this page.
             let eligible: Vec<MemberView> = match filter {
@@ -1235,20 +1344,7 @@ impl Store for EmbeddedStore {
                 _ => p
                     .eligible
                     .page(cursor.eligible, limit + 1)
-                    .map(|(count, member)| {
-                        p.with_health(MemberView {
-                            member: member.clone(),
-                            state: MemberState::Eligible,
-                            assignments: *count,
-                            in_flight: p.in_flight_of(member),
-                            reason: None,
-                            since: None,
-                            consecutive_failures: 0,
-                            last_cooldown_ms: None,
-                            returns_at: None,
-                            last_check: None,
-                        })
-                    })
+                    .map(|(count, member)| p.view_eligible(member, *count))
                     .collect(),
             };
             let ineligible: Vec<MemberView> = match filter {
@@ -1349,6 +1445,7 @@ impl Store for EmbeddedStore {
                     p.end_lease(id);
                 }
                 for member in chunk {
+                    p.drop_labels(member);
                     p.unplace(member);
                     let was_eligible = p.eligible.remove(member).is_some();
                     let was_ineligible = p.ineligible.remove(member).is_some();
@@ -1478,8 +1575,8 @@ mod tests {
         };
         let target = if rng.random_bool(0.5) { &a } else { &b };
         let answer = match rng.random_range(0..100) {
-            0..40 => store.assign(&a, None).await.map(drop),
-            40..55 => match store.assign(&b, None).await {
+            0..40 => store.assign(&a, &AssignRequest::default()).await.map(drop),
+            40..55 => match store.assign(&b, &AssignRequest::default()).await {
                 Ok(Assignment::Leased { lease, .. }) => {
                     leases.push(lease.id);
                     Ok(())
@@ -1607,7 +1704,10 @@ mod tests {
             before.len()
         );
         // It goes on where it stopped: the next assign counts on from the recovered count.
-        let next = reopened.assign(&pool("a"), None).await.expect("assigned");
+        let next = reopened
+            .assign(&pool("a"), &AssignRequest::default())
+            .await
+            .expect("assigned");
         assert!(matches!(
             next,
             Assignment::Assigned { .. } | Assignment::Empty { .. }
@@ -1766,7 +1866,7 @@ mod tests {
             .expect("created");
         store.close().await;
         assert!(matches!(
-            store.assign(&pool("a"), None).await,
+            store.assign(&pool("a"), &AssignRequest::default()).await,
             Err(StoreError::Unavailable(_))
         ));
     }

@@ -193,6 +193,43 @@ async fn pools_create_show_list_and_delete_print_what_they_did_and_exit_zero() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_add_and_list_take_labels_and_the_listing_shows_them() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    app.create_pool("web", json!({})).await;
+    let added = run(
+        &app,
+        &[
+            "members",
+            "add",
+            "web",
+            P1,
+            P2,
+            "--label",
+            "country=de",
+            "--label",
+            "tier=a",
+        ],
+    )
+    .await;
+    assert_eq!(added.code, 0, "{added:?}");
+    run(&app, &["members", "add", "web", P3]).await;
+    assert_eq!(
+        run(&app, &["members", "list", "web", "--label", "country=de"]).await,
+        Run::ok(&format!(
+            "MEMBER                      STATE     ASSIGNMENTS  IN_FLIGHT  REASON  SINCE  LABELS\n\
+             {P1}  eligible            0          0       -      -  country=de,tier=a\n\
+             {P2}  eligible            0          0       -      -  country=de,tier=a\n"
+        ))
+    );
+    let refused = run(
+        &app,
+        &["members", "add", "web", P3, "--label", "Country=de"],
+    )
+    .await;
+    assert_ne!(refused.code, 0, "{refused:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_add_disable_list_and_enable_report_each_member_and_exit_zero() {
     let app = TestApp::spawn(Backend::Embedded).await;
     app.create_pool("web", json!({})).await;

@@ -19,6 +19,7 @@ mod deploy;
 mod due;
 mod health;
 mod import;
+mod labels;
 mod large;
 mod leases;
 mod logs;

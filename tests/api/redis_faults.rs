@@ -17,6 +17,7 @@ async fn assign_recovers_after_the_script_cache_is_flushed() {
     assert_eq!(app.assigned("p").await, ("a".to_owned(), 1));
     // The service puts the shared helpers in front of the script (`with_helpers!`).
     let sha = redis::Script::new(concat!(
+        include_str!("../../src/store/scripts/labels.lua"),
         include_str!("../../src/store/scripts/leases.lua"),
         include_str!("../../src/store/scripts/health.lua"),
         include_str!("../../src/store/scripts/assign.lua")

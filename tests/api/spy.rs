@@ -10,11 +10,13 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use proxy_allocator::config::Config;
-use proxy_allocator::domain::{LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy};
+use proxy_allocator::domain::{
+    LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy,
+};
 use proxy_allocator::store::{
-    Assignment, CheckRound, Cursor, DisableReport, EnableReport, MemberPage, PoolInfo, PoolPage,
-    PutPool, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Seed, SeedReport,
-    StateFilter, Store, StoreError, StoreStatus, Swept,
+    AssignRequest, Assignment, CheckRound, Cursor, DisableReport, EnableReport, MemberPage,
+    PoolInfo, PoolPage, PutPool, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Seed,
+    SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 
 use crate::helpers::TestApp;
@@ -127,8 +129,12 @@ impl Store for Spy {
         self.inner.status().await
     }
 
-    async fn assign(&self, pool: &PoolId, ttl: Option<LeaseTtl>) -> Result<Assignment, StoreError> {
-        self.inner.assign(pool, ttl).await
+    async fn assign(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+    ) -> Result<Assignment, StoreError> {
+        self.inner.assign(pool, request).await
     }
 
     async fn release(&self, pool: &PoolId, lease: &LeaseId) -> Result<(), StoreError> {
@@ -227,10 +233,13 @@ impl Store for Spy {
         &self,
         pool: &PoolId,
         filter: StateFilter,
+        labels: &LabelFilter,
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
-        self.inner.members(pool, filter, limit, cursor).await
+        self.inner
+            .members(pool, filter, labels, limit, cursor)
+            .await
     }
 
     async fn disable_members(

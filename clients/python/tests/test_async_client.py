@@ -60,6 +60,18 @@ class AsyncBehaviour(unittest.IsolatedAsyncioTestCase):
         assert listing is not None
         return {m["member"]: m["assignments"] for m in listing["members"]}
 
+    async def test_assign_with_labels_takes_the_least_used_proxy_carrying_them(self) -> None:
+        pool = self.service.create_pool()
+        self.service.admin("POST", "/pools/{}/members".format(pool), {"members": [
+            {"member": P1, "labels": {"country": "de"}},
+            {"member": P2, "labels": {"country": "fr"}},
+        ]})
+        self.assertEqual(await self.client.assign(pool, labels={"country": "fr"}),
+                         Assignment(pool=pool, proxy=P2, assignments=1))
+        self.assertEqual(await self.client.assign(pool, labels={"country": ["de", "fr"]}),
+                         Assignment(pool=pool, proxy=P1, assignments=1))
+        self.assertIsNone(await self.client.assign(pool, labels={"country": "us"}))
+
     async def test_assign_returns_the_least_used_proxy_and_none_when_nothing_is_eligible(
             self) -> None:
         pool = self.service.create_pool()

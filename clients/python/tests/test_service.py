@@ -60,6 +60,23 @@ class ClientBehaviour(unittest.TestCase):
         assert second is not None
         self.assertEqual(second.proxies, {"http": P2, "https": P2})
 
+    def test_assign_with_labels_takes_the_least_used_proxy_carrying_them(self) -> None:
+        pool = self.service.create_pool()
+        self.service.admin("POST", "/pools/{}/members".format(pool), {"members": [
+            {"member": P1, "labels": {"country": "de"}},
+            {"member": P2, "labels": {"country": "fr"}},
+        ]})
+        client = self.service.client()
+        for count in (1, 2):
+            self.assertEqual(client.assign(pool, labels={"country": "fr"}),
+                             Assignment(pool=pool, proxy=P2, assignments=count))
+        self.assertEqual(client.assign(pool, labels={"country": ("de", "fr")}),
+                         Assignment(pool=pool, proxy=P1, assignments=1))
+        self.assertIsNone(client.assign(pool, labels={"country": "us"}))
+        with self.assertRaises(ProxyAllocatorError) as raised:
+            client.assign(pool, labels={"country": "d e"})
+        self.assertEqual(raised.exception.code, "invalid_request")
+
     def test_assign_returns_none_when_every_member_is_disabled(self) -> None:
         pool = self.service.create_pool()
         self.service.seed(pool, [P1])

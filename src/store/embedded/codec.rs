@@ -18,7 +18,7 @@
 
 use std::borrow::Cow;
 
-use crate::domain::{LeaseId, MemberId, OutcomeResult, PoolConfig, PoolId, Timestamp};
+use crate::domain::{Labels, LeaseId, MemberId, OutcomeResult, PoolConfig, PoolId, Timestamp};
 use crate::store::{Health, LastCheck};
 
 const POOL: u8 = 1;
@@ -29,6 +29,9 @@ const LEASE: u8 = 5;
 const LEASE_ENDED: u8 = 6;
 const ASSIGNED: u8 = 7;
 const SNAPSHOT_END: u8 = 8;
+/// A member record followed by the member's labels: members without labels keep the
+/// shorter [`MEMBER`] record, so files written before labels existed read unchanged.
+const LABELLED_MEMBER: u8 = 9;
 
 /// A pool's own state: everything but its members and leases.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +56,8 @@ pub(super) struct MemberImage<'a> {
     /// When it comes back by itself (members cooling down).
     pub returns_at: Option<Timestamp>,
     pub last_check: Option<Cow<'a, LastCheck>>,
+    /// Its labels.
+    pub labels: Cow<'a, Labels>,
 }
 
 /// One decoded record. Ids that only name something to look up stay text borrowed from
@@ -145,7 +150,11 @@ pub(super) fn pool_deleted(buf: &mut Vec<u8>, id: &PoolId) {
 
 /// Appends a member's whole state.
 pub(super) fn member(buf: &mut Vec<u8>, pool: &PoolId, member: &MemberId, image: &MemberImage<'_>) {
-    buf.push(MEMBER);
+    buf.push(if image.labels.is_empty() {
+        MEMBER
+    } else {
+        LABELLED_MEMBER
+    });
     text(buf, pool.as_str());
     text(buf, member.as_str());
     buf.push(u8::from(image.eligible));
@@ -175,6 +184,14 @@ pub(super) fn member(buf: &mut Vec<u8>, pool: &PoolId, member: &MemberId, image:
             }
         }
         None => buf.push(0),
+    }
+    if !image.labels.is_empty() {
+        let pairs: Vec<(&str, &str)> = image.labels.iter().collect();
+        varint(buf, pairs.len() as u64);
+        for (key, value) in pairs {
+            text(buf, key);
+            text(buf, value);
+        }
     }
 }
 
@@ -343,7 +360,7 @@ impl<'a> Reader<'a> {
                 )
             }
             POOL_DELETED => Record::PoolDeleted(self.text()?),
-            MEMBER => {
+            kind @ (MEMBER | LABELLED_MEMBER) => {
                 let pool = self.text()?;
                 let member = self.member_id()?;
                 let eligible = self.flag()?;
@@ -381,6 +398,19 @@ impl<'a> Reader<'a> {
                     }
                     _ => return self.fail("unknown last check kind"),
                 };
+                let labels = if kind == LABELLED_MEMBER {
+                    let count = self.varint()?;
+                    if count > crate::domain::MAX_LABELS as u64 {
+                        return self.fail("more labels than a member carries");
+                    }
+                    let mut pairs = Vec::new();
+                    for _ in 0..count {
+                        pairs.push(format!("{}={}", self.text()?, self.text()?));
+                    }
+                    Labels::from_script_text(&pairs.join("\n"))
+                } else {
+                    Labels::default()
+                };
                 Record::Member(
                     pool,
                     member,
@@ -391,6 +421,7 @@ impl<'a> Reader<'a> {
                         health,
                         returns_at,
                         last_check,
+                        labels: Cow::Owned(labels),
                     },
                 )
             }
@@ -475,6 +506,7 @@ mod tests {
                 detail: "status 403".to_owned(),
                 latency_ms: Some(31),
             })),
+            labels: Cow::Owned(Labels::from_script_text("country=de\ntier=a")),
         };
         let mut buf = Vec::new();
         self::pool(&mut buf, &pool_id(), &image);

@@ -389,6 +389,7 @@ impl Pool {
         else {
             return;
         };
+        self.drop_labels(&member);
         self.unplace(&member);
         self.eligible.remove(&member);
         self.ineligible.remove(&member);
@@ -410,6 +411,7 @@ impl Pool {
             health,
             returns_at,
             last_check,
+            labels,
         } = image;
         if let Some((reason, since)) = taken_out {
             self.taken_out
@@ -434,7 +436,10 @@ impl Pool {
             ranked.insert_absent(member.clone(), assignments);
             self.place(&member);
         } else {
-            ranked.insert_absent(member, assignments);
+            ranked.insert_absent(member.clone(), assignments);
+        }
+        if !labels.is_empty() {
+            self.set_labels(&member, labels.into_owned());
         }
     }
 
@@ -448,6 +453,10 @@ impl Pool {
         if self.config.policy == Policy::LeastInFlight {
             return self.replace_member(member, image);
         }
+        // A member seen before was indexed under its earlier copy's numbers.
+        if self.labels.of.contains_key(&member) {
+            self.drop_labels(&member);
+        }
         let (target, other) = if image.eligible {
             (&mut self.eligible, &mut self.ineligible)
         } else {
@@ -460,6 +469,7 @@ impl Pool {
             }
             None => !image.eligible && other.remove(&member).is_some(),
         };
+
         target.order.insert((image.assignments, member.clone()));
         if seen {
             self.taken_out.remove(&member);
@@ -474,6 +484,7 @@ impl Pool {
             health,
             returns_at,
             last_check,
+            labels,
             ..
         } = image;
         if let Some((reason, since)) = taken_out {
@@ -488,7 +499,10 @@ impl Pool {
             self.returns.insert((at, member.clone()));
         }
         if let Some(check) = last_check {
-            self.checks.insert(member, check.into_owned());
+            self.checks.insert(member.clone(), check.into_owned());
+        }
+        if !labels.is_empty() {
+            self.set_labels(&member, labels.into_owned());
         }
     }
 

@@ -18,6 +18,9 @@
 //! | `<prefix>:{<pool>}:returns` | sorted set | cooling-down member -> when it comes back (ms, Redis clock) |
 //! | `<prefix>:{<pool>}:checks` | hash | member -> `"<at_ms> <result>[/<latency_ms>] <detail>"`, its last active check |
 //! | `<prefix>:{<pool>}:check_round` | string with ttl | held by the replica running the pool's check round |
+//! | `<prefix>:{<pool>}:labels` | hash | member -> its labels, `key=value` lines (absent when none) |
+//! | `<prefix>:{<pool>}:by_label` | sorted set | eligible members' labels in the choosing order (see `scripts/labels.lua`) |
+//! | `<prefix>:{<pool>}:label_members` | sorted set | every member's labels, `key=value` NUL member, for listings |
 //! | `<prefix>:{<pool>}:gone:<token>:<part>` | as its part | a deleted pool's key, renamed out of the way by `delete_pool.lua` and unlinked right after (see `operations.rs`) |
 //! | `<prefix>:pool_ids` | sorted set | the registry: pool ids, all at score 0 so that they sort by id (listing pages, prefix search, the safety net's walk); updated outside the pool scripts because it lives in another slot |
 //! | `<prefix>:pools` | set | the registry of earlier versions: copied into `pool_ids` and removed when a replica starts |
@@ -64,9 +67,9 @@ use redis::{RedisWrite, ToRedisArgs};
 use super::RedisStore;
 use crate::domain::PoolId;
 
-/// Every key of a pool, in the order of `KEYS` in every pool script (see `leases.lua` and
-/// `health.lua`).
-pub(super) const POOL_KEY_PARTS: [&str; 12] = [
+/// Every key of a pool, in the order of `KEYS` in every pool script (see `labels.lua`,
+/// `leases.lua` and `health.lua`).
+pub(super) const POOL_KEY_PARTS: [&str; 15] = [
     "meta",
     "eligible",
     "ineligible",
@@ -79,6 +82,9 @@ pub(super) const POOL_KEY_PARTS: [&str; 12] = [
     "returns",
     "checks",
     "check_round",
+    "labels",
+    "by_label",
+    "label_members",
 ];
 
 /// Every key of one pool, in the order of [`POOL_KEY_PARTS`], written straight into a

@@ -13,19 +13,24 @@ use super::reply::{
     PutPoolReply, ReleaseReply, RemoveReply, RenewReply, SeedOutcome, SeedReply, SweepReply,
     WalkReply,
 };
-use crate::domain::{LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy};
+use crate::domain::{LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy};
 use crate::store::{
-    Assignment, CheckRound, Cursor, DisableReport, EnableReport, Lease, MAX_PROBES_PER_ROUND,
-    MemberPage, PoolInfo, PoolPage, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport,
-    Renewed, Report, ReportSource, ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP,
-    SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed, SeedReport, StateFilter, Store, StoreError,
-    StoreStatus, Swept,
+    AssignRequest, Assignment, CheckRound, Cursor, DisableReport, EnableReport, Lease,
+    MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PoolInfo, PoolPage,
+    PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
+    ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed,
+    SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
 /// every call of the hot path.
-static ASSIGN_BATCHES: std::sync::LazyLock<[String; 2]> =
-    std::sync::LazyLock::new(|| [RECLAIM_ON_ASSIGN.to_string(), RETURN_ON_ASSIGN.to_string()]);
+static ASSIGN_BATCHES: std::sync::LazyLock<[String; 3]> = std::sync::LazyLock::new(|| {
+    [
+        RECLAIM_ON_ASSIGN.to_string(),
+        RETURN_ON_ASSIGN.to_string(),
+        MAX_LABEL_CHECKS.to_string(),
+    ]
+});
 
 /// Most members of each set one call of `members.lua` reads: a page of a listing takes as
 /// many calls as it needs.
@@ -205,6 +210,39 @@ impl RedisStore {
         Ok(swept)
     }
 
+    /// A page of a listing with a label filter (see [`Store::members`]).
+    async fn labelled_members(
+        &self,
+        pool: &PoolId,
+        filter: StateFilter,
+        labels: &LabelFilter,
+        limit: usize,
+        cursor: Cursor,
+    ) -> Result<MemberPage, StoreError> {
+        let offset = cursor.eligible.to_string();
+        let flag = |on: bool| -> &'static [u8] { if on { b"1" } else { b"0" } };
+        let size = limit.to_string();
+        let scan = MAX_LISTING_SCAN.to_string();
+        let groups = labels.script_args();
+        let mut args: Vec<&[u8]> = vec![
+            offset.as_bytes(),
+            b"0",
+            flag(filter != StateFilter::Ineligible),
+            flag(filter != StateFilter::Eligible),
+            size.as_bytes(),
+            scan.as_bytes(),
+        ];
+        args.extend(groups.iter().map(|group| group.as_bytes()));
+        let value = self.eval(&self.scripts.members, pool, &args).await?;
+        let page = MembersReply::decode(value)?;
+        Ok(crate::store::labelled_page(
+            page.eligible,
+            page.ineligible,
+            labels,
+            page.next,
+        ))
+    }
+
     /// One chunk of a seeding: `members` (part of `seed.members`) with the starting count
     /// and pending adds the earlier chunks left.
     async fn seed_chunk(
@@ -218,12 +256,35 @@ impl RedisStore {
         let start = start.map(|n| n.to_string()).unwrap_or_default();
         let flag = |on: bool| -> &'static [u8] { if on { b"1" } else { b"0" } };
         let pending = pending_adds.to_string();
-        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() + 4);
+        let labelled = !seed.labels.is_empty();
+        // Each member named in `labels` is followed by its labels text, every other one by
+        // `~` (keep what it has): see seed.lua.
+        let texts: Vec<String> = if labelled {
+            members
+                .iter()
+                .map(|m| {
+                    seed.labels
+                        .get(m)
+                        .map_or_else(|| "~".to_owned(), |l| l.script_text())
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() * 2 + 5);
         args.push(start.as_bytes());
         args.push(flag(seed.reset));
         args.push(flag(seed.dry_run));
         args.push(pending.as_bytes());
-        args.extend(members.iter().map(|m| m.as_str().as_bytes()));
+        args.push(flag(labelled));
+        if labelled {
+            for (member, text) in members.iter().zip(&texts) {
+                args.push(member.as_str().as_bytes());
+                args.push(text.as_bytes());
+            }
+        } else {
+            args.extend(members.iter().map(|m| m.as_str().as_bytes()));
+        }
         let value = self.eval(&self.scripts.seed, pool, &args).await?;
         let reply = SeedReply::decode(value, members.len())?;
         let mut report = SeedReport {
@@ -268,20 +329,32 @@ impl Store for RedisStore {
             .await
     }
 
-    async fn assign(&self, pool: &PoolId, ttl: Option<LeaseTtl>) -> Result<Assignment, StoreError> {
+    async fn assign(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+    ) -> Result<Assignment, StoreError> {
         // The id is drawn for every assign, used only on least-in-flight pools: deciding
         // here would need the pool's policy, which only the script reads.
         let id = LeaseId::random();
-        let ttl_arg = ttl.map(|t| t.as_millis().to_string()).unwrap_or_default();
-        let [reclaim, returns] = &*ASSIGN_BATCHES;
-        let args: [&[u8]; 4] = [
+        let ttl_arg = request
+            .ttl
+            .map(|t| t.as_millis().to_string())
+            .unwrap_or_default();
+        let [reclaim, returns, checks] = &*ASSIGN_BATCHES;
+        let groups = request.labels.script_args();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(5 + groups.len());
+        args.extend([
             id.as_str().as_bytes(),
             ttl_arg.as_bytes(),
             reclaim.as_bytes(),
             returns.as_bytes(),
-        ];
+            checks.as_bytes(),
+        ]);
+        args.extend(groups.iter().map(|group| group.as_bytes()));
         let value = self.eval(&self.scripts.assign, pool, &args).await?;
         Ok(match AssignReply::decode(value)? {
+            AssignReply::TooCostly => return Err(StoreError::FilterTooCostly),
             AssignReply::Empty { next_return } => Assignment::Empty { next_return },
             AssignReply::Assigned {
                 member,
@@ -607,9 +680,15 @@ impl Store for RedisStore {
         &self,
         pool: &PoolId,
         filter: StateFilter,
+        labels: &LabelFilter,
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
+        if !labels.is_empty() {
+            return self
+                .labelled_members(pool, filter, labels, limit, cursor)
+                .await;
+        }
         // One more than a page from each set tells the merge whether more pages follow.
         let wanted = |on: bool| if on { limit + 1 } else { 0 };
         let (mut eligible_left, mut ineligible_left) = match filter {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use redis::Value;
 
 use crate::domain::{
-    LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId, RestorePolicy, Timestamp,
+    Labels, LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId, RestorePolicy, Timestamp,
 };
 use crate::store::{
     CheckRound, Effect, Health, LastCheck, MemberState, MemberView, PoolStats, StoreError, Swept,
@@ -131,6 +131,8 @@ impl Items {
 /// `assign.lua`: what the pool's policy chose, or why nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum AssignReply {
+    /// The label filter would have checked more candidates than allowed; nothing changed.
+    TooCostly,
     /// Nothing to assign; when nothing is eligible and some member is cooling down, the
     /// wait until the first returns (0 when one is already due).
     Empty {
@@ -163,13 +165,14 @@ pub(super) enum AssignReply {
 }
 
 impl AssignReply {
-    /// Decodes `{-1}`, `{0}`, `{0, ms}`, `{1, member, assignments}` or
+    /// Decodes `{-1}`, `{-2}`, `{0}`, `{0, ms}`, `{1, member, assignments}` or
     /// `{2, member, assignments, in_flight, expires_ms, ttl_ms, due hint}`.
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
         decode("assign.lua", value, |value| {
             let mut items = Items::new(value)?;
             let reply = match items.int()? {
                 -1 => return Err(Problem::NoPool),
+                -2 => Self::TooCostly,
                 0 => Self::Empty {
                     // Negative when more members are due than one assign returns.
                     next_return: items
@@ -340,20 +343,35 @@ pub(super) struct MembersReply {
     pub(super) eligible: Vec<MemberView>,
     /// The page of ineligible members.
     pub(super) ineligible: Vec<MemberView>,
+    /// With a label filter: where the next page's walk starts, when it has not ended.
+    pub(super) next: Option<u64>,
 }
 
 impl MembersReply {
-    /// Decodes `{-1}` or `{1, 'eligible', {...}, 'ineligible', {...}}`, where each set's
-    /// page names its lists (see `members.lua`).
+    /// Decodes `{-1}`, `{1, 'eligible', {...}, 'ineligible', {...}}` or, with a label
+    /// filter, `{2, ..., 'next', offset | -1}`, where each set's page names its lists (see
+    /// `members.lua`).
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
         decode("members.lua", value, |value| {
-            let mut items = Items::of_pool(value)?;
+            let mut items = Items::new(value)?;
+            let filtered = match items.int()? {
+                1 => false,
+                2 => true,
+                -1 => return Err(Problem::NoPool),
+                _ => return Err("unknown status".into()),
+            };
             let eligible = member_views(items.field("eligible")?, MemberState::Eligible)?;
             let ineligible = member_views(items.field("ineligible")?, MemberState::Ineligible)?;
+            let next = if filtered {
+                u64::try_from(int(&items.field("next")?)?).ok()
+            } else {
+                None
+            };
             items.end()?;
             Ok(Self {
                 eligible,
                 ineligible,
+                next,
             })
         })
     }
@@ -378,6 +396,7 @@ fn member_views(page: Value, state: MemberState) -> Read<Vec<MemberView>> {
         .then(|| column(page.field("returns")?, size))
         .transpose()?;
     let mut checks = column(page.field("checks")?, size)?;
+    let mut labels = column(page.field("labels")?, size)?;
     page.end()?;
     let mut views = Vec::with_capacity(size);
     let mut pairs = pairs.into_iter();
@@ -404,6 +423,10 @@ fn member_views(page: Value, state: MemberState) -> Read<Vec<MemberView>> {
             last_cooldown_ms: (health.trips > 0).then_some(health.cooldown_ms),
             returns_at,
             last_check: parse_last_check(next(&mut checks))?,
+            labels: match next(&mut labels) {
+                Value::Nil => Labels::default(),
+                text => Labels::from_script_text(&string(text)?),
+            },
         });
     }
     Ok(views)

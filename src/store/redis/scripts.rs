@@ -7,7 +7,7 @@
 use redis::Script;
 
 /// Declares [`Scripts`] from `name: source` lines, where the source is `plain` (the file
-/// alone) or `with_helpers` (the file with `leases.lua` and `health.lua` in front of it).
+/// alone) or `with_helpers` (the file with `labels.lua`, `leases.lua` and `health.lua` in front of it).
 macro_rules! scripts {
     ($($name:ident: $source:ident,)*) => {
         /// Every script of the store.
@@ -36,6 +36,7 @@ macro_rules! scripts {
     };
     (@with_helpers $name:ident) => {
         Script::new(concat!(
+            include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
             include_str!("../scripts/health.lua"),
             include_str!(concat!("../scripts/", stringify!($name), ".lua"))
@@ -49,7 +50,7 @@ scripts! {
     pool_info: plain,
     delete_pool: plain,
     seed: with_helpers,
-    members: plain,
+    members: with_helpers,
     disable: with_helpers,
     enable: with_helpers,
     remove: with_helpers,

@@ -26,8 +26,8 @@ use super::reply::{
 };
 use super::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
-    HealthConfig, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId, RestorePolicy,
-    Timestamp,
+    HealthConfig, Labels, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId,
+    RestorePolicy, Timestamp,
 };
 use crate::store::{
     CheckRound, Effect, LastCheck, MemberState, MemberView, PoolStats, PutPool, Report,
@@ -205,7 +205,9 @@ async fn every_script_s_replies_decode_from_a_real_redis() {
 
 /// Runs `assign.lua` with a lease id and a ttl (`""` for the pool's).
 async fn run_assign(redis: &TestRedis, pool: &PoolId, lease: &str, ttl: &str) -> Value {
-    redis.eval("assign", pool, &[lease, ttl, "16", "16"]).await
+    redis
+        .eval("assign", pool, &[lease, ttl, "16", "16", "2000"])
+        .await
 }
 
 async fn assign(redis: &TestRedis) {
@@ -228,6 +230,44 @@ async fn assign(redis: &TestRedis) {
             member: member("a"),
             assignments: 1
         }
+    );
+    // With label groups: the least-used member carrying them, or {-2} when a filter over
+    // several keys would check more candidates than ARGV[5] allows.
+    let labelled = pool("assign-labelled");
+    redis.create(&labelled, PoolConfig::default()).await;
+    let run = |args: &'static [&'static str]| redis.eval("assign", &labelled, args);
+    run(&["l0", "", "16", "16", "2000"]).await;
+    redis
+        .eval(
+            "seed",
+            &labelled,
+            &[
+                "0",
+                "0",
+                "0",
+                "0",
+                "1",
+                "x",
+                "country=de",
+                "y",
+                "country=fr\ntier=a",
+                "z",
+                "country=fr",
+            ],
+        )
+        .await;
+    let picked = run(&["l0", "", "16", "16", "2000", "country fr"]).await;
+    assert_eq!(
+        AssignReply::decode(picked).expect("decodes"),
+        AssignReply::Assigned {
+            member: member("y"),
+            assignments: 1
+        }
+    );
+    let costly = run(&["l0", "", "16", "16", "0", "country fr", "tier a"]).await;
+    assert_eq!(
+        AssignReply::decode(costly).expect("decodes"),
+        AssignReply::TooCostly
     );
 
     let cooling = pool("assign-cooling");
@@ -434,11 +474,14 @@ async fn delete_pool(redis: &TestRedis) {
 async fn seed(redis: &TestRedis) {
     let id = pool("seed");
     let run = |args: &'static [&'static str]| redis.eval("seed", &id, args);
-    assert_pool_not_found(SeedReply::decode(run(&["", "0", "0", "0", "a"]).await, 1));
+    assert_pool_not_found(SeedReply::decode(
+        run(&["", "0", "0", "0", "0", "a"]).await,
+        1,
+    ));
     let mut config = PoolConfig::default();
     config.rules.max_members = Some(2);
     redis.create(&id, config).await;
-    let first = SeedReply::decode(run(&["", "0", "0", "0", "a", "b", "c"]).await, 3);
+    let first = SeedReply::decode(run(&["", "0", "0", "0", "0", "a", "b", "c"]).await, 3);
     assert_eq!(
         first.expect("decodes"),
         SeedReply {
@@ -446,7 +489,7 @@ async fn seed(redis: &TestRedis) {
             outcomes: vec![SeedOutcome::Added, SeedOutcome::Added, SeedOutcome::Full],
         }
     );
-    let second = SeedReply::decode(run(&["4", "0", "0", "0", "a", "d"]).await, 2);
+    let second = SeedReply::decode(run(&["4", "0", "0", "0", "0", "a", "d"]).await, 2);
     assert_eq!(
         second.expect("decodes"),
         SeedReply {
@@ -454,6 +497,23 @@ async fn seed(redis: &TestRedis) {
             outcomes: vec![SeedOutcome::Existing, SeedOutcome::Full],
         }
     );
+    // Labels follow each member: replaced on `a`, kept (`~`) on `b`.
+    let labelled = run(&["", "0", "0", "0", "1", "a", "country=de\ntier=a", "b", "~"]).await;
+    assert_eq!(
+        SeedReply::decode(labelled, 2).expect("decodes"),
+        SeedReply {
+            start_assignments: 0,
+            outcomes: vec![SeedOutcome::Existing, SeedOutcome::Existing],
+        }
+    );
+    let stored: Option<String> = redis
+        .side(&["HGET", &TestRedis::key(&id, "labels"), "a"])
+        .await;
+    assert_eq!(stored.as_deref(), Some("country=de\ntier=a"));
+    let kept: Option<String> = redis
+        .side(&["HGET", &TestRedis::key(&id, "labels"), "b"])
+        .await;
+    assert_eq!(kept, None);
 }
 
 async fn members(redis: &TestRedis) {
@@ -521,6 +581,7 @@ async fn members(redis: &TestRedis) {
         last_cooldown_ms: None,
         returns_at: None,
         last_check: None,
+        labels: Labels::default(),
     };
     assert_eq!(
         decoded,
@@ -556,11 +617,36 @@ async fn members(redis: &TestRedis) {
                     ..view("d", MemberState::Ineligible, 3)
                 },
             ],
+            next: None,
         }
     );
     let eligible_only = MembersReply::decode(page(&["0", "0", "10", "0"]).await).expect("decodes");
     assert_eq!(eligible_only.eligible, decoded.eligible);
     assert_eq!(eligible_only.ineligible, []);
+    // With a label filter: the walk's members, their labels, and where the next page starts
+    // (here after one entry, the page size).
+    redis
+        .eval(
+            "seed",
+            &id,
+            &["", "0", "0", "0", "1", "a", "tier=a", "c", "tier=a"],
+        )
+        .await;
+    let filtered = MembersReply::decode(page(&["0", "0", "1", "1", "1", "100", "tier a"]).await)
+        .expect("decodes");
+    let tier_a = Labels::from_script_text("tier=a");
+    assert_eq!(filtered.eligible.len(), 1);
+    assert_eq!(filtered.eligible[0].member, member("a"));
+    assert_eq!(filtered.eligible[0].labels, tier_a);
+    assert_eq!(filtered.ineligible, []);
+    assert_eq!(filtered.next, Some(1));
+    let rest = MembersReply::decode(page(&["1", "0", "1", "1", "1", "100", "tier a"]).await)
+        .expect("decodes");
+    assert_eq!(rest.eligible, []);
+    assert_eq!(rest.ineligible.len(), 1);
+    assert_eq!(rest.ineligible[0].member, member("c"));
+    assert_eq!(rest.ineligible[0].labels, tier_a);
+    assert_eq!(rest.next, None);
 }
 
 async fn disable(redis: &TestRedis) {

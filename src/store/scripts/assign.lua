@@ -10,15 +10,20 @@
 -- least-in-flight: first reclaims a few expired leases of this pool, then takes the first
 -- member of the choosing order (see `entry` in leases.lua) unless it is at max_in_flight,
 -- and leases it until now + ttl.
+-- With label groups (ARGV[6..]), the choice is the first member of the same order among
+-- those that pass every group (pick_labelled in labels.lua); the rest is the same.
 -- ARGV[1] id for the new lease (random, from the service), ARGV[2] ttl in ms or '' for
 -- the pool's, ARGV[3] how many expired leases to reclaim first, ARGV[4] how many due
--- members to return first.
--- Returns {-1} when the pool does not exist, {0} when there is nothing to assign,
+-- members to return first, ARGV[5] most candidates a label filter may check, ARGV[6..]
+-- label groups "key value value ...".
+-- Returns {-1} when the pool does not exist, {-2} when the label filter would check more
+-- than ARGV[5] candidates, {0} when there is nothing to assign,
 -- {0, ms} when nothing is eligible and the earliest cooldown ends in ms,
 -- {1, member, assignments} on a least-used pool,
 -- {2, member, assignments, in_flight, expires_ms, ttl_ms, due hint} on a least-in-flight
 -- pool, the hint being the pool's new earliest due time, or 0 (see `due_by` in leases.lua).
-local meta = redis.call('HMGET', KEYS[1], 'created_ms', 'policy', 'lease_ttl_ms', 'max_in_flight')
+local meta = redis.call('HMGET', KEYS[1], 'created_ms', 'policy', 'lease_ttl_ms', 'max_in_flight',
+    'labelled')
 if not meta[1] then
     return {-1}
 end
@@ -30,8 +35,13 @@ if first_due then
         return_due(now, tonumber(ARGV[4]))
     end
 end
--- Only on the empty path: how long until the earliest cooling-down member returns.
+local groups = filter_groups(6)
+-- Only on the empty path: how long until the earliest cooling-down member returns. With a
+-- label filter that member may not carry the labels, so no wait is given.
 local function nothing_eligible()
+    if groups then
+        return {0}
+    end
     local due = redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')[2]
     if due then
         return {0, tonumber(due) - (now or now_ms())}
@@ -39,17 +49,44 @@ local function nothing_eligible()
     return {0}
 end
 if meta[2] ~= 'least-in-flight' then
-    local chosen = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+    local chosen
+    if groups then
+        local order = pick_labelled(groups, tonumber(ARGV[5]), false)
+        if order == false then
+            return {-2}
+        end
+        chosen = order and order_member(order, false)
+    else
+        chosen = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+    end
     if not chosen then
         return nothing_eligible()
     end
+    -- A pool where no member ever had labels skips the label index: no call at all.
+    local labels = meta[5] and unlabel(chosen, false)
     local assignments = redis.call('ZINCRBY', KEYS[2], 1, chosen)
+    if labels then
+        label(chosen, false, labels)
+    end
     redis.call('HINCRBY', KEYS[1], 'total_assignments', 1)
     return {1, chosen, tonumber(assignments)}
 end
 now = now or now_ms()
 reclaim_expired(now, tonumber(ARGV[3]))
-local first = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+local first
+if groups then
+    local order = pick_labelled(groups, tonumber(ARGV[5]), true)
+    if order == false then
+        return {-2}
+    end
+    first = {}
+    if order then
+        local member = order_member(order, true)
+        first = {entry(redis.call('ZSCORE', KEYS[2], member), member), tonumber(string.sub(order, 1, 20))}
+    end
+else
+    first = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+end
 if not first[1] then
     return nothing_eligible()
 end
@@ -58,10 +95,14 @@ if meta[4] and tonumber(first[2]) >= tonumber(meta[4]) then
     return {0}
 end
 local member = string.sub(first[1], 21)
+local labels = meta[5] and unlabel(member, true)
 redis.call('ZREM', KEYS[5], first[1])
 local assignments = redis.call('ZINCRBY', KEYS[2], 1, member)
 redis.call('HINCRBY', KEYS[6], member, 1)
 place(member)
+if labels then
+    label(member, true, labels)
+end
 redis.call('HINCRBY', KEYS[1], 'total_assignments', 1)
 local ttl = tonumber(ARGV[2]) or tonumber(meta[3])
 local expires = now + ttl

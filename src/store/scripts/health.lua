@@ -54,6 +54,7 @@ local function take_out(member, since, reason, lif)
     if lif then
         unplace(member)
     end
+    unlabel(member, lif)
     redis.call('ZREM', KEYS[2], member)
     redis.call('ZADD', KEYS[3], count, member)
     redis.call('HSET', KEYS[4], member, since .. ' ' .. reason)
@@ -87,6 +88,7 @@ local function restore(member, policy, minimum, lif)
     if lif then
         place(member)
     end
+    label(member, lif, false)
     redis.call('ZREM', KEYS[10], member)
     local _, trips, cooldown = health_of(member)
     set_health(member, 0, trips, cooldown)

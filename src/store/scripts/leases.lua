@@ -79,10 +79,12 @@ local function end_lease(id)
     end
     redis.call('HDEL', KEYS[7], id)
     redis.call('ZREM', KEYS[8], id)
+    local labels = unlabel(member, true)
     if redis.call('HINCRBY', KEYS[6], member, -1) <= 0 then
         redis.call('HDEL', KEYS[6], member)
     end
     place(member)
+    label(member, true, labels)
     return true
 end
 

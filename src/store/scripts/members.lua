@@ -1,14 +1,21 @@
 -- Reads one page of a pool's members from each of its two sets, with their health.
--- KEYS as in leases.lua and health.lua.
+-- KEYS as in labels.lua, leases.lua and health.lua.
 -- ARGV[1] eligible offset, ARGV[2] ineligible offset, ARGV[3] how many eligible and
 -- ARGV[4] how many ineligible members to read (0 skips that set).
+-- With a label filter, ARGV[1] is instead how many entries of the label index earlier
+-- pages passed, ARGV[3] and ARGV[4] '1' or '0' whether eligible and ineligible members
+-- are wanted, ARGV[5] the page size, ARGV[6] most index entries to read, ARGV[7..] label
+-- groups "key value value ...": the page walks the entries of the first group's values
+-- (each value's members by id) and keeps those that pass every group.
 -- Returns {-1} when the pool does not exist, else
--- {1, 'eligible', {name, list, ...}, 'ineligible', {name, list, ...}}: each set's page as
+-- {1, 'eligible', {name, list, ...}, 'ineligible', {name, list, ...}} (with a filter:
+-- {2, ..., 'next', offset or -1 when the walk has ended}): each set's page as
 -- named lists (`MembersReply` in reply.rs reads them in this order): `members` the
 -- {member, count, ...} pairs, then one entry per member of the page in each of
 -- `taken_out` (ineligible only) "<since_ms> <reason>", `in_flight` the live leases,
 -- `health` "<streak> <trips> <cooldown_ms>", `returns` (ineligible only) the ms it comes
--- back at, `checks` "<at_ms> <result>[/<latency_ms>] <detail>" (each nil when none).
+-- back at, `checks` "<at_ms> <result>[/<latency_ms>] <detail>", `labels` its labels (each
+-- nil when none).
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
@@ -18,8 +25,69 @@ local function page(key, offset, count)
     end
     return redis.call('ZRANGE', key, offset, offset + count - 1, 'WITHSCORES')
 end
-local eligible = page(KEYS[2], ARGV[1], ARGV[3])
-local ineligible = page(KEYS[3], ARGV[2], ARGV[4])
+local status = 1
+local eligible, ineligible, next_offset
+local groups = filter_groups(7)
+if groups then
+    -- Walks the index from where the last page stopped, reading at most ARGV[6] entries.
+    status = 2
+    eligible, ineligible = {}, {}
+    local want_eligible, want_ineligible = ARGV[3] == '1', ARGV[4] == '1'
+    local size, budget = tonumber(ARGV[5]), tonumber(ARGV[6])
+    local skip = tonumber(ARGV[1])
+    local position = 0
+    local found = 0
+    next_offset = -1
+    local walk = groups[1]
+    for _, value in ipairs(walk.values) do
+        local pair = walk.key .. '=' .. value
+        local low, high = '[' .. pair .. '\0', '(' .. pair .. '\1'
+        local total = redis.call('ZLEXCOUNT', KEYS[15], low, high)
+        if skip >= position + total then
+            position = position + total
+        else
+            if found == size or budget == 0 then
+                next_offset = position
+                break
+            end
+            local start = math.max(0, skip - position)
+            position = position + start
+            local entries = redis.call('ZRANGE', KEYS[15], low, high, 'BYLEX', 'LIMIT', start, budget)
+            for _, e in ipairs(entries) do
+                if found == size then
+                    next_offset = position
+                    break
+                end
+                budget = budget - 1
+                position = position + 1
+                local member = string.sub(e, #pair + 2)
+                if passes(labels_table(redis.call('HGET', KEYS[13], member)), groups, 1) then
+                    local count = redis.call('ZSCORE', KEYS[2], member)
+                    if count then
+                        if want_eligible then
+                            eligible[#eligible + 1] = member
+                            eligible[#eligible + 1] = count
+                            found = found + 1
+                        end
+                    elseif want_ineligible then
+                        ineligible[#ineligible + 1] = member
+                        ineligible[#ineligible + 1] = redis.call('ZSCORE', KEYS[3], member)
+                        found = found + 1
+                    end
+                end
+            end
+            if next_offset == -1 and start + #entries < total then
+                next_offset = position
+            end
+            if next_offset ~= -1 then
+                break
+            end
+        end
+    end
+else
+    eligible = page(KEYS[2], ARGV[1], ARGV[3])
+    ineligible = page(KEYS[3], ARGV[2], ARGV[4])
+end
 local function names(pairs)
     local out = {}
     for i = 1, #pairs, 2 do
@@ -34,13 +102,14 @@ local function lookup(command, key, fields)
     return redis.call(command, key, unpack(fields))
 end
 local e, i = names(eligible), names(ineligible)
-return {
-    1,
+local reply = {
+    status,
     'eligible', {
         'members', eligible,
         'in_flight', lookup('HMGET', KEYS[6], e),
         'health', lookup('HMGET', KEYS[9], e),
         'checks', lookup('HMGET', KEYS[11], e),
+        'labels', lookup('HMGET', KEYS[13], e),
     },
     'ineligible', {
         'members', ineligible,
@@ -49,5 +118,11 @@ return {
         'health', lookup('HMGET', KEYS[9], i),
         'returns', lookup('ZMSCORE', KEYS[10], i),
         'checks', lookup('HMGET', KEYS[11], i),
+        'labels', lookup('HMGET', KEYS[13], i),
     },
 }
+if next_offset then
+    reply[#reply + 1] = 'next'
+    reply[#reply + 1] = next_offset
+end
+return reply

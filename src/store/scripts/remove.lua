@@ -15,6 +15,7 @@ for i = 1, #ARGV do
     if lif then
         unplace(member)
     end
+    drop_labels(member, lif)
     removed[member] = true
     local removed = redis.call('ZREM', KEYS[2], member) + redis.call('ZREM', KEYS[3], member)
     redis.call('HDEL', KEYS[4], member)

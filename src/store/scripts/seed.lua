@@ -6,7 +6,9 @@
 -- KEYS as in leases.lua.
 -- ARGV[1] explicit starting count or '', ARGV[2] '1' to reset existing members,
 -- ARGV[3] '1' for a dry run (nothing is written), ARGV[4] members earlier chunks of the
--- same dry run would have added, ARGV[5..] member ids (validated and de-duplicated).
+-- same dry run would have added, ARGV[5] '1' when each member id is followed by its
+-- labels ("key=value" lines; '' for none; '~' to keep what it has), else '0',
+-- ARGV[6..] member ids (validated and de-duplicated), each with its labels when asked.
 -- Returns {-1} when the pool does not exist, else
 -- {1, start, {1 = added | 0 = existing | 2 = full ...}}.
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -27,8 +29,10 @@ local reset = ARGV[2] == '1'
 local dry_run = ARGV[3] == '1'
 local lif = least_in_flight() and not dry_run
 local outcomes = {}
-for i = 5, #ARGV do
+local step = ARGV[5] == '1' and 2 or 1
+for i = 6, #ARGV, step do
     local member = ARGV[i]
+    local labels = step == 2 and ARGV[i + 1] or '~'
     local holder = nil
     if redis.call('ZSCORE', KEYS[2], member) then
         holder = KEYS[2]
@@ -40,7 +44,12 @@ for i = 5, #ARGV do
             if lif then
                 unplace(member)
             end
+            local text = unlabel(member, lif)
             redis.call('ZADD', holder, start, member)
+            label(member, lif, text)
+        end
+        if labels ~= '~' and not dry_run then
+            set_labels(member, labels, lif)
         end
         outcomes[#outcomes + 1] = 0
     elseif max and size >= max then
@@ -48,6 +57,9 @@ for i = 5, #ARGV do
     else
         if not dry_run then
             redis.call('ZADD', KEYS[2], start, member)
+            if labels ~= '~' and labels ~= '' then
+                set_labels(member, labels, lif)
+            end
         end
         size = size + 1
         outcomes[#outcomes + 1] = 1

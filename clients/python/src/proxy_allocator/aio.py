@@ -20,12 +20,14 @@ from .client import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_TIMEOUT,
     Assignment,
+    Labels,
     Lease,
     Leased,
     Outcome,
     _Answer,
     _Scope,
     _answer,
+    _assign_body,
     _assigned,
     _exit_outcome,
     _expect,
@@ -93,10 +95,12 @@ class AsyncClient:
         return self._session
 
     async def assign(self, pool: str, ttl_ms: Optional[int] = None, *,
+                     labels: Optional[Labels] = None,
                      raise_if_empty: bool = False) -> Optional[Assignment]:
-        """As :meth:`Client.assign`: a member, ``None`` on 204 (or with ``raise_if_empty``
-        :class:`NoProxyAvailable` with ``retry_after``)."""
-        answer = await self._call("/pools/{}/assign".format(_segment(pool)), _ttl_body(ttl_ms))
+        """As :meth:`Client.assign`: a member (carrying ``labels`` when given), ``None`` on
+        204 (or with ``raise_if_empty`` :class:`NoProxyAvailable` with ``retry_after``)."""
+        answer = await self._call("/pools/{}/assign".format(_segment(pool)),
+                                  _assign_body(ttl_ms, labels))
         return _assigned(pool, answer, raise_if_empty)
 
     async def release(self, pool: str, lease_id: str) -> None:

@@ -12,7 +12,7 @@ import urllib.parse
 import weakref
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple, Type
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Type, Union
 
 from .errors import (
     Forbidden,
@@ -154,9 +154,24 @@ def _check_result(result: str) -> None:
 
 
 def _ttl_body(ttl_ms: Optional[int]) -> Optional[Dict[str, Any]]:
-    """The optional body of assign and renew. New assign fields of the service join here,
-    and only once the service accepts them: it refuses unknown fields."""
+    """The optional body of a renewal."""
     return None if ttl_ms is None else {"ttl_ms": ttl_ms}
+
+
+#: A label filter: for every key, the value a member must carry or a list of accepted ones.
+Labels = Mapping[str, Union[str, Sequence[str]]]
+
+
+def _assign_body(ttl_ms: Optional[int], labels: Optional[Labels]) -> Optional[Dict[str, Any]]:
+    """The optional body of an assign. New assign fields of the service join here, and only
+    once the service accepts them: it refuses unknown fields."""
+    body: Dict[str, Any] = {}
+    if ttl_ms is not None:
+        body["ttl_ms"] = ttl_ms
+    if labels is not None:
+        body["labels"] = {key: value if isinstance(value, str) else list(value)
+                          for key, value in labels.items()}
+    return body or None
 
 
 def _report_body(proxy: str, result: str, status: Optional[int]) -> Dict[str, Any]:
@@ -269,17 +284,20 @@ class Client:
         return "Client({!r})".format(self.base_url)
 
     def assign(self, pool: str, ttl_ms: Optional[int] = None, *,
+               labels: Optional[Labels] = None,
                raise_if_empty: bool = False) -> Optional[Assignment]:
         """Asks for a member of ``pool``; ``None`` when it has none to give (HTTP 204: skip
         this request), or with ``raise_if_empty`` :class:`NoProxyAvailable`, whose
         ``retry_after`` says when the first member cooling down returns. ``ttl_ms`` asks
-        least-in-flight pools for a lease ttl other than the pool's.
+        least-in-flight pools for a lease ttl other than the pool's. ``labels``
+        (``{"country": "de"}`` or ``{"country": ["de", "fr"]}``) chooses among the members
+        carrying them only.
 
         Raises :class:`NotFound` (``pool_not_found``), :class:`Unauthorized`,
         :class:`Unavailable`, or :class:`ProxyAllocatorError` for other error answers.
         """
         answer = self._call("POST", "/pools/{}/assign".format(_segment(pool)),
-                            _ttl_body(ttl_ms))
+                            _assign_body(ttl_ms, labels))
         return _assigned(pool, answer, raise_if_empty)
 
     def release(self, pool: str, lease_id: str) -> None:

@@ -1,0 +1,366 @@
+//! Member labels (`country=de`, `provider=acme`) and the label filters an assign or a
+//! listing asks for, parsed at the edge.
+//!
+//! Keys are `[a-z0-9_.-]{1,32}` and values `[A-Za-z0-9_.:-]{1,64}`: neither holds `=`,
+//! `,`, a space or a control byte, which is what lets the stores write a label as
+//! `key=value` and a filter group as `key value value ...` without escaping.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// Most labels one member carries.
+pub const MAX_LABELS: usize = 16;
+/// Longest label key, in bytes.
+pub const MAX_LABEL_KEY_LEN: usize = 32;
+/// Longest label value, in bytes.
+pub const MAX_LABEL_VALUE_LEN: usize = 64;
+/// Most values one key of a filter may list.
+pub const MAX_FILTER_VALUES: usize = 16;
+
+/// Why labels or a filter were refused: the field, and what it must be. Answered as 400
+/// `invalid_request` with this text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {what}")]
+pub struct InvalidLabels {
+    /// The field, as the caller wrote it (`labels`, `members[3].labels.country`, `label`).
+    pub field: String,
+    /// What it must be.
+    pub what: String,
+}
+
+impl InvalidLabels {
+    fn new(field: impl Into<String>, what: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            what: what.into(),
+        }
+    }
+}
+
+const KEY_RULE: &str = "a label key is 1 to 32 characters of a-z, 0-9, '_', '.' and '-'";
+const VALUE_RULE: &str =
+    "a label value is 1 to 64 characters of A-Z, a-z, 0-9, '_', '.', ':' and '-'";
+
+fn valid_key(key: &str) -> bool {
+    (1..=MAX_LABEL_KEY_LEN).contains(&key.len())
+        && key
+            .bytes()
+            .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'.' | b'-'))
+}
+
+fn valid_value(value: &str) -> bool {
+    (1..=MAX_LABEL_VALUE_LEN).contains(&value.len())
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
+}
+
+fn check_key(field: &str, key: &str) -> Result<(), InvalidLabels> {
+    if valid_key(key) {
+        Ok(())
+    } else {
+        Err(InvalidLabels::new(field, KEY_RULE))
+    }
+}
+
+fn check_value(field: &str, value: &str) -> Result<(), InvalidLabels> {
+    if valid_value(value) {
+        Ok(())
+    } else {
+        Err(InvalidLabels::new(field, VALUE_RULE))
+    }
+}
+
+/// A member's labels: at most [`MAX_LABELS`] keys, each with one value, in key order.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize)]
+#[serde(transparent)]
+pub struct Labels(BTreeMap<String, String>);
+
+impl Labels {
+    /// Parses a JSON object of string values found at `field`.
+    ///
+    /// # Errors
+    /// [`InvalidLabels`] naming the field (or the key within it) that breaks a rule.
+    pub fn from_json(field: &str, value: &Value) -> Result<Self, InvalidLabels> {
+        let Value::Object(map) = value else {
+            return Err(InvalidLabels::new(
+                field,
+                "labels are an object of key: value strings",
+            ));
+        };
+        if map.len() > MAX_LABELS {
+            return Err(InvalidLabels::new(
+                field,
+                format!("a member carries at most {MAX_LABELS} labels"),
+            ));
+        }
+        let mut labels = BTreeMap::new();
+        for (key, value) in map {
+            check_key(field, key)?;
+            let inner = format!("{field}.{key}");
+            let Value::String(value) = value else {
+                return Err(InvalidLabels::new(inner, "a label value is a string"));
+            };
+            check_value(&inner, value)?;
+            labels.insert(key.clone(), value.clone());
+        }
+        Ok(Self(labels))
+    }
+
+    /// Parses `key=value` pairs (query parameters named `field`); a key given twice keeps
+    /// its last value.
+    ///
+    /// # Errors
+    /// [`InvalidLabels`] naming `field` when a pair is malformed or there are too many.
+    pub fn from_pairs<'a>(
+        field: &str,
+        pairs: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, InvalidLabels> {
+        let mut labels = BTreeMap::new();
+        for pair in pairs {
+            let (key, value) = split_pair(field, pair)?;
+            labels.insert(key.to_owned(), value.to_owned());
+        }
+        if labels.len() > MAX_LABELS {
+            return Err(InvalidLabels::new(
+                field,
+                format!("a member carries at most {MAX_LABELS} labels"),
+            ));
+        }
+        Ok(Self(labels))
+    }
+
+    /// Rebuilds labels a store kept, from [`Labels::script_text`]. Pairs that do not follow
+    /// the rules are dropped: only this service writes the text.
+    pub fn from_script_text(text: &str) -> Self {
+        Self(
+            text.split('\n')
+                .filter_map(|pair| pair.split_once('='))
+                .filter(|(key, value)| valid_key(key) && valid_value(value))
+                .map(|(key, value)| (key.to_owned(), value.to_owned()))
+                .collect(),
+        )
+    }
+
+    /// The labels as `key=value` lines, in key order: how the Redis store keeps them.
+    pub fn script_text(&self) -> String {
+        self.pairs().collect::<Vec<_>>().join("\n")
+    }
+
+    /// Each label as `key=value`, in key order.
+    pub fn pairs(&self) -> impl Iterator<Item = String> + '_ {
+        self.0.iter().map(|(key, value)| format!("{key}={value}"))
+    }
+
+    /// The value of `key`, when the member carries it.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Each `(key, value)`, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    /// Whether these labels pass `filter`: for every key of the filter, the member's value
+    /// is one of the filter's values.
+    pub fn matches(&self, filter: &LabelFilter) -> bool {
+        filter.groups.iter().all(|(key, values)| {
+            self.get(key)
+                .is_some_and(|mine| values.iter().any(|v| v == mine))
+        })
+    }
+}
+
+fn split_pair<'a>(field: &str, pair: &'a str) -> Result<(&'a str, &'a str), InvalidLabels> {
+    let (key, value) = pair
+        .split_once('=')
+        .ok_or_else(|| InvalidLabels::new(field, "a label is given as key=value"))?;
+    check_key(field, key)?;
+    check_value(field, value)?;
+    Ok((key, value))
+}
+
+/// What an assign or a listing asks of members' labels: for every key, the member's value
+/// is one of the listed ones. Empty means no condition. Keys in order, values de-duplicated
+/// in order.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LabelFilter {
+    groups: Vec<(String, Vec<String>)>,
+}
+
+impl LabelFilter {
+    /// Parses `{"key": "value" | ["v1", "v2"]}` found at `field`.
+    ///
+    /// # Errors
+    /// [`InvalidLabels`] naming the field (or key) that breaks a rule.
+    pub fn from_json(field: &str, value: &Value) -> Result<Self, InvalidLabels> {
+        let Value::Object(map) = value else {
+            return Err(InvalidLabels::new(
+                field,
+                "labels are an object of key: value or key: [values]",
+            ));
+        };
+        if map.len() > MAX_LABELS {
+            return Err(InvalidLabels::new(
+                field,
+                format!("a filter names at most {MAX_LABELS} keys"),
+            ));
+        }
+        let mut groups = BTreeMap::new();
+        for (key, values) in map {
+            check_key(field, key)?;
+            let inner = format!("{field}.{key}");
+            let listed: Vec<&Value> = match values {
+                Value::Array(items) => items.iter().collect(),
+                one => vec![one],
+            };
+            if listed.is_empty() || listed.len() > MAX_FILTER_VALUES {
+                return Err(InvalidLabels::new(
+                    inner,
+                    format!("a filter lists 1 to {MAX_FILTER_VALUES} values per key"),
+                ));
+            }
+            let mut kept: Vec<String> = Vec::with_capacity(listed.len());
+            for value in listed {
+                let Value::String(value) = value else {
+                    return Err(InvalidLabels::new(inner, "a label value is a string"));
+                };
+                check_value(&inner, value)?;
+                if !kept.contains(value) {
+                    kept.push(value.clone());
+                }
+            }
+            groups.insert(key.clone(), kept);
+        }
+        Ok(Self {
+            groups: groups.into_iter().collect(),
+        })
+    }
+
+    /// Parses `key=value` query parameters named `field`; a key given twice accepts either
+    /// value.
+    ///
+    /// # Errors
+    /// [`InvalidLabels`] naming `field` when a pair is malformed or there are too many.
+    pub fn from_pairs<'a>(
+        field: &str,
+        pairs: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, InvalidLabels> {
+        let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for pair in pairs {
+            let (key, value) = split_pair(field, pair)?;
+            let values = groups.entry(key.to_owned()).or_default();
+            if !values.iter().any(|v| v == value) {
+                values.push(value.to_owned());
+            }
+            if values.len() > MAX_FILTER_VALUES {
+                return Err(InvalidLabels::new(
+                    field,
+                    format!("a filter lists 1 to {MAX_FILTER_VALUES} values per key"),
+                ));
+            }
+        }
+        if groups.len() > MAX_LABELS {
+            return Err(InvalidLabels::new(
+                field,
+                format!("a filter names at most {MAX_LABELS} keys"),
+            ));
+        }
+        Ok(Self {
+            groups: groups.into_iter().collect(),
+        })
+    }
+
+    /// Whether it asks nothing.
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    /// Each key with the values it accepts, in key order.
+    pub fn groups(&self) -> impl Iterator<Item = (&str, &[String])> {
+        self.groups.iter().map(|(k, v)| (k.as_str(), v.as_slice()))
+    }
+
+    /// Each group as one script argument, `key value value ...`.
+    pub fn script_args(&self) -> Vec<String> {
+        self.groups
+            .iter()
+            .map(|(key, values)| {
+                let mut arg = key.clone();
+                for value in values {
+                    arg.push(' ');
+                    arg.push_str(value);
+                }
+                arg
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn labels_name_the_field_and_key_that_break_a_rule() {
+        let err = Labels::from_json("members[1].labels", &json!({"Country": "de"}))
+            .expect_err("upper-case key");
+        assert_eq!(err.field, "members[1].labels");
+        let err = Labels::from_json("labels", &json!({"country": "d e"})).expect_err("space");
+        assert_eq!(err.to_string(), format!("labels.country: {VALUE_RULE}"));
+        let err = Labels::from_json("labels", &json!({"country": 1})).expect_err("number");
+        assert_eq!(err.field, "labels.country");
+        let many: serde_json::Map<String, Value> =
+            (0..17).map(|i| (format!("k{i}"), json!("v"))).collect();
+        let err = Labels::from_json("labels", &Value::Object(many)).expect_err("17 labels");
+        assert_eq!(err.what, "a member carries at most 16 labels");
+        let long_key = "k".repeat(33);
+        assert!(Labels::from_json("labels", &json!({ long_key: "v" })).is_err());
+        let long_value = "v".repeat(65);
+        assert!(Labels::from_json("labels", &json!({"k": long_value})).is_err());
+        let edge = Labels::from_json(
+            "labels",
+            &json!({ "k".repeat(32): "V:.-_9".repeat(10) + "abcd" }),
+        );
+        assert!(edge.is_ok());
+    }
+
+    #[test]
+    fn labels_round_trip_through_the_script_text_in_key_order() {
+        let labels =
+            Labels::from_json("labels", &json!({"provider": "acme", "country": "de"})).expect("ok");
+        assert_eq!(labels.script_text(), "country=de\nprovider=acme");
+        assert_eq!(Labels::from_script_text(&labels.script_text()), labels);
+        assert_eq!(Labels::from_script_text(""), Labels::default());
+    }
+
+    #[test]
+    fn a_filter_takes_a_value_or_a_list_and_matches_every_key() {
+        let filter = LabelFilter::from_json(
+            "labels",
+            &json!({"country": ["de", "fr", "de"], "tier": "a"}),
+        )
+        .expect("ok");
+        assert_eq!(filter.script_args(), ["country de fr", "tier a"]);
+        let member = |country: &str| {
+            Labels::from_pairs("label", [format!("country={country}").as_str(), "tier=a"])
+                .expect("ok")
+        };
+        assert!(member("fr").matches(&filter));
+        assert!(!member("us").matches(&filter));
+        let err = LabelFilter::from_json("labels", &json!({"country": []})).expect_err("empty");
+        assert_eq!(err.field, "labels.country");
+        let err = LabelFilter::from_pairs("label", ["country"]).expect_err("no =");
+        assert_eq!(err.field, "label");
+    }
+}

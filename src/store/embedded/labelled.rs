@@ -1,0 +1,217 @@
+//! The embedded store's labels: each member's labels and the two indexes built on them,
+//! kept in step by `Pool::unplace` and `Pool::place` exactly as `scripts/labels.lua` keeps
+//! the Redis ones.
+//!
+//! - `eligible`: per `key=value`, the eligible members carrying it in the choosing order
+//!   (`(live leases on least-in-flight pools else 0, assignments, id)`): its first entry is
+//!   the choice of an assign filtering on that one label.
+//! - `members`: per `key=value`, every member carrying it, by id, for listings.
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::Pool;
+use crate::domain::{LabelFilter, Labels, MemberId, Policy};
+use crate::store::{
+    Cursor, MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MemberPage, StateFilter, StoreError,
+};
+
+/// Each member's labels and the indexes over them.
+#[derive(Debug, Default)]
+pub(super) struct LabelIndex {
+    /// Members with labels; members without any are absent.
+    pub(super) of: HashMap<MemberId, Labels>,
+    eligible: HashMap<String, BTreeSet<(u64, u64, MemberId)>>,
+    members: HashMap<String, BTreeSet<MemberId>>,
+}
+
+impl Pool {
+    /// Where an eligible member stands in the choosing order; `None` when not eligible.
+    fn label_key(&self, member: &MemberId) -> Option<(u64, u64, MemberId)> {
+        let assignments = self.eligible.get(member)?;
+        let live = if self.config.policy == Policy::LeastInFlight {
+            self.in_flight_of(member)
+        } else {
+            0
+        };
+        Some((live, assignments, member.clone()))
+    }
+
+    /// Takes an eligible member out of the label index, before its numbers change.
+    pub(super) fn unlabel(&mut self, member: &MemberId) {
+        if self.labels.of.is_empty() {
+            return;
+        }
+        let Some(key) = self.label_key(member) else {
+            return;
+        };
+        let LabelIndex { of, eligible, .. } = &mut self.labels;
+        for pair in of.get(member).into_iter().flat_map(Labels::pairs) {
+            if let Some(set) = eligible.get_mut(&pair) {
+                set.remove(&key);
+                if set.is_empty() {
+                    eligible.remove(&pair);
+                }
+            }
+        }
+    }
+
+    /// Puts an eligible member back into the label index with its current numbers.
+    pub(super) fn label(&mut self, member: &MemberId) {
+        if self.labels.of.is_empty() {
+            return;
+        }
+        let Some(key) = self.label_key(member) else {
+            return;
+        };
+        let LabelIndex { of, eligible, .. } = &mut self.labels;
+        for pair in of.get(member).into_iter().flat_map(Labels::pairs) {
+            eligible.entry(pair).or_default().insert(key.clone());
+        }
+    }
+
+    /// Replaces a member's labels; its count and state stay.
+    pub(super) fn set_labels(&mut self, member: &MemberId, labels: Labels) {
+        self.drop_labels(member);
+        if labels.is_empty() {
+            return;
+        }
+        for pair in labels.pairs() {
+            self.labels
+                .members
+                .entry(pair)
+                .or_default()
+                .insert(member.clone());
+        }
+        self.labels.of.insert(member.clone(), labels);
+        self.label(member);
+    }
+
+    /// Forgets a member's labels, before it leaves the pool.
+    pub(super) fn drop_labels(&mut self, member: &MemberId) {
+        self.unlabel(member);
+        let Some(old) = self.labels.of.remove(member) else {
+            return;
+        };
+        for pair in old.pairs() {
+            if let Some(set) = self.labels.members.get_mut(&pair) {
+                set.remove(member);
+                if set.is_empty() {
+                    self.labels.members.remove(&pair);
+                }
+            }
+        }
+    }
+
+    /// The first eligible member in the choosing order that passes `filter`, by the rule
+    /// of `pick_labelled` in `scripts/labels.lua`: with one key, the first entry of each
+    /// value's set; with several, a walk over the key with the fewest entries that checks
+    /// at most [`MAX_LABEL_CHECKS`] candidates.
+    pub(super) fn pick_labelled(
+        &self,
+        filter: &LabelFilter,
+    ) -> Result<Option<(u64, u64, MemberId)>, StoreError> {
+        let groups: Vec<(&str, &[String])> = filter.groups().collect();
+        let set = |key: &str, value: &str| self.labels.eligible.get(&format!("{key}={value}"));
+        let size = |(key, values): &(&str, &[String])| -> usize {
+            values
+                .iter()
+                .map(|v| set(key, v).map_or(0, BTreeSet::len))
+                .sum()
+        };
+        let Some(walk) = (0..groups.len()).min_by_key(|&i| size(&groups[i])) else {
+            return Ok(None);
+        };
+        let (key, values) = groups[walk];
+        let mut best: Option<&(u64, u64, MemberId)> = None;
+        let mut checked = 0u64;
+        for value in values {
+            let Some(entries) = set(key, value) else {
+                continue;
+            };
+            let mut found = None;
+            for entry in entries {
+                if groups.len() == 1 {
+                    found = Some(entry);
+                    break;
+                }
+                checked += 1;
+                if checked > MAX_LABEL_CHECKS {
+                    return Err(StoreError::FilterTooCostly);
+                }
+                if self
+                    .labels
+                    .of
+                    .get(&entry.2)
+                    .is_some_and(|labels| labels.matches(filter))
+                {
+                    found = Some(entry);
+                    break;
+                }
+            }
+            if let Some(found) = found
+                && best.is_none_or(|best| found < best)
+            {
+                best = Some(found);
+            }
+        }
+        Ok(best.cloned())
+    }
+
+    /// A page of a listing with a label filter (see `Store::members`).
+    pub(super) fn labelled_page(
+        &self,
+        state: StateFilter,
+        filter: &LabelFilter,
+        limit: usize,
+        cursor: Cursor,
+    ) -> MemberPage {
+        let mut eligible = Vec::new();
+        let mut ineligible = Vec::new();
+        let mut position = 0u64;
+        let mut budget = MAX_LISTING_SCAN;
+        let mut next = None;
+        if let Some((key, values)) = filter.groups().next() {
+            'walk: for value in values {
+                let Some(set) = self.labels.members.get(&format!("{key}={value}")) else {
+                    continue;
+                };
+                let total = set.len() as u64;
+                if cursor.eligible >= position + total {
+                    position += total;
+                    continue;
+                }
+                let start = cursor.eligible.saturating_sub(position);
+                position += start;
+                for member in set
+                    .iter()
+                    .skip(usize::try_from(start).unwrap_or(usize::MAX))
+                {
+                    if eligible.len() + ineligible.len() == limit || budget == 0 {
+                        next = Some(position);
+                        break 'walk;
+                    }
+                    budget -= 1;
+                    position += 1;
+                    if !self
+                        .labels
+                        .of
+                        .get(member)
+                        .is_some_and(|labels| labels.matches(filter))
+                    {
+                        continue;
+                    }
+                    if let Some(count) = self.eligible.get(member) {
+                        if state != StateFilter::Ineligible {
+                            eligible.push(self.view_eligible(member, count));
+                        }
+                    } else if let Some(count) = self.ineligible.get(member)
+                        && state != StateFilter::Eligible
+                    {
+                        ineligible.push(self.view_ineligible(member, count));
+                    }
+                }
+            }
+        }
+        crate::store::labelled_page(eligible, ineligible, filter, next)
+    }
+}

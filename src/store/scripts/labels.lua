@@ -1,0 +1,223 @@
+-- Label helpers, put first in front of every pool script that changes members or leases
+-- (see `with_helpers` in redis/scripts.rs). Only local functions: nothing runs until a
+-- script calls one.
+-- KEYS, continuing health.lua:
+--   [13] labels hash (member -> its labels as "key=value" lines in key order; absent when none),
+--   [14] by_label sorted set: one entry per label of each ELIGIBLE member, all at score 0,
+--        "key=value" NUL, then the member's place in the choosing order (see order_text);
+--   [15] label_members sorted set: one entry per label of EVERY member, all at score 0,
+--        "key=value" NUL member, for listings.
+-- Entries at one score sort by bytes, and the choosing order is written in fixed-width
+-- digits, so the first entry of the range "key=value" NUL is the least-used (least-busy)
+-- eligible member carrying that label: one O(log N) ZRANGE BYLEX, whatever the pool's size.
+-- Keys and values never hold '=', NUL or a newline (LabelFilter in the service).
+
+-- An eligible member's place in the choosing order: on least-used pools its assignments as
+-- 20 digits, then its id; on least-in-flight pools its live leases as 20 digits in front
+-- (the order of `by_in_flight`, leases.lua). nil when the member is not eligible.
+local function order_text(member, lif)
+    local assignments = redis.call('ZSCORE', KEYS[2], member)
+    if not assignments then
+        return nil
+    end
+    local text = string.format('%020d', tonumber(assignments)) .. member
+    if lif then
+        local live = tonumber(redis.call('HGET', KEYS[6], member) or 0)
+        text = string.format('%020d', live) .. text
+    end
+    return text
+end
+
+-- The id inside an order text.
+local function order_member(order, lif)
+    return string.sub(order, lif and 41 or 21)
+end
+
+local function label_entries(text, tail)
+    local entries = {}
+    for pair in string.gmatch(text, '[^\n]+') do
+        entries[#entries + 1] = pair .. '\0' .. tail
+    end
+    return entries
+end
+
+-- Takes an eligible member's entries out of by_label; call it before its numbers or its
+-- eligibility change. Returns its labels text (nil when it has none) for `label`.
+local function unlabel(member, lif)
+    local text = redis.call('HGET', KEYS[13], member)
+    if not text then
+        return nil
+    end
+    local order = order_text(member, lif)
+    if order then
+        redis.call('ZREM', KEYS[14], unpack(label_entries(text, order)))
+    end
+    return text
+end
+
+-- Puts an eligible member's entries into by_label with its current numbers; `text` is
+-- what `unlabel` returned (false to read it here).
+local function label(member, lif, text)
+    if text == false then
+        text = redis.call('HGET', KEYS[13], member)
+    end
+    if not text then
+        return
+    end
+    local order = order_text(member, lif)
+    if order then
+        local args = {}
+        for _, e in ipairs(label_entries(text, order)) do
+            args[#args + 1] = 0
+            args[#args + 1] = e
+        end
+        redis.call('ZADD', KEYS[14], unpack(args))
+    end
+end
+
+-- Replaces a member's labels with `text` ('' for none): its count and state stay.
+local function set_labels(member, text, lif)
+    local old = unlabel(member, lif)
+    if old then
+        redis.call('ZREM', KEYS[15], unpack(label_entries(old, member)))
+    end
+    if text == '' then
+        redis.call('HDEL', KEYS[13], member)
+        return
+    end
+    redis.call('HSET', KEYS[13], member, text)
+    -- Read by assign.lua, which skips the label index in pools that never had labels.
+    redis.call('HSET', KEYS[1], 'labelled', 1)
+    local args = {}
+    for _, e in ipairs(label_entries(text, member)) do
+        args[#args + 1] = 0
+        args[#args + 1] = e
+    end
+    redis.call('ZADD', KEYS[15], unpack(args))
+    label(member, lif, text)
+end
+
+-- Forgets a member's labels (it leaves the pool): call it before it leaves its set.
+local function drop_labels(member, lif)
+    local old = unlabel(member, lif)
+    if old then
+        redis.call('ZREM', KEYS[15], unpack(label_entries(old, member)))
+        redis.call('HDEL', KEYS[13], member)
+    end
+end
+
+-- A labels text as a table key -> value.
+local function labels_table(text)
+    local t = {}
+    for k, v in string.gmatch(text or '', '([^\n=]+)=([^\n]+)') do
+        t[k] = v
+    end
+    return t
+end
+
+-- Filter groups from script arguments "key value value ...", from ARGV[first] on; nil when
+-- there are none.
+local function filter_groups(first)
+    if #ARGV < first then
+        return nil
+    end
+    local groups = {}
+    for i = first, #ARGV do
+        local words = {}
+        for w in string.gmatch(ARGV[i], '%S+') do
+            words[#words + 1] = w
+        end
+        local group = {key = words[1], values = {}, accepts = {}}
+        for j = 2, #words do
+            group.values[#group.values + 1] = words[j]
+            group.accepts[words[j]] = true
+        end
+        groups[#groups + 1] = group
+    end
+    return groups
+end
+
+-- Whether labels (as a table) pass every group but `skip`.
+local function passes(labels, groups, skip)
+    for i, group in ipairs(groups) do
+        if i ~= skip and not group.accepts[labels[group.key] or ''] then
+            return false
+        end
+    end
+    return true
+end
+
+-- Byte order, whatever the server's collation (Lua's `<` on strings uses strcoll).
+local function bytes_before(a, b)
+    local n = math.min(#a, #b)
+    for i = 1, n do
+        local x, y = string.byte(a, i), string.byte(b, i)
+        if x ~= y then
+            return x < y
+        end
+    end
+    return #a < #b
+end
+
+local function range_of(key, value)
+    local pair = key .. '=' .. value
+    return '[' .. pair .. '\0', '(' .. pair .. '\1', #pair + 2
+end
+
+-- The first eligible member, in the choosing order, that passes every group: its order
+-- text, nil when none does, or false when finding out would take more than `budget`
+-- candidate checks. With one group it reads the first entry of each value's range. With
+-- several it walks the ranges of the group with the fewest entries (ZLEXCOUNT) in order,
+-- checking the other groups on each member's labels, and stops at the first that passes
+-- in each range: the cost is the members skipped, at most `budget`.
+local function pick_labelled(groups, budget, lif)
+    local smallest, fewest = 1, nil
+    if #groups > 1 then
+        for i, group in ipairs(groups) do
+            local size = 0
+            for _, value in ipairs(group.values) do
+                local low, high = range_of(group.key, value)
+                size = size + redis.call('ZLEXCOUNT', KEYS[14], low, high)
+            end
+            if not fewest or size < fewest then
+                smallest, fewest = i, size
+            end
+        end
+    end
+    local best = nil
+    local checked = 0
+    local walk = groups[smallest]
+    for _, value in ipairs(walk.values) do
+        local low, high, skip = range_of(walk.key, value)
+        local offset = 0
+        local found = nil
+        while not found do
+            local chunk = #groups == 1 and 1 or 64
+            local entries = redis.call('ZRANGE', KEYS[14], low, high, 'BYLEX', 'LIMIT', offset, chunk)
+            if #entries == 0 then
+                break
+            end
+            for _, e in ipairs(entries) do
+                local order = string.sub(e, skip)
+                if #groups == 1 then
+                    found = order
+                    break
+                end
+                checked = checked + 1
+                if checked > budget then
+                    return false
+                end
+                local member = order_member(order, lif)
+                if passes(labels_table(redis.call('HGET', KEYS[13], member)), groups, smallest) then
+                    found = order
+                    break
+                end
+            end
+            offset = offset + #entries
+        end
+        if found and (not best or bytes_before(found, best)) then
+            best = found
+        end
+    end
+    return best
+end
