@@ -185,7 +185,11 @@ async fn a_pool_missing_from_the_due_index_is_repaired_by_the_replicas_after_one
         .expect("seeded");
     assert_eq!(first.sweep().await.expect("swept").reclaimed, 0);
     let ttl = proxy_allocator::domain::LeaseTtl::from_millis(100).expect("a valid ttl");
-    let leased = first.assign(&lost, Some(ttl)).await.expect("assigned");
+    let request = proxy_allocator::store::AssignRequest {
+        ttl: Some(ttl),
+        ..Default::default()
+    };
+    let leased = first.assign(&lost, &request).await.expect("assigned");
     assert!(
         matches!(leased, proxy_allocator::store::Assignment::Leased { .. }),
         "{leased:?}"
