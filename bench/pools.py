@@ -12,7 +12,9 @@ on the same Redis, sit idle for `IDLE_SECONDS` (default 60) while Redis is watch
 
 Then, in a pool nobody assigns from, how long after its ttl a crashed worker's lease is
 reclaimed, and how long after its cooldown a tripped member is back (the sweep interval is
-the default, 1 s). Last, the embedded store's RSS per pool and per member.
+the default, 1 s); how long `GET /pools?limit=1000` takes; and each replica's RSS after
+`LOAD_SECONDS` (default 15) of assigns spread over every pool. Last, the embedded store's
+RSS per pool and per member.
 
 Every figure comes from this one run on this machine; compare ratios, not absolute figures,
 across machines. Prints markdown tables.
@@ -32,6 +34,7 @@ SIZES = [int(s) for s in os.environ.get("SIZES", "1000 10000 100000").split()]
 IDLE_SECONDS = int(os.environ.get("IDLE_SECONDS", "60"))
 REPLICAS = [int(s) for s in os.environ.get("REPLICAS", "1 3").split()]
 THREADS = 16
+LOAD_SECONDS = int(os.environ.get("LOAD_SECONDS", "15"))
 
 
 def start_service(env_extra):
@@ -158,6 +161,42 @@ def idle_minute(redis_port, service_ports, pids):
     }
 
 
+def listing_ms(port, samples=20):
+    """Median and slowest `GET /pools?limit=1000` (the first page), in ms."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    took = []
+    for _ in range(samples):
+        began = time.perf_counter()
+        page = call(conn, "GET", "/pools?limit=1000")
+        took.append((time.perf_counter() - began) * 1000)
+        assert len(page["pools"]) == 1000, len(page["pools"])
+    took.sort()
+    return took[len(took) // 2], took[-1]
+
+
+def rss_under_load(service_ports, pids, size):
+    """Largest replica RSS after LOAD_SECONDS of assigns spread over every pool, from
+    THREADS clients across the replicas; and the assigns per second they made."""
+    stop_at = time.time() + LOAD_SECONDS
+    done = [0] * THREADS
+
+    def client(n):
+        port = service_ports[n % len(service_ports)]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        i = n
+        while time.time() < stop_at:
+            call(conn, "POST", f"/pools/p{(i * 7919) % size:07d}/assign")
+            done[n] += 1
+            i += THREADS
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return max(rss_mb(pid) for pid in pids), sum(done) / LOAD_SECONDS
+
+
 def poll_stats(conn, pool, until):
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -220,6 +259,9 @@ def redis_rows():
                                           [proc.pid for proc, _ in started])
                     lease, back = reclaim_latency(started[0][1], f"{size}-{replicas}")
                     figures.update(reclaim=lease, cooldown=back)
+                    figures["list_p50"], figures["list_max"] = listing_ms(started[0][1])
+                    figures["rss_load"], figures["assigns"] = rss_under_load(
+                        [p for _, p in started], [proc.pid for proc, _ in started], size)
                     rows.append((size, replicas, figures))
                     print(size, replicas, figures, flush=True)
                 finally:
@@ -274,6 +316,16 @@ def main():
               f"{f['ran']:.0f} | {f['cpu']:.1f}% | {f['rss']:.1f} MB | "
               f"{f['metrics'] / 1024:.1f} KB | {f['reclaim'] * 1000:.0f} ms | "
               f"{f['cooldown'] * 1000:.0f} ms |")
+    print()
+    print(f"Then `GET /pools?limit=1000` (the first page, 20 times) and {LOAD_SECONDS} s of "
+          f"assigns over every pool from {THREADS} clients spread over the replicas.")
+    print()
+    print("| pools | replicas | `GET /pools?limit=1000` median | slowest | assigns/s | "
+          "RSS per replica under load (largest) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for size, replicas, f in rows:
+        print(f"| {size:,} | {replicas} | {f['list_p50']:.1f} ms | {f['list_max']:.1f} ms | "
+              f"{f['assigns']:.0f} | {f['rss_load']:.1f} MB |")
     if os.environ.get("EMBEDDED", "1") == "1":
         e = embedded_rows()
         print()

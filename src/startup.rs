@@ -382,6 +382,7 @@ pub async fn store(config: &Config) -> Result<Arc<dyn Store>, StartupError> {
                 key_prefix: config.key_prefix.clone(),
                 timeout: config.store_timeout(),
                 connections: config.redis_connections,
+                walk_turn: config.sweep_interval() * 9 / 10,
             })
             .await?,
         ));

@@ -73,11 +73,11 @@ pub const RETURN_ON_ASSIGN: u64 = 16;
 /// call, earliest first.
 pub const SWEEP_POOLS_PER_CALL: usize = 4_096;
 
-/// Registered pools the Redis store's safety net looks at per sweep (see the key layout in
-/// `store/redis/keys.rs`): a walk of the registry at this pace repairs what a replica that
-/// died between a script and its index update left behind, and adopts pools written before
-/// the indexes existed. Each costs two scripts, so an idle replica's sweep costs the same
-/// few commands whatever the number of pools.
+/// Registered pools one turn of the Redis store's safety net looks at (see the key layout
+/// in `store/redis/keys.rs`): a walk of the registry at this pace, shared by the replicas
+/// (one turn per sweep interval, whatever their number), repairs what a replica that died
+/// between a script and its index update left behind. Each costs two scripts, so the
+/// walk costs the same few commands whatever the number of pools and of replicas.
 pub const SAFETY_NET_POOLS_PER_SWEEP: usize = 4;
 
 /// How long a pool handed out by [`Store::due_check_pools`] is withheld from other

@@ -64,6 +64,11 @@ pub struct RedisStoreOptions {
     pub timeout: Duration,
     /// Most connections kept open; each is shared by many concurrent requests.
     pub connections: usize,
+    /// How long one replica's turn of the due index's safety net lasts: the replicas share
+    /// one walk of the registry, and while a turn lasts no other replica walks (see
+    /// `keys.rs`, "The due index"). The service uses nine tenths of its sweep interval, so
+    /// that one replica alone walks at every sweep; zero lets every sweep walk.
+    pub walk_turn: Duration,
 }
 
 /// The Redis-backed store. Cloning is shallow: clones share the connection pool.
@@ -75,15 +80,8 @@ pub struct RedisStore {
     scripts: Arc<Scripts>,
     /// The chunk sizes of the member operations, learned from their round trips.
     chunks: Arc<super::chunks::MemberChunks>,
-    /// Where this replica's walk of the pool registry (the due index's safety net) goes on.
-    registry_walk: Arc<std::sync::Mutex<RegistryWalk>>,
-}
-
-/// A replica's walk of the pool registry: the last pool it looked at (`None`: the walk
-/// starts at the first).
-#[derive(Debug, Default)]
-struct RegistryWalk {
-    last: Option<crate::domain::PoolId>,
+    /// How long a turn of the shared registry walk (the due index's safety net) lasts.
+    walk_turn: Duration,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -115,7 +113,7 @@ impl RedisStore {
             timeout: options.timeout,
             scripts: Arc::new(Scripts::new()),
             chunks: Arc::default(),
-            registry_walk: Arc::default(),
+            walk_turn: options.walk_turn,
         };
         if let Err(error) = store.load_scripts().await {
             tracing::warn!(%error, "could not load the scripts at startup; they load on first use");

@@ -70,14 +70,8 @@ async fn idle_sweeps(store: &RedisStore, redis: &RedisServer) -> BTreeMap<String
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_replica_sends_the_same_commands_with_2000_pools_as_with_100() {
     let redis = RedisServer::start();
-    let store = RedisStore::connect(RedisStoreOptions {
-        topology: RedisTopology::Standalone { url: redis.url() },
-        key_prefix: "idle".to_owned(),
-        timeout: Duration::from_secs(5),
-        connections: 1,
-    })
-    .await
-    .expect("a store");
+    // Every sweep takes a turn of the safety net's walk.
+    let store = replica(&redis, "idle", Duration::ZERO).await;
     // More pools than the safety net walks in the window (so that its walk does not start
     // over, which costs one more ZRANGE), and then twenty times as many.
     idle_pools(&store, 0, 100).await;
@@ -89,10 +83,137 @@ async fn an_idle_replica_sends_the_same_commands_with_2000_pools_as_with_100() {
         few, many,
         "commands of {SWEEPS} idle sweeps and check ticks"
     );
-    // Per sweep: one look into each index, and two scripts for each pool of the safety net.
-    let per_sweep = 2 + 2 * u64::try_from(SAFETY_NET_POOLS_PER_SWEEP).expect("small");
+    // Per sweep: one look into each index, the safety net's turn (every sweep has one here)
+    // and two scripts for each pool it walks.
+    let per_sweep = 3 + 2 * u64::try_from(SAFETY_NET_POOLS_PER_SWEEP).expect("small");
     assert_eq!(many.get("evalsha"), Some(&(SWEEPS * per_sweep)), "{many:?}");
     for sent in ["smembers", "sscan", "zadd", "scan", "keys"] {
         assert_eq!(many.get(sent), None, "{sent}: {many:?}");
     }
+}
+
+/// A replica's store on `redis`, its keys under `prefix`, with turns of the safety net's
+/// walk lasting `walk_turn`.
+async fn replica(redis: &RedisServer, prefix: &str, walk_turn: Duration) -> RedisStore {
+    RedisStore::connect(RedisStoreOptions {
+        topology: RedisTopology::Standalone { url: redis.url() },
+        key_prefix: prefix.to_owned(),
+        timeout: Duration::from_secs(5),
+        connections: 1,
+        walk_turn,
+    })
+    .await
+    .expect("a store")
+}
+
+/// A turn of the walk no test outlasts.
+const LONG_TURN: Duration = Duration::from_secs(600);
+
+/// What Redis counted while each of `replicas` swept [`SWEEPS`] times, in turn.
+async fn sweeps_of(replicas: &[RedisStore], redis: &RedisServer) -> BTreeMap<String, u64> {
+    let before = command_calls(&redis.url());
+    for _ in 0..SWEEPS {
+        for replica in replicas {
+            let swept = replica.sweep().await.expect("swept");
+            assert_eq!((swept.reclaimed, swept.returned), (0, 0));
+        }
+    }
+    let mut seen = command_delta(&before, &command_calls(&redis.url()));
+    seen.remove("info");
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_replicas_share_one_walk_of_the_registry_however_many_they_are() {
+    let redis = RedisServer::start();
+    let one = replica(&redis, "one", LONG_TURN).await;
+    idle_pools(&one, 0, 100).await;
+    let three = [
+        replica(&redis, "three", LONG_TURN).await,
+        replica(&redis, "three", LONG_TURN).await,
+        replica(&redis, "three", LONG_TURN).await,
+    ];
+    idle_pools(&three[0], 0, 100).await;
+
+    let alone = sweeps_of(std::slice::from_ref(&one), &redis).await;
+    let together = sweeps_of(&three, &redis).await;
+
+    // Every sweep of every replica looks into the due index and asks for the walk's turn
+    // (a script each, reading Redis's clock; the ask reads the walk, the look a range of the
+    // index). Within one turn there is one walk whatever the number of replicas: two more
+    // replicas cost their asks and nothing else.
+    let ask = [("evalsha", 2), ("time", 2), ("hmget", 1), ("zrange", 1)];
+    let mut expected = alone.clone();
+    for (command, calls) in ask {
+        *expected.entry(command.to_owned()).or_default() += 2 * SWEEPS * calls;
+    }
+    assert_eq!(together, expected);
+    // One walk: one range of the registry and two scripts for each pool it hands out.
+    let walked = 2 * u64::try_from(SAFETY_NET_POOLS_PER_SWEEP).expect("small");
+    assert_eq!(
+        alone.get("evalsha"),
+        Some(&(SWEEPS * 2 + walked)),
+        "{alone:?}"
+    );
+    assert_eq!(alone.get("hset"), Some(&1), "{alone:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_missing_from_the_due_index_is_repaired_by_the_replicas_after_one_stops() {
+    let redis = RedisServer::start();
+    let turn = Duration::from_millis(300);
+    let first = replica(&redis, "lost", turn).await;
+    // Four pools the first replica's turn walks, then the one whose entry gets lost.
+    idle_pools(&first, 0, SAFETY_NET_POOLS_PER_SWEEP).await;
+    let lost = PoolId::parse("lost").expect("a valid pool id");
+    first
+        .put_pool(
+            &lost,
+            &PoolConfig {
+                policy: proxy_allocator::domain::Policy::LeastInFlight,
+                ..PoolConfig::default()
+            },
+        )
+        .await
+        .expect("created");
+    first
+        .add_members(
+            &lost,
+            &Seed::new(vec![MemberId::parse("a").expect("a valid member")]),
+        )
+        .await
+        .expect("seeded");
+    assert_eq!(first.sweep().await.expect("swept").reclaimed, 0);
+    let ttl = proxy_allocator::domain::LeaseTtl::from_millis(100).expect("a valid ttl");
+    let request = proxy_allocator::store::AssignRequest {
+        ttl: Some(ttl),
+        ..Default::default()
+    };
+    let leased = first.assign(&lost, &request).await.expect("assigned");
+    assert!(
+        matches!(leased, proxy_allocator::store::Assignment::Leased { .. }),
+        "{leased:?}"
+    );
+    // The hint that indexed the lease is lost, as when a replica dies right after its
+    // script; the replica that walked stops too.
+    crate::helpers::redis_cli(&redis.url(), &["ZREM", "lost:due", "lost"]);
+    drop(first);
+
+    let others = [
+        replica(&redis, "lost", turn).await,
+        replica(&redis, "lost", turn).await,
+    ];
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut reclaimed = 0;
+    while reclaimed == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lease was never reclaimed"
+        );
+        for other in &others {
+            reclaimed += other.sweep().await.expect("swept").reclaimed;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(reclaimed, 1);
 }

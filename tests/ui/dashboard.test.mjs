@@ -197,6 +197,19 @@ describe('the operator dashboard in Chromium', () => {
     assert.equal(await page.getByLabel('Admin token').inputValue(), '', 'the field is emptied');
   });
 
+  it('finds pools by the start of their name and lists every pool again once the search is cleared', async () => {
+    const names = () => page.locator('#pool-list .pool-name').allTextContents();
+    const search = page.getByLabel('Pools whose name starts with');
+    await search.fill('le');
+    await eventually(async () => (await names()).join() === 'leases', 'only the pool starting with "le"');
+    assert.equal(await page.locator('#more-pools').isHidden(), true);
+    await search.fill('nope');
+    await page.locator('#pool-list li.muted', { hasText: 'No pool starts with that.' }).waitFor();
+    assert.deepEqual(await names(), []);
+    await search.fill('');
+    await eventually(async () => (await names()).join() === 'edge,leases', 'every pool again');
+  });
+
   it('draws one bar per member of the chosen pool, the busiest first', async () => {
     await page.locator('#pool-list button', { hasText: 'edge' }).click();
     await eventually(async () => (await bars().count()) === EDGE.length, 'four bars');

@@ -24,6 +24,7 @@
 //! | `<prefix>:{<pool>}:gone:<token>:<part>` | as its part | a deleted pool's key, renamed out of the way by `delete_pool.lua` and unlinked right after (see `operations.rs`) |
 //! | `<prefix>:pool_ids` | sorted set | the registry: pool ids, all at score 0 so that they sort by id (listing pages, prefix search, the safety net's walk); updated outside the pool scripts because it lives in another slot |
 //! | `<prefix>:pools` | set | the registry of earlier versions: copied into `pool_ids` and removed when a replica starts |
+//! | `{<prefix>:pool_ids}:walk` | hash | the safety net's walk, shared by every replica: `last` pool handed out, `next` turn (ms, Redis clock); in the registry's hash slot (its tag is the registry key) |
 //! | `<prefix>:due` | sorted set | the sweep's due index: pool id -> when its next lease expires or member returns (ms, Redis clock), never later |
 //! | `<prefix>:checks_due` | sorted set | the check index: pool id -> when its next check round is due (ms, Redis clock) |
 //!
@@ -44,9 +45,17 @@
 //!   the sweep then finds nothing to do and moves them to the right time.
 //! - A replica that dies between a script and its hint, or between taking a pool from the
 //!   index and putting it back, leaves a pool whose entry is missing or late. Each sweep
-//!   therefore also sweeps a few registered pools, walking the registry in id order
-//!   ([`super::operations`]'s safety net), which puts each back into the index at its
-//!   exact time, and puts pools with checks into the check index unless they are there.
+//!   therefore also asks for a turn of the safety net: `walk.lua` hands out the next few
+//!   registered pools in id order ([`super::operations`]'s safety net sweeps each, which
+//!   puts it back into the index at its exact time, and puts pools with checks into the
+//!   check index unless they are there).
+//! - The replicas share one walk: its position and its turn live in
+//!   `{<prefix>:pool_ids}:walk`, in the registry's slot so that one script reads the
+//!   registry and moves the position. A turn lasts `walk_turn` (nine tenths of the sweep
+//!   interval): a replica asking meanwhile is given nothing, so the walk costs the same
+//!   whatever the number of replicas, one replica alone still walks at every sweep, and a
+//!   replica that stops hands the next turn to whichever asks after its turn ends (the pools
+//!   of a turn it took and never swept wait for the walk to come round again).
 //! - `<prefix>:checks_due` is set to "due now" by `PUT /pools/{pool}` with checks and
 //!   cleared by one without (and by a delete). The checker takes due pools with a hold
 //!   (`claim_due.lua`), and once a round is claimed (or found held by another replica) sets
@@ -153,6 +162,12 @@ impl RedisStore {
     /// The registry of pool ids.
     pub(super) fn registry_key(&self) -> String {
         format!("{}:pool_ids", self.prefix)
+    }
+
+    /// The safety net's walk of the registry, shared by every replica: a hash in the
+    /// registry's hash slot (key prefixes hold no braces, so the tag is the registry key).
+    pub(super) fn walk_key(&self) -> String {
+        format!("{{{}}}:walk", self.registry_key())
     }
 
     /// The registry of earlier versions, a set.

@@ -11,6 +11,7 @@ use super::reply::{
     self, AssignReply, ClaimCheckReply, ClaimDueReply, DeletePoolReply, DisableOutcome,
     DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply, PoolInfoReply,
     PutPoolReply, ReleaseReply, RemoveReply, RenewReply, SeedOutcome, SeedReply, SweepReply,
+    WalkReply,
 };
 use crate::domain::{LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy};
 use crate::store::{
@@ -56,7 +57,7 @@ impl RedisStore {
         let value = self
             .eval_on(
                 &self.scripts.claim_due,
-                key,
+                &[key],
                 &[limit.as_bytes(), hold.as_bytes()],
             )
             .await?;
@@ -105,20 +106,20 @@ impl RedisStore {
         Ok(swept)
     }
 
-    /// The next [`SAFETY_NET_POOLS_PER_SWEEP`] pools of this replica's walk of the
-    /// registry, in id order, going on from the first after the last.
+    /// The pools of this replica's turn of the registry walk, which every replica shares
+    /// (`walk.lua`): the next [`SAFETY_NET_POOLS_PER_SWEEP`] in id order, or none while
+    /// another replica's turn lasts.
     async fn next_walked_pools(&self) -> Result<Vec<PoolId>, StoreError> {
-        let last = self.walk().last.clone();
-        let mut pools = self
-            .registry_range("", last.as_ref(), SAFETY_NET_POOLS_PER_SWEEP)
+        let count = SAFETY_NET_POOLS_PER_SWEEP.to_string();
+        let turn = self.walk_turn.as_millis().to_string();
+        let value = self
+            .eval_on(
+                &self.scripts.walk,
+                &[&self.registry_key(), &self.walk_key()],
+                &[count.as_bytes(), turn.as_bytes()],
+            )
             .await?;
-        if pools.len() < SAFETY_NET_POOLS_PER_SWEEP && last.is_some() {
-            // The end of the registry: the walk starts over at the first pool.
-            let more = SAFETY_NET_POOLS_PER_SWEEP - pools.len();
-            pools.extend(self.registry_range("", None, more).await?);
-        }
-        self.walk().last = pools.last().cloned();
-        Ok(pools)
+        WalkReply::decode(value).map(|WalkReply(pools)| pools)
     }
 
     /// Up to `limit` registered pool ids starting with `prefix`, after `after` when given,
@@ -179,13 +180,6 @@ impl RedisStore {
         let mut unlink = redis::cmd("UNLINK");
         unlink.arg(&legacy);
         self.command(unlink).await.map(drop)
-    }
-
-    fn walk(&self) -> std::sync::MutexGuard<'_, super::RegistryWalk> {
-        // The walk is a position and a queue: a panic elsewhere cannot leave it torn.
-        self.registry_walk
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Sweep steps on one pool until it has no expired lease and no due return left (or

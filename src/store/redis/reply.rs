@@ -779,6 +779,18 @@ impl ClaimDueReply {
     }
 }
 
+/// `walk.lua`: the pools of a turn of the registry walk, in id order (none: another
+/// replica's turn).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct WalkReply(pub(super) Vec<PoolId>);
+
+impl WalkReply {
+    /// Decodes a list of pool ids.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("walk.lua", value, |value| pool_id_list(value).map(Self))
+    }
+}
+
 /// `SSCAN` of an earlier version's pool registry: the cursor to go on from (`0` once the walk is through)
 /// and a few pool ids.
 pub(super) fn registry_page(value: Value) -> Result<(u64, Vec<PoolId>), StoreError> {

@@ -155,15 +155,20 @@ impl RedisStore {
         self.evalsha(script, &evalsha).await
     }
 
-    /// Runs a script that is not a pool script on one key of its own (a due index).
+    /// Runs a script that is not a pool script on keys of their own hash slot (a due index;
+    /// the registry and its walk).
     pub(super) async fn eval_on(
         &self,
         script: &Script,
-        key: &str,
+        keys: &[&str],
         args: &[&[u8]],
     ) -> Result<Value, StoreError> {
         let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(script.get_hash()).arg(1).arg(key).arg(args);
+        evalsha
+            .arg(script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
         self.evalsha(script, &evalsha).await
     }
 

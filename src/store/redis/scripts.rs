@@ -60,4 +60,5 @@ scripts! {
     outcomes: with_helpers,
     claim_check: plain,
     claim_due: plain,
+    walk: plain,
 }

@@ -22,7 +22,7 @@ use self::redis_server::RedisServer;
 use super::reply::{
     AssignReply, ClaimCheckReply, ClaimDueReply, DeletePoolReply, DisableOutcome, DisableReply,
     EnableOutcome, EnableReply, MembersReply, OutcomesReply, PoolInfoReply, ReleaseReply,
-    RemoveReply, RenewReply, Renewal, SeedOutcome, SeedReply, SweepReply,
+    RemoveReply, RenewReply, Renewal, SeedOutcome, SeedReply, SweepReply, WalkReply,
 };
 use super::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
@@ -52,6 +52,7 @@ impl TestRedis {
             key_prefix: PREFIX.to_owned(),
             timeout: Duration::from_secs(5),
             connections: 1,
+            walk_turn: Duration::ZERO,
         })
         .await
         .expect("a store on the test Redis");
@@ -196,6 +197,7 @@ async fn every_script_s_replies_decode_from_a_real_redis() {
             "outcomes" => outcomes(&redis).await,
             "claim_check" => claim_check(&redis).await,
             "claim_due" => claim_due(&redis).await,
+            "walk" => walk(&redis).await,
             other => panic!("{other}.lua has no reply test: add its case to this match"),
         }
     }
@@ -906,7 +908,7 @@ async fn claim_due(redis: &TestRedis) {
                 .expect("the script");
             let value = redis
                 .store
-                .eval_on(script, &index, &[limit.as_bytes(), hold.as_bytes()])
+                .eval_on(script, &[&index], &[limit.as_bytes(), hold.as_bytes()])
                 .await
                 .expect("the script runs");
             ClaimDueReply::decode(value).expect("decodes")
@@ -940,6 +942,47 @@ async fn claim_due(redis: &TestRedis) {
     assert_eq!(take("10", "0").await, ClaimDueReply(vec![]));
     let left: Vec<String> = redis.side(&["ZRANGE", &index, "0", "-1"]).await;
     assert_eq!(left, ["b", "c", "later"]);
+}
+
+async fn walk(redis: &TestRedis) {
+    let registry = format!("{PREFIX}:walk-test");
+    let shared = format!("{{{registry}}}:walk");
+    let turn = |count: &'static str, length: &'static str| {
+        let (registry, shared) = (registry.clone(), shared.clone());
+        async move {
+            let (_, script) = redis
+                .store
+                .scripts
+                .all()
+                .find(|(name, _)| *name == "walk")
+                .expect("the script");
+            let value = redis
+                .store
+                .eval_on(
+                    script,
+                    &[&registry, &shared],
+                    &[count.as_bytes(), length.as_bytes()],
+                )
+                .await
+                .expect("the script runs");
+            WalkReply::decode(value).expect("decodes")
+        }
+    };
+    let pools = |ids: &[&str]| WalkReply(ids.iter().map(|id| pool(id)).collect());
+    assert_eq!(turn("2", "0").await, pools(&[]));
+    let () = redis
+        .side(&["ZADD", &registry, "0", "c", "0", "a", "0", "b"])
+        .await;
+    assert_eq!(turn("2", "0").await, pools(&["a", "b"]));
+    // At the end of the registry the walk starts over.
+    assert_eq!(turn("2", "0").await, pools(&["c", "a"]));
+    let before = redis.now_ms().await;
+    assert_eq!(turn("2", "60000").await, pools(&["b", "c"]));
+    // The turn lasts: nobody else walks meanwhile, and the position stays.
+    assert_eq!(turn("2", "0").await, pools(&[]));
+    let (last, next): (String, u64) = redis.side(&["HMGET", &shared, "last", "next"]).await;
+    assert_eq!(last, "c");
+    assert!(next >= before + 60_000, "the next turn at {next}");
 }
 
 fn text(value: &str) -> Value {
