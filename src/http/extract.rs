@@ -120,12 +120,20 @@ async fn read_body(req: Request) -> Result<(Bytes, usize), ApiError> {
 fn parse_json<T: DeserializeOwned>(bytes: &[u8], limit: usize) -> Result<T, ApiError> {
     let axum::Json(mut value) = axum::Json::<serde_json::Value>::from_bytes(bytes)
         .map_err(|rejection| json_rejection(rejection, limit))?;
-    // Every JSON body is an object: serde would otherwise fill a struct from an array, by
-    // position (`[null, null]` read as an assign with no fields).
-    if !value.is_object() {
-        return Err(ApiError::InvalidJson(
-            "the body must be a JSON object".to_owned(),
-        ));
+    // Every JSON body is an object, or a batch of them (outcome reports): serde would
+    // otherwise fill a struct from an array by position (`[null, null]` read as an assign
+    // with no fields).
+    let is_batch = |items: &Vec<serde_json::Value>| {
+        !items.is_empty() && items.iter().all(serde_json::Value::is_object)
+    };
+    match &value {
+        serde_json::Value::Object(_) => {}
+        serde_json::Value::Array(items) if is_batch(items) => {}
+        _ => {
+            return Err(ApiError::InvalidJson(
+                "the body must be a JSON object".to_owned(),
+            ));
+        }
     }
     whole_numbers_as_integers(&mut value);
     T::deserialize(value).map_err(|error| ApiError::InvalidJson(error.to_string()))
