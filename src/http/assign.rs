@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::AppState;
 use super::auth::Worker;
 use super::error::ApiError;
-use super::extract::{JsonOrDefault, PoolPath};
+use super::extract::{JsonBody, JsonOrDefault, PoolPath};
 use super::log::Outcome;
 use crate::domain::{LabelFilter, LeaseTtl, MemberId, PoolId};
 use crate::store::{AssignRequest, Assignment, Lease, MAX_LABEL_CHECKS, StoreError};
@@ -127,3 +127,5 @@ fn no_content(next_return: Option<Duration>) -> Response {
     }
     response
 }
+
+impl JsonBody for AssignBody {}

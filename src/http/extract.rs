@@ -117,23 +117,33 @@ async fn read_body(req: Request) -> Result<(Bytes, usize), ApiError> {
     Ok((bytes, limit))
 }
 
-fn parse_json<T: DeserializeOwned>(bytes: &[u8], limit: usize) -> Result<T, ApiError> {
+/// A type a JSON request body is read into.
+pub trait JsonBody: DeserializeOwned {
+    /// Whether an array of objects is one of its forms (a batch, as outcome reports come);
+    /// every other body is one object.
+    const BATCH: bool = false;
+}
+
+fn parse_json<T: JsonBody>(bytes: &[u8], limit: usize) -> Result<T, ApiError> {
     let axum::Json(mut value) = axum::Json::<serde_json::Value>::from_bytes(bytes)
         .map_err(|rejection| json_rejection(rejection, limit))?;
-    // Every JSON body is an object, or a batch of them (outcome reports): serde would
-    // otherwise fill a struct from an array by position (`[null, null]` read as an assign
-    // with no fields).
-    let is_batch = |items: &Vec<serde_json::Value>| {
-        !items.is_empty() && items.iter().all(serde_json::Value::is_object)
-    };
-    match &value {
-        serde_json::Value::Object(_) => {}
-        serde_json::Value::Array(items) if is_batch(items) => {}
-        _ => {
-            return Err(ApiError::InvalidJson(
-                "the body must be a JSON object".to_owned(),
-            ));
+    // Every JSON body is an object, or where the type says so an array of them: serde
+    // would otherwise fill a struct from an array by position (`[null, null]` read as an
+    // assign with no fields).
+    let shaped = match &value {
+        serde_json::Value::Object(_) => true,
+        serde_json::Value::Array(items) => {
+            T::BATCH && items.iter().all(serde_json::Value::is_object)
         }
+        _ => false,
+    };
+    if !shaped {
+        let expected = if T::BATCH {
+            "the body must be a JSON object or an array of them"
+        } else {
+            "the body must be a JSON object"
+        };
+        return Err(ApiError::InvalidJson(expected.to_owned()));
     }
     whole_numbers_as_integers(&mut value);
     T::deserialize(value).map_err(|error| ApiError::InvalidJson(error.to_string()))
@@ -161,10 +171,7 @@ fn whole_numbers_as_integers(value: &mut serde_json::Value) {
     }
 }
 
-async fn read_json<T: DeserializeOwned + Send>(
-    req: Request,
-    empty: Option<T>,
-) -> Result<T, ApiError> {
+async fn read_json<T: JsonBody + Send>(req: Request, empty: Option<T>) -> Result<T, ApiError> {
     let is_json = is_json_content_type(req.headers());
     let (bytes, limit) = read_body(req).await?;
     if bytes.is_empty()
@@ -297,7 +304,7 @@ impl<S: Send + Sync> FromRequest<S> for ListBody {
     }
 }
 
-impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequest<S> for Json<T> {
+impl<S: Send + Sync, T: JsonBody + Send> FromRequest<S> for Json<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
@@ -305,7 +312,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequest<S> for Json<T> {
     }
 }
 
-impl<S: Send + Sync, T: DeserializeOwned + Default + Send> FromRequest<S> for JsonOrDefault<T> {
+impl<S: Send + Sync, T: JsonBody + Default + Send> FromRequest<S> for JsonOrDefault<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {

@@ -14,7 +14,7 @@ use serde_json::json;
 use super::AppState;
 use super::auth::Worker;
 use super::error::ApiError;
-use super::extract::{JsonOrDefault, LeasePath};
+use super::extract::{JsonBody, JsonOrDefault, LeasePath};
 use super::log::Outcome;
 use crate::domain::LeaseTtl;
 
@@ -57,3 +57,5 @@ pub async fn renew(
     response.extensions_mut().insert(Outcome("renewed"));
     Ok(response)
 }
+
+impl JsonBody for LeaseBody {}

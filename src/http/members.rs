@@ -16,7 +16,7 @@ use serde_json::json;
 use super::AppState;
 use super::auth::Admin;
 use super::error::ApiError;
-use super::extract::{Json, PoolPath, QueryWithLabels};
+use super::extract::{Json, JsonBody, PoolPath, QueryWithLabels};
 use crate::domain::{
     InvalidMemberId, LabelFilter, Labels, MemberId, Rejection, RestorePolicy, canonical_member_id,
 };
@@ -376,3 +376,8 @@ pub async fn remove_members(
     }))
     .into_response())
 }
+
+impl JsonBody for SeedBody {}
+impl JsonBody for DisableBody {}
+impl JsonBody for EnableBody {}
+impl JsonBody for RemoveBody {}

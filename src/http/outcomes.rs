@@ -12,7 +12,7 @@ use serde_json::json;
 use super::AppState;
 use super::auth::Worker;
 use super::error::ApiError;
-use super::extract::{Json, PoolPath};
+use super::extract::{Json, JsonBody, PoolPath};
 use super::log::Outcome;
 use super::members::{Rejected, check_count, named_member};
 use crate::domain::{MemberId, OutcomeResult};
@@ -132,4 +132,9 @@ pub async fn report_outcomes(
     .into_response();
     response.extensions_mut().insert(Outcome("reported"));
     Ok(response)
+}
+
+/// Reports come one at a time or as a batch.
+impl JsonBody for OutcomesBody {
+    const BATCH: bool = true;
 }

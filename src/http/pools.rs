@@ -9,7 +9,7 @@ use serde_json::json;
 use super::AppState;
 use super::auth::Admin;
 use super::error::ApiError;
-use super::extract::{JsonOrDefault, PoolPath, Query};
+use super::extract::{JsonBody, JsonOrDefault, PoolPath, Query};
 use crate::domain::{Policy, PoolConfig, PoolId};
 use crate::store::PutPool;
 
@@ -106,3 +106,5 @@ pub async fn delete_pool(
     state.store.delete_pool(&pool).await?;
     Ok(StatusCode::NO_CONTENT)
 }
+
+impl JsonBody for crate::domain::PoolConfig {}
