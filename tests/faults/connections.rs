@@ -255,6 +255,29 @@ async fn idle_connections_are_closed_at_the_header_timeout_and_those_over_the_ca
     );
 }
 
+/// Opens a connection to a listener at its cap and asks for `/livez`: the connection is
+/// closed, or answered 503 `too_many_connections` with `Retry-After`, at once — well before
+/// any timeout of the service could have closed it. True when it was answered.
+async fn refused_at_once(addr: &str) -> bool {
+    let mut stream = TcpStream::connect(addr).await.expect("connected");
+    let _ = stream
+        .write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await;
+    let answer = tokio::time::timeout(
+        Duration::from_secs(10),
+        read_answer(&mut stream, &mut Vec::new()),
+    )
+    .await
+    .expect("closed or answered at once, not held");
+    let Some(answer) = answer else {
+        return false;
+    };
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert!(answer.head.contains("\r\nretry-after: 1\r\n"), "{answer:?}");
+    assert_eq!(answer.body["error"]["code"], "too_many_connections");
+    true
+}
+
 #[tokio::test]
 async fn at_the_cap_new_connections_are_refused_at_once_and_the_probe_port_answers_within_100_ms() {
     let cap = 20;
@@ -281,21 +304,7 @@ async fn at_the_cap_new_connections_are_refused_at_once_and_the_probe_port_answe
     let probes = probe_client();
     let mut answered_503 = 0;
     for _ in 0..50 {
-        let mut stream = TcpStream::connect(&api).await.expect("connected");
-        let _ = stream
-            .write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
-            .await;
-        // Refused at once: well before any timeout of the service could have closed it.
-        let answer = tokio::time::timeout(
-            Duration::from_secs(10),
-            read_answer(&mut stream, &mut Vec::new()),
-        )
-        .await
-        .expect("closed or answered at once, not held");
-        if let Some(answer) = answer {
-            assert_eq!(answer.status, 503, "{answer:?}");
-            assert!(answer.head.contains("\r\nretry-after: 1\r\n"), "{answer:?}");
-            assert_eq!(answer.body["error"]["code"], "too_many_connections");
+        if refused_at_once(&api).await {
             answered_503 += 1;
         }
 
@@ -360,19 +369,7 @@ async fn the_probe_port_has_its_own_cap_and_a_full_probe_port_leaves_the_api_por
     let open = r#"pa_connections_open{listener="probe"}"#;
     assert_eq!(await_metric(&api, open, 4.0).await, 4.0);
     for _ in 0..10 {
-        let mut stream = TcpStream::connect(&probe).await.expect("connected");
-        let _ = stream
-            .write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
-            .await;
-        let answer = tokio::time::timeout(
-            Duration::from_secs(10),
-            read_answer(&mut stream, &mut Vec::new()),
-        )
-        .await
-        .expect("closed or answered at once, not held");
-        if let Some(answer) = answer {
-            assert_eq!(answer.status, 503, "{answer:?}");
-        }
+        refused_at_once(&probe).await;
     }
     assert_eq!(
         metric(&api, r#"pa_connections_refused_total{listener="probe"}"#).await,
