@@ -10,6 +10,7 @@ mod member_id;
 mod pool_config;
 mod pool_id;
 mod rules;
+mod target;
 mod timestamp;
 
 pub use candidate::{
@@ -30,4 +31,5 @@ pub use member_id::{InvalidMemberId, MAX_MEMBER_ID_LEN, MemberId};
 pub use pool_config::{Policy, PoolConfig, RestorePolicy};
 pub use pool_id::{InvalidPoolId, PoolId};
 pub use rules::{PortRange, PortRules, Rules};
+pub use target::{InvalidTarget, MAX_TARGET_LEN, Target};
 pub use timestamp::Timestamp;

@@ -22,6 +22,7 @@
 //! it; it needs no clock or randomness, since the records hold every time, lease id and
 //! jitter draw the operations used.
 
+mod bans;
 mod codec;
 mod due;
 mod files;
@@ -39,15 +40,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AssignRequest, Assignment, CHECK_CLAIM_HOLD, CheckRound, Cursor, DisableReport, Effect,
-    EnableReport, Health, LastCheck, Lease, MAX_PROBES_PER_ROUND, MemberPage, MemberState,
-    MemberView, PoolInfo, PoolPage, PoolStats, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN,
-    RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored, SWEEP_BATCH,
-    SWEEP_POOLS_PER_CALL, Seed, SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
+    Applied, AssignRequest, Assignment, CHECK_CLAIM_HOLD, CheckRound, Cursor, DisableReport,
+    Effect, EnableReport, Health, LastCheck, Lease, MAX_LABEL_CHECKS, MAX_PROBES_PER_ROUND,
+    MemberPage, MemberState, MemberView, PoolInfo, PoolPage, PoolStats, PutPool, RECLAIM_ON_ASSIGN,
+    RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored,
+    SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed, SeedReport, StateFilter, Store, StoreError,
+    StoreStatus, Swept,
 };
 use crate::domain::{
     LabelFilter, LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId,
-    RestorePolicy, Timestamp,
+    RestorePolicy, Target, Timestamp,
 };
 
 use self::codec::{MemberImage, PoolImage};
@@ -201,6 +203,8 @@ struct Pool {
     checks: HashMap<MemberId, LastCheck>,
     /// Members' labels and the indexes over them.
     labels: labelled::LabelIndex,
+    /// Bans per target (in memory only: see `bans.rs`).
+    bans: bans::Bans,
     tripped: u64,
     recovered: u64,
     /// Until when the last check round holds the pool.
@@ -302,6 +306,7 @@ impl Pool {
             return_at: HashMap::new(),
             checks: HashMap::new(),
             labels: labelled::LabelIndex::default(),
+            bans: bans::Bans::default(),
             tripped: 0,
             recovered: 0,
             check_round_until: None,
@@ -504,12 +509,27 @@ impl Pool {
         report: &Report,
         now: Timestamp,
         draw: f64,
-    ) -> Option<(Effect, u64)> {
+    ) -> Option<(Effect, u64, Option<Timestamp>)> {
         let member = &report.member;
         let mut health = self.health_of(member);
         let eligible = self.eligible.get(member).is_some();
         let cooling = !eligible && self.return_at.contains_key(member);
         let check = source == ReportSource::Check;
+        if let Some(target) = &report.target
+            && report.result == OutcomeResult::Blocked
+            && !check
+        {
+            if !eligible {
+                self.ineligible.get(member)?;
+            }
+            return Some(
+                match self.bans.ban(target, member, now, &self.config.health) {
+                    bans::Banned::Now(until) => (Effect::Banned, health.streak, Some(until)),
+                    bans::Banned::Already(until) => (Effect::Ignored, health.streak, Some(until)),
+                    bans::Banned::Full => (Effect::Ignored, health.streak, None),
+                },
+            );
+        }
         let effect = if !eligible && !cooling {
             self.ineligible.get(member)?;
             Effect::Ignored
@@ -553,7 +573,7 @@ impl Pool {
                 },
             );
         }
-        Some((effect, health.streak))
+        Some((effect, health.streak, None))
     }
 
     /// A member's health fields for a listing.
@@ -674,14 +694,62 @@ impl Pool {
         }
     }
 
+    /// The first entry of a choosing order whose member is not banned for `target`,
+    /// checking at most [`MAX_LABEL_CHECKS`] banned members (as `first_unbanned` in
+    /// `scripts/assign.lua`). `Err` with the earliest end of the bans skipped when there is
+    /// none within that budget.
+    fn first_unbanned<'a, T: 'a>(
+        &self,
+        order: impl Iterator<Item = &'a T>,
+        member: impl Fn(&T) -> &MemberId,
+        target: &Target,
+        now: Timestamp,
+    ) -> Result<&'a T, Option<Timestamp>> {
+        let mut earliest: Option<Timestamp> = None;
+        for (skipped, entry) in order.enumerate() {
+            if skipped as u64 >= MAX_LABEL_CHECKS {
+                break;
+            }
+            match self.bans.banned_until(target, member(entry), now) {
+                Some(until) => earliest = Some(earliest.map_or(until, |e| e.min(until))),
+                None => return Ok(entry),
+            }
+        }
+        Err(earliest)
+    }
+
+    /// The request's target when some member may be banned for it: without one, an assign
+    /// takes the plain path.
+    fn live_target<'a>(&self, request: &'a AssignRequest, now: Timestamp) -> Option<&'a Target> {
+        request
+            .target
+            .as_ref()
+            .filter(|target| self.bans.has_live(target, now))
+    }
+
+    /// How long until the first of the cooling-down members or of `banned_until` comes
+    /// back, for an assign that found nothing.
+    fn wait_with_bans(
+        &self,
+        labels: &LabelFilter,
+        banned_until: Option<Timestamp>,
+        now: Timestamp,
+    ) -> Option<Duration> {
+        let cooling = self.wait_for(labels, now);
+        let banned = bans::wait_until(banned_until, now);
+        cooling.into_iter().chain(banned).min()
+    }
+
     fn assign_least_used(
         &mut self,
-        labels: &LabelFilter,
+        request: &AssignRequest,
         now: Timestamp,
     ) -> Result<Assignment, StoreError> {
+        let labels = &request.labels;
+        let target = self.live_target(request, now);
         let chosen = if labels.is_empty() {
-            if self.labels.of.is_empty() {
-                // No labels anywhere: the plain path, one pop and one insert.
+            if self.labels.of.is_empty() && target.is_none() {
+                // No labels anywhere and no bans: the plain path, one pop and one insert.
                 return Ok(match self.eligible.add_one_to_first() {
                     Some((member, assignments)) => {
                         self.total_assignments += 1;
@@ -695,12 +763,26 @@ impl Pool {
                     },
                 });
             }
-            self.eligible
-                .order
-                .first()
-                .map(|(_, member)| member.clone())
+            match target {
+                Some(target) => {
+                    match self.first_unbanned(self.eligible.order.iter(), |e| &e.1, target, now) {
+                        Ok((_, member)) => Some(member.clone()),
+                        Err(banned_until) => {
+                            return Ok(Assignment::Empty {
+                                next_return: self.wait_with_bans(labels, banned_until, now),
+                            });
+                        }
+                    }
+                }
+                None => self
+                    .eligible
+                    .order
+                    .first()
+                    .map(|(_, member)| member.clone()),
+            }
         } else {
-            self.pick_labelled(labels)?.map(|(_, _, member)| member)
+            self.pick_labelled(labels, target.map(|t| (t, now)))?
+                .map(|(_, _, member)| member)
         };
         let Some(member) = chosen else {
             return Ok(Assignment::Empty {
@@ -724,10 +806,20 @@ impl Pool {
         now: Timestamp,
     ) -> Result<Assignment, StoreError> {
         self.reclaim_expired(now, RECLAIM_ON_ASSIGN);
-        let first = if request.labels.is_empty() {
-            self.order.first().cloned()
+        let target = self.live_target(request, now);
+        let first = if !request.labels.is_empty() {
+            self.pick_labelled(&request.labels, target.map(|t| (t, now)))?
+        } else if let Some(target) = target {
+            match self.first_unbanned(self.order.iter(), |e| &e.2, target, now) {
+                Ok(entry) => Some(entry.clone()),
+                Err(banned_until) => {
+                    return Ok(Assignment::Empty {
+                        next_return: self.wait_with_bans(&request.labels, banned_until, now),
+                    });
+                }
+            }
         } else {
-            self.pick_labelled(&request.labels)?
+            self.order.first().cloned()
         };
         let Some((in_flight, _, member)) = first else {
             return Ok(Assignment::Empty {
@@ -778,6 +870,38 @@ impl Pool {
         }
     }
 
+    /// One page of a listing, bans left out (see `Store::members`).
+    fn listing_page(
+        &self,
+        filter: StateFilter,
+        labels: &LabelFilter,
+        limit: usize,
+        cursor: Cursor,
+    ) -> MemberPage {
+        if !labels.is_empty() {
+            return self.labelled_page(filter, labels, limit, cursor);
+        }
+        // Take one more than a page from each set so that the merge knows whether
+        // anything is left after this page.
+        let eligible: Vec<MemberView> = match filter {
+            StateFilter::Ineligible => Vec::new(),
+            _ => self
+                .eligible
+                .page(cursor.eligible, limit + 1)
+                .map(|(count, member)| self.view_eligible(member, *count))
+                .collect(),
+        };
+        let ineligible: Vec<MemberView> = match filter {
+            StateFilter::Eligible => Vec::new(),
+            _ => self
+                .ineligible
+                .page(cursor.ineligible, limit + 1)
+                .map(|(count, member)| self.view_ineligible(member, *count))
+                .collect(),
+        };
+        super::merge_page(eligible, ineligible, limit, cursor)
+    }
+
     fn view_eligible(&self, member: &MemberId, assignments: u64) -> MemberView {
         self.with_health(MemberView {
             member: member.clone(),
@@ -791,6 +915,7 @@ impl Pool {
             returns_at: None,
             last_check: None,
             labels: crate::domain::Labels::default(),
+            banned_until: None,
         })
     }
 
@@ -812,6 +937,7 @@ impl Pool {
             returns_at: None,
             last_check: None,
             labels: crate::domain::Labels::default(),
+            banned_until: None,
         })
     }
 }
@@ -997,7 +1123,7 @@ impl Store for EmbeddedStore {
             let assignment = if p.config.policy == Policy::LeastInFlight {
                 p.assign_least_in_flight(request, now)
             } else {
-                p.assign_least_used(&request.labels, now)
+                p.assign_least_used(request, now)
             };
             let assignment = assignment?;
             if let (
@@ -1113,11 +1239,13 @@ impl Store for EmbeddedStore {
             let mut summary = ReportSummary::default();
             for report in reports {
                 match p.apply(source, report, now, draw) {
-                    Some((effect, streak)) => {
-                        summary
-                            .applied
-                            .push((report.member.clone(), report.result, effect, streak))
-                    }
+                    Some((effect, streak, banned_until)) => summary.applied.push(Applied {
+                        member: report.member.clone(),
+                        result: report.result,
+                        effect,
+                        streak,
+                        banned_until,
+                    }),
                     None => summary.unknown.push(report.member.clone()),
                 }
             }
@@ -1330,32 +1458,19 @@ impl Store for EmbeddedStore {
         pool: &PoolId,
         filter: StateFilter,
         labels: &LabelFilter,
+        target: Option<&Target>,
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
         let (page, _) = self.with_pool(pool, |p, _| {
-            if !labels.is_empty() {
-                return p.labelled_page(filter, labels, limit, cursor);
+            let mut page = p.listing_page(filter, labels, limit, cursor);
+            if let Some(target) = target {
+                let now = Timestamp::now();
+                for view in &mut page.members {
+                    view.banned_until = Some(p.bans.banned_until(target, &view.member, now));
+                }
             }
-            // Take one more than a page from each set so that the merge knows whether
-            // anything is left after this page.
-            let eligible: Vec<MemberView> = match filter {
-                StateFilter::Ineligible => Vec::new(),
-                _ => p
-                    .eligible
-                    .page(cursor.eligible, limit + 1)
-                    .map(|(count, member)| p.view_eligible(member, *count))
-                    .collect(),
-            };
-            let ineligible: Vec<MemberView> = match filter {
-                StateFilter::Eligible => Vec::new(),
-                _ => p
-                    .ineligible
-                    .page(cursor.ineligible, limit + 1)
-                    .map(|(count, member)| p.view_ineligible(member, *count))
-                    .collect(),
-            };
-            super::merge_page(eligible, ineligible, limit, cursor)
+            page
         })?;
         Ok(page)
     }
@@ -1605,6 +1720,7 @@ mod tests {
                         ][rng.random_range(0..3)],
                         detail: "status 200".to_owned(),
                         latency_ms: rng.random_bool(0.5).then(|| rng.random_range(0..5000)),
+                        target: None,
                     })
                     .collect();
                 let source = if rng.random_bool(0.5) {

@@ -88,6 +88,7 @@ async fn pools_create_show_list_and_delete_print_what_they_did_and_exit_zero() {
              health.jitter_percent            10\n\
              health.max_consecutive_failures  3\n\
              health.max_cooldown_ms           3600000\n\
+             health.target_ban_ms             600000\n\
              rules.allow_credentials          true\n\
              rules.allow_hostnames            true\n\
              rules.allow_private              false\n\
@@ -124,6 +125,7 @@ async fn pools_create_show_list_and_delete_print_what_they_did_and_exit_zero() {
              health.jitter_percent            10\n\
              health.max_consecutive_failures  3\n\
              health.max_cooldown_ms           3600000\n\
+             health.target_ban_ms             600000\n\
              rules.allow_credentials          true\n\
              rules.allow_hostnames            true\n\
              rules.allow_private              false\n\
@@ -152,6 +154,7 @@ async fn pools_create_show_list_and_delete_print_what_they_did_and_exit_zero() {
              health.jitter_percent            10\n\
              health.max_consecutive_failures  3\n\
              health.max_cooldown_ms           3600000\n\
+             health.target_ban_ms             600000\n\
              rules.allow_credentials          true\n\
              rules.allow_hostnames            true\n\
              rules.allow_private              false\n\

@@ -33,4 +33,5 @@ mod redis_faults;
 mod requests;
 mod round_trips;
 mod spy;
+mod targets;
 mod ui;

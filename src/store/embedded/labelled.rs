@@ -10,7 +10,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::Pool;
-use crate::domain::{LabelFilter, Labels, MemberId, Policy};
+use crate::domain::{LabelFilter, Labels, MemberId, Policy, Target, Timestamp};
 use crate::store::{
     Cursor, MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MemberPage, StateFilter, StoreError,
 };
@@ -105,11 +105,17 @@ impl Pool {
     /// The first eligible member in the choosing order that passes `filter`, by the rule
     /// of `pick_labelled` in `scripts/labels.lua`: with one key, the first entry of each
     /// value's set; with several, a walk over the key with the fewest entries that checks
-    /// at most [`MAX_LABEL_CHECKS`] candidates.
+    /// at most [`MAX_LABEL_CHECKS`] candidates. With a target (and the time), members
+    /// banned for it are skipped, each counting as a check.
     pub(super) fn pick_labelled(
         &self,
         filter: &LabelFilter,
+        target: Option<(&Target, Timestamp)>,
     ) -> Result<Option<(u64, u64, MemberId)>, StoreError> {
+        let banned = |member: &MemberId| {
+            target
+                .is_some_and(|(target, now)| self.bans.banned_until(target, member, now).is_some())
+        };
         let groups: Vec<(&str, &[String])> = filter.groups().collect();
         let set = |key: &str, value: &str| self.labels.eligible.get(&format!("{key}={value}"));
         let size = |(key, values): &(&str, &[String])| -> usize {
@@ -130,7 +136,7 @@ impl Pool {
             };
             let mut found = None;
             for entry in entries {
-                if groups.len() == 1 {
+                if groups.len() == 1 && target.is_none() {
                     found = Some(entry);
                     break;
                 }
@@ -138,11 +144,12 @@ impl Pool {
                 if checked > MAX_LABEL_CHECKS {
                     return Err(StoreError::FilterTooCostly);
                 }
-                if self
-                    .labels
-                    .of
-                    .get(&entry.2)
-                    .is_some_and(|labels| labels.matches(filter))
+                if !banned(&entry.2)
+                    && self
+                        .labels
+                        .of
+                        .get(&entry.2)
+                        .is_some_and(|labels| labels.matches(filter))
                 {
                     found = Some(entry);
                     break;

@@ -21,6 +21,8 @@
 //! | `<prefix>:{<pool>}:labels` | hash | member -> its labels, `key=value` lines (absent when none) |
 //! | `<prefix>:{<pool>}:by_label` | sorted set | eligible members' labels in the choosing order (see `scripts/labels.lua`) |
 //! | `<prefix>:{<pool>}:label_members` | sorted set | every member's labels, `key=value` NUL member, for listings |
+//! | `<prefix>:{<pool>}:bans` | sorted set with ttl | targets the pool has bans for -> when they are all forgotten (ms, Redis clock); expires with the last; passed only to the scripts that read or write bans, after the keys above |
+//! | `<prefix>:{<pool>}:bans:<target>` | hash with ttl | member -> `"<until_ms> <ban_ms> <bans in a row>"`, for one target; expires when its bans are all forgotten; valid only while the index lists the target (a deleted pool's hashes are left to expire) |
 //! | `<prefix>:{<pool>}:gone:<token>:<part>` | as its part | a deleted pool's key, renamed out of the way by `delete_pool.lua` and unlinked right after (see `operations.rs`) |
 //! | `<prefix>:pool_ids` | sorted set | the registry: pool ids, all at score 0 so that they sort by id (listing pages, prefix search, the safety net's walk); updated outside the pool scripts because it lives in another slot |
 //! | `<prefix>:pools` | set | the registry of earlier versions: copied into `pool_ids` and removed when a replica starts |
@@ -65,7 +67,7 @@
 use redis::{RedisWrite, ToRedisArgs};
 
 use super::RedisStore;
-use crate::domain::PoolId;
+use crate::domain::{PoolId, Target};
 
 /// Every key of a pool, in the order of `KEYS` in every pool script (see `labels.lua`,
 /// `leases.lua` and `health.lua`).
@@ -159,6 +161,20 @@ impl ToRedisArgs for PoolKeys<'_> {
 }
 
 impl RedisStore {
+    /// The pool's ban index, then the ban hash of `target` when given: the keys the ban
+    /// scripts take after the pool's own. A target never holds a brace (see [`Target`]),
+    /// so the key stays in the pool's hash slot.
+    pub(super) fn ban_keys(&self, pool: &PoolId, targets: &[&Target]) -> Vec<String> {
+        let index = self.ban_index_key(pool);
+        let hashes: Vec<String> = targets.iter().map(|t| format!("{index}:{t}")).collect();
+        std::iter::once(index).chain(hashes).collect()
+    }
+
+    /// The pool's ban index.
+    pub(super) fn ban_index_key(&self, pool: &PoolId) -> String {
+        format!("{}:{{{}}}:bans", self.prefix, pool.as_str())
+    }
+
     /// The registry of pool ids.
     pub(super) fn registry_key(&self) -> String {
         format!("{}:pool_ids", self.prefix)

@@ -137,20 +137,37 @@ impl RedisStore {
         graveyard: Option<&str>,
         args: &[&[u8]],
     ) -> Result<Value, StoreError> {
+        self.eval_keyed(script, pool, graveyard, &[], args).await
+    }
+
+    /// [`RedisStore::eval_with`], with `extra` keys of the pool's hash slot after the
+    /// pool's own (a pool's ban index and ban hashes, see `keys.rs`).
+    pub(super) async fn eval_keyed(
+        &self,
+        script: &Script,
+        pool: &PoolId,
+        graveyard: Option<&str>,
+        extra: &[String],
+        args: &[&[u8]],
+    ) -> Result<Value, StoreError> {
         let keys = PoolKeys {
             prefix: &self.prefix,
             pool,
             graveyard,
         };
         let mut evalsha = redis::Cmd::with_capacity(
-            3 + 2 * POOL_KEY_PARTS.len() + args.len(),
-            script.get_hash().len() + keys.bytes() + args.iter().map(|a| a.len()).sum::<usize>(),
+            3 + 2 * POOL_KEY_PARTS.len() + extra.len() + args.len(),
+            script.get_hash().len()
+                + keys.bytes()
+                + extra.iter().map(String::len).sum::<usize>()
+                + args.iter().map(|a| a.len()).sum::<usize>(),
         );
         evalsha
             .arg("EVALSHA")
             .arg(script.get_hash())
-            .arg(keys.num_of_args())
+            .arg(keys.num_of_args() + extra.len())
             .arg(&keys)
+            .arg(extra)
             .arg(args);
         self.evalsha(script, &evalsha).await
     }

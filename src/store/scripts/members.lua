@@ -1,5 +1,6 @@
 -- Reads one page of a pool's members from each of its two sets, with their health.
--- KEYS as in labels.lua, leases.lua and health.lua.
+-- KEYS as in labels.lua, leases.lua and health.lua; for a listing that names a target,
+-- then the ban index and the target's ban hash (as in outcomes.lua).
 -- ARGV[1] eligible offset, ARGV[2] ineligible offset, ARGV[3] how many eligible and
 -- ARGV[4] how many ineligible members to read (0 skips that set).
 -- With a label filter, ARGV[1] is instead how many entries of the label index earlier
@@ -15,7 +16,7 @@
 -- `taken_out` (ineligible only) "<since_ms> <reason>", `in_flight` the live leases,
 -- `health` "<streak> <trips> <cooldown_ms>", `returns` (ineligible only) the ms it comes
 -- back at, `checks` "<at_ms> <result>[/<latency_ms>] <detail>", `labels` its labels (each
--- nil when none).
+-- nil when none), and for a target `banned_until` the end of its ban (0 when none).
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
@@ -101,6 +102,23 @@ local function lookup(command, key, fields)
     end
     return redis.call(command, key, unpack(fields))
 end
+-- The end of each member's ban for the target, 0 when it has none: a hash the index
+-- does not list (or lists as forgotten) is a deleted pool's, and means nothing here.
+local function bans(members)
+    local out = {}
+    local now = now_ms()
+    local target = string.sub(KEYS[17], #KEYS[16] + 2)
+    local forget = redis.call('ZSCORE', KEYS[16], target)
+    local texts = {}
+    if forget and tonumber(forget) > now and #members > 0 then
+        texts = redis.call('HMGET', KEYS[17], unpack(members))
+    end
+    for n = 1, #members do
+        local ends = tonumber(string.match(texts[n] or '', '^(%d+)') or 0)
+        out[n] = ends > now and ends or 0
+    end
+    return out
+end
 local e, i = names(eligible), names(ineligible)
 local reply = {
     status,
@@ -121,6 +139,14 @@ local reply = {
         'labels', lookup('HMGET', KEYS[13], i),
     },
 }
+if #KEYS >= 17 then
+    local function add(page, list)
+        page[#page + 1] = 'banned_until'
+        page[#page + 1] = list
+    end
+    add(reply[3], bans(e))
+    add(reply[5], bans(i))
+end
 if next_offset then
     reply[#reply + 1] = 'next'
     reply[#reply + 1] = next_offset
