@@ -32,5 +32,6 @@ mod proxies;
 mod redis_faults;
 mod requests;
 mod round_trips;
+mod sources;
 mod spy;
 mod ui;
