@@ -10,6 +10,7 @@ mod member_id;
 mod pool_config;
 mod pool_id;
 mod rules;
+mod source;
 mod target;
 mod timestamp;
 
@@ -31,5 +32,9 @@ pub use member_id::{InvalidMemberId, MAX_MEMBER_ID_LEN, MemberId};
 pub use pool_config::{Policy, PoolConfig, RestorePolicy};
 pub use pool_id::{InvalidPoolId, PoolId};
 pub use rules::{PortRange, PortRules, Rules};
+pub use source::{
+    DEFAULT_SOURCE_MIN_INTERVAL_MS, InvalidSource, MAX_SOURCE_INTERVAL_MS, MAX_SOURCES,
+    SOURCE_INTERVAL_FLOOR_MS, Source, SourceFormat,
+};
 pub use target::{InvalidTarget, MAX_TARGET_LEN, Target};
 pub use timestamp::Timestamp;

@@ -40,12 +40,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Applied, AssignRequest, Assignment, CHECK_CLAIM_HOLD, CheckRound, Cursor, DisableReport,
-    Effect, EnableReport, Health, LastCheck, Lease, MAX_LABEL_CHECKS, MAX_PROBES_PER_ROUND,
-    MemberPage, MemberState, MemberView, PoolInfo, PoolPage, PoolStats, PutPool, RECLAIM_ON_ASSIGN,
-    RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored,
-    SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed, SeedReport, StateFilter, Store, StoreError,
-    StoreStatus, Swept,
+    Applied, AssignRequest, Assignment, CHECK_CLAIM_HOLD, CheckRound, ClaimedSource, Cursor,
+    DisableReport, Effect, EnableReport, FetchOutcome, Health, LastCheck, Lease, MAX_LABEL_CHECKS,
+    MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, PoolInfo, PoolPage, PoolStats,
+    PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
+    ReportSummary, Restored, SOURCE_CLAIM_HOLD, SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed,
+    SeedReport, SourceFetch, SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 use crate::domain::{
     LabelFilter, LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId,
@@ -75,6 +75,8 @@ struct Inner {
     sweep_due: DueIndex,
     /// Pools with checks by when their next round is due: what the checker visits.
     checks_due: DueIndex,
+    /// Pools with sources by when their next fetch may be due: what the fetcher visits.
+    sources_due: DueIndex,
     /// With a data directory: records of whole operations not yet taken by the writer.
     journal: Option<Buffer>,
     /// Why every operation is refused from now on: the store was closed, or its disk
@@ -209,6 +211,9 @@ struct Pool {
     recovered: u64,
     /// Until when the last check round holds the pool.
     check_round_until: Option<Timestamp>,
+    /// Each source's schedule and last fetch, by URL. Not written to disk: after a
+    /// restart every source is due at once, which costs one fetch each.
+    sources: HashMap<String, SourceState>,
     /// What the operation under way changed (not part of the pool's state).
     changes: Changes,
 }
@@ -310,6 +315,7 @@ impl Pool {
             tripped: 0,
             recovered: 0,
             check_round_until: None,
+            sources: HashMap::new(),
             changes: Changes::default(),
         }
     }
@@ -982,6 +988,9 @@ impl EmbeddedStore {
             if p.config.health.check.is_some() {
                 inner.checks_due.set(id, Some(now));
             }
+            if !p.config.sources.is_empty() {
+                inner.sources_due.set(id, Some(now));
+            }
         }
         let inner = Arc::new(Mutex::new(inner));
         let disk = Disk::start(&inner, options, recovered.disk)?;
@@ -1256,15 +1265,9 @@ impl Store for EmbeddedStore {
 
     async fn due_check_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError> {
         let mut inner = self.lock()?;
-        let now = Timestamp::now();
-        let hold = u64::try_from(CHECK_CLAIM_HOLD.as_millis()).unwrap_or(u64::MAX);
-        let due = inner.checks_due.take_due(now, limit);
-        for pool in &due {
-            inner
-                .checks_due
-                .set(pool, Some(Timestamp(now.0.saturating_add(hold))));
-        }
-        Ok(due)
+        Ok(inner
+            .checks_due
+            .take_due_holding(Timestamp::now(), limit, CHECK_CLAIM_HOLD))
     }
 
     async fn claim_check_round(
@@ -1308,6 +1311,97 @@ impl Store for EmbeddedStore {
         self.settle((round, end), Change::Counts).await
     }
 
+    async fn due_source_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError> {
+        let mut inner = self.lock()?;
+        Ok(inner
+            .sources_due
+            .take_due_holding(Timestamp::now(), limit, SOURCE_CLAIM_HOLD))
+    }
+
+    async fn claim_sources(
+        &self,
+        pool: &PoolId,
+        urls: &[String],
+        hold: Duration,
+    ) -> Result<Vec<ClaimedSource>, StoreError> {
+        let ((claimed, next), _) = self.with_pool(pool, |p, _| {
+            let now = Timestamp::now();
+            let hold = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX).max(1);
+            p.sources.retain(|url, _| urls.contains(url));
+            let mut claimed = Vec::new();
+            let mut earliest: Option<Timestamp> = None;
+            for url in urls {
+                let state = p.sources.entry(url.clone()).or_insert(SourceState {
+                    next_fetch_at: Timestamp(0),
+                    failures: 0,
+                    successes: 0,
+                    last_fetch: None,
+                });
+                if state.next_fetch_at <= now {
+                    state.next_fetch_at = Timestamp(now.0.saturating_add(hold));
+                    claimed.push(ClaimedSource {
+                        url: url.clone(),
+                        failures: state.failures,
+                        successes: state.successes,
+                    });
+                }
+                earliest =
+                    Some(earliest.map_or(state.next_fetch_at, |e| e.min(state.next_fetch_at)));
+            }
+            (claimed, earliest)
+        })?;
+        let mut inner = self.lock()?;
+        // Only a pool still indexed: one whose sources were all removed stays out.
+        if inner.sources_due.get(pool).is_some() {
+            inner.sources_due.set(pool, next);
+        }
+        Ok(claimed)
+    }
+
+    async fn record_source_fetch(
+        &self,
+        pool: &PoolId,
+        url: &str,
+        outcome: &FetchOutcome,
+        next_in: Duration,
+    ) -> Result<(), StoreError> {
+        let (next, _) = self.with_pool(pool, |p, _| {
+            let state = p.sources.get_mut(url)?;
+            let now = Timestamp::now();
+            match outcome {
+                FetchOutcome::Ok { .. } => {
+                    state.failures = 0;
+                    state.successes += 1;
+                }
+                FetchOutcome::Failed { .. } => state.failures += 1,
+            }
+            let millis = u64::try_from(next_in.as_millis()).unwrap_or(u64::MAX);
+            state.next_fetch_at = Timestamp(now.0.saturating_add(millis));
+            state.last_fetch = Some(SourceFetch {
+                at: now,
+                outcome: outcome.clone(),
+            });
+            Some(state.next_fetch_at)
+        })?;
+        if let Some(next) = next {
+            let mut inner = self.lock()?;
+            // Lowered only, as on Redis: another source may be due sooner.
+            if let Some(at) = inner.sources_due.get(pool)
+                && next < at
+            {
+                inner.sources_due.set(pool, Some(next));
+            }
+        }
+        Ok(())
+    }
+
+    async fn source_states(
+        &self,
+        pool: &PoolId,
+    ) -> Result<HashMap<String, SourceState>, StoreError> {
+        Ok(self.with_pool(pool, |p, _| p.sources.clone())?.0)
+    }
+
     async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError> {
         let answer = {
             let mut inner = self.lock()?;
@@ -1315,6 +1409,7 @@ impl Store for EmbeddedStore {
                 pools,
                 journal,
                 checks_due,
+                sources_due,
                 ..
             } = &mut *inner;
             let put = if let Some(existing) = pools.get_mut(pool) {
@@ -1334,6 +1429,9 @@ impl Store for EmbeddedStore {
             // A pool with checks is due for a round now; one without leaves the index.
             let round = config.health.check.as_ref().map(|_| Timestamp::now());
             checks_due.set(pool, round);
+            // Likewise for sources: those not due yet are left alone by their claim.
+            let fetch = (!config.sources.is_empty()).then(Timestamp::now);
+            sources_due.set(pool, fetch);
             (put, end)
         };
         self.settle(answer, Change::Durable).await
@@ -1381,6 +1479,7 @@ impl Store for EmbeddedStore {
             let removed = inner.pools.remove(pool).ok_or(StoreError::PoolNotFound)?;
             inner.sweep_due.set(pool, None);
             inner.checks_due.set(pool, None);
+            inner.sources_due.set(pool, None);
             let end = inner.journal.as_mut().map(|journal| {
                 journal.pool_deleted(pool);
                 journal.end()

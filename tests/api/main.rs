@@ -32,6 +32,7 @@ mod proxies;
 mod redis_faults;
 mod requests;
 mod round_trips;
+mod sources;
 mod spy;
 mod targets;
 mod ui;

@@ -21,14 +21,16 @@
 //! | `<prefix>:{<pool>}:labels` | hash | member -> its labels, `key=value` lines (absent when none) |
 //! | `<prefix>:{<pool>}:by_label` | sorted set | eligible members' labels in the choosing order (see `scripts/labels.lua`) |
 //! | `<prefix>:{<pool>}:label_members` | sorted set | every member's labels, `key=value` NUL member, for listings |
-//! | `<prefix>:{<pool>}:bans` | sorted set with ttl | targets the pool has bans for -> when they are all forgotten (ms, Redis clock); expires with the last; passed only to the scripts that read or write bans, after the keys above |
-//! | `<prefix>:{<pool>}:bans:<target>` | hash with ttl | member -> `"<until_ms> <ban_ms> <bans in a row>"`, for one target; expires when its bans are all forgotten; valid only while the index lists the target (a deleted pool's hashes are left to expire) |
+//! | `<prefix>:{<pool>}:sources` | hash | per source URL: `n:<url>` -> `"<next_ms> <failures> <successes>"`, `l:<url>` -> `"<at_ms> <outcome JSON>"`, its last fetch |
+//! | `<prefix>:{<pool>}:bans` | sorted set with ttl | the ban index: targets the pool has bans for -> when they are all forgotten (ms, Redis clock); expires with the last |
+//! | `<prefix>:{<pool>}:bans:<target>` | hash with ttl | one target's bans, member -> `"<until_ms> <ban_ms> <bans in a row>"`; expires when they are all forgotten. Not one of the pool's fixed keys: passed, after them, only to the calls that name the target. Valid only while the index lists the target, so a deleted pool's hashes (left to expire, see `delete_pool.lua`) are never read |
 //! | `<prefix>:{<pool>}:gone:<token>:<part>` | as its part | a deleted pool's key, renamed out of the way by `delete_pool.lua` and unlinked right after (see `operations.rs`) |
 //! | `<prefix>:pool_ids` | sorted set | the registry: pool ids, all at score 0 so that they sort by id (listing pages, prefix search, the safety net's walk); updated outside the pool scripts because it lives in another slot |
 //! | `<prefix>:pools` | set | the registry of earlier versions: copied into `pool_ids` and removed when a replica starts |
 //! | `{<prefix>:pool_ids}:walk` | hash | the safety net's walk, shared by every replica: `last` pool handed out, `next` turn (ms, Redis clock); in the registry's hash slot (its tag is the registry key) |
 //! | `<prefix>:due` | sorted set | the sweep's due index: pool id -> when its next lease expires or member returns (ms, Redis clock), never later |
 //! | `<prefix>:checks_due` | sorted set | the check index: pool id -> when its next check round is due (ms, Redis clock) |
+//! | `<prefix>:sources_due` | sorted set | the source index: pool id -> when its next source fetch may be due (ms, Redis clock), never later |
 //!
 //! # The due index
 //! Background work finds pools through the two indexes instead of reading every pool, so an
@@ -63,6 +65,12 @@
 //!   (`claim_due.lua`), and once a round is claimed (or found held by another replica) sets
 //!   the entry to when the next one may start (`ZADD XX`, so a pool whose checks were
 //!   switched off meanwhile is not put back).
+//! - `<prefix>:sources_due` follows the same rules for sources: "due now" on a `PUT` with
+//!   sources, cleared by one without (and by a delete); the fetcher takes due pools with a
+//!   hold, `claim_sources.lua` answers the pool's earliest next fetch (`ZADD XX`), and the
+//!   end of a fetch lowers the entry to that source's next fetch (`ZADD LT`). An entry may
+//!   be early (the next visit claims nothing and moves it); one written late by a claim
+//!   racing another replica's end of fetch is late by at most the claim's hold.
 
 use redis::{RedisWrite, ToRedisArgs};
 
@@ -71,7 +79,7 @@ use crate::domain::{PoolId, Target};
 
 /// Every key of a pool, in the order of `KEYS` in every pool script (see `labels.lua`,
 /// `leases.lua` and `health.lua`).
-pub(super) const POOL_KEY_PARTS: [&str; 15] = [
+pub(super) const POOL_KEY_PARTS: [&str; 17] = [
     "meta",
     "eligible",
     "ineligible",
@@ -87,6 +95,8 @@ pub(super) const POOL_KEY_PARTS: [&str; 15] = [
     "labels",
     "by_label",
     "label_members",
+    "sources",
+    "bans",
 ];
 
 /// Every key of one pool, in the order of [`POOL_KEY_PARTS`], written straight into a
@@ -161,18 +171,14 @@ impl ToRedisArgs for PoolKeys<'_> {
 }
 
 impl RedisStore {
-    /// The pool's ban index, then the ban hash of `target` when given: the keys the ban
-    /// scripts take after the pool's own. A target never holds a brace (see [`Target`]),
-    /// so the key stays in the pool's hash slot.
+    /// The ban hash of each target: the keys a script that reads or writes those bans
+    /// takes after the pool's own. A target never holds a brace (see [`Target`]), so the
+    /// key stays in the pool's hash slot.
     pub(super) fn ban_keys(&self, pool: &PoolId, targets: &[&Target]) -> Vec<String> {
-        let index = self.ban_index_key(pool);
-        let hashes: Vec<String> = targets.iter().map(|t| format!("{index}:{t}")).collect();
-        std::iter::once(index).chain(hashes).collect()
-    }
-
-    /// The pool's ban index.
-    pub(super) fn ban_index_key(&self, pool: &PoolId) -> String {
-        format!("{}:{{{}}}:bans", self.prefix, pool.as_str())
+        targets
+            .iter()
+            .map(|t| format!("{}:{{{}}}:bans:{t}", self.prefix, pool.as_str()))
+            .collect()
     }
 
     /// The registry of pool ids.
@@ -199,5 +205,10 @@ impl RedisStore {
     /// The check rounds' due index.
     pub(super) fn checks_due_key(&self) -> String {
         format!("{}:checks_due", self.prefix)
+    }
+
+    /// The sources' due index.
+    pub(super) fn sources_due_key(&self) -> String {
+        format!("{}:sources_due", self.prefix)
     }
 }

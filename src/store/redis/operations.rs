@@ -9,21 +9,21 @@ use redis::{Script, Value};
 use super::RedisStore;
 use super::keys::POOL_KEY_PARTS;
 use super::reply::{
-    self, AssignReply, ClaimCheckReply, ClaimDueReply, DeletePoolReply, DisableOutcome,
-    DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply, PoolInfoReply,
-    PutPoolReply, ReleaseReply, RemoveReply, RenewReply, SeedOutcome, SeedReply, SweepReply,
-    WalkReply,
+    self, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply, DeletePoolReply,
+    DisableOutcome, DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply,
+    PoolInfoReply, PutPoolReply, RecordSourceReply, ReleaseReply, RemoveReply, RenewReply,
+    SeedOutcome, SeedReply, SourceStatesReply, SweepReply, WalkReply,
 };
 use crate::domain::{
     LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy, Target,
 };
 use crate::store::{
-    Applied, AssignRequest, Assignment, BAN_CLEANUP, CheckRound, Cursor, DisableReport,
-    EnableReport, Lease, MAX_BAN_TARGETS, MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND,
-    MemberPage, PoolInfo, PoolPage, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport,
-    Renewed, Report, ReportSource, ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP,
-    SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed, SeedReport, StateFilter, Store, StoreError,
-    StoreStatus, Swept,
+    Applied, AssignRequest, Assignment, BAN_CLEANUP, CheckRound, ClaimedSource, Cursor,
+    DisableReport, EnableReport, FetchOutcome, Lease, MAX_BAN_TARGETS, MAX_LABEL_CHECKS,
+    MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PoolInfo, PoolPage, PutPool,
+    RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
+    ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed,
+    SeedReport, SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
@@ -98,17 +98,23 @@ impl RedisStore {
 
     /// One step of the safety net: the next [`SAFETY_NET_POOLS_PER_SWEEP`] pools of the
     /// registry are swept (which writes their exact `due` and puts them into the due index)
-    /// and, when they have checks, put into the check index unless they are there already.
+    /// and, when they have checks or sources, put into the check or source index unless
+    /// they are there already.
     async fn safety_net(&self) -> Result<Swept, StoreError> {
         let pools = self.next_walked_pools().await?;
         let mut swept = Swept::default();
         for pool in pools {
             swept = swept + self.sweep_pool(&pool).await?;
             match self.pool(&pool).await {
-                Ok(info) if info.config.health.check.is_some() => {
-                    self.index(&self.checks_due_key(), "NX", &pool, 0).await?;
+                Ok(info) => {
+                    if info.config.health.check.is_some() {
+                        self.index(&self.checks_due_key(), "NX", &pool, 0).await?;
+                    }
+                    if !info.config.sources.is_empty() {
+                        self.index(&self.sources_due_key(), "NX", &pool, 0).await?;
+                    }
                 }
-                Ok(_) | Err(StoreError::PoolNotFound) => {}
+                Err(StoreError::PoolNotFound) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -489,8 +495,8 @@ impl Store for RedisStore {
                     .unwrap_or_default()
             })
             .collect();
-        // Each distinct target's ban hash is passed once, after the pool's keys and its
-        // ban index; a report names its target by the key's slot in KEYS.
+        // Each distinct target's ban hash is passed once, after the pool's keys; a report
+        // names its target by the key's slot in KEYS (counted from 1).
         let mut targets: Vec<&Target> = Vec::new();
         for target in reports.iter().filter_map(|r| r.target.as_ref()) {
             if !targets.contains(&target) {
@@ -504,15 +510,11 @@ impl Store for RedisStore {
                     .target
                     .as_ref()
                     .and_then(|t| targets.iter().position(|known| *known == t))
-                    .map(|at| (POOL_KEY_PARTS.len() + 2 + at).to_string())
+                    .map(|at| (POOL_KEY_PARTS.len() + 1 + at).to_string())
                     .unwrap_or_default()
             })
             .collect();
-        let extra = if targets.is_empty() {
-            Vec::new()
-        } else {
-            self.ban_keys(pool, &targets)
-        };
+        let extra = self.ban_keys(pool, &targets);
         let [max_targets, cleanup] = &*BAN_LIMITS;
         let mut args: Vec<&[u8]> = Vec::with_capacity(reports.len() * 5 + 4);
         args.push(source.as_str().as_bytes());
@@ -568,6 +570,69 @@ impl Store for RedisStore {
         Ok(round)
     }
 
+    async fn due_source_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError> {
+        self.take_due(
+            &self.sources_due_key(),
+            limit,
+            crate::store::SOURCE_CLAIM_HOLD,
+        )
+        .await
+    }
+
+    async fn claim_sources(
+        &self,
+        pool: &PoolId,
+        urls: &[String],
+        hold: Duration,
+    ) -> Result<Vec<ClaimedSource>, StoreError> {
+        let hold = hold.as_millis().max(1).to_string();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(urls.len() + 1);
+        args.push(hold.as_bytes());
+        args.extend(urls.iter().map(|url| url.as_bytes()));
+        let value = self.eval(&self.scripts.claim_sources, pool, &args).await?;
+        let ClaimSourcesReply { claimed, next } = ClaimSourcesReply::decode(value)?;
+        // `XX`: a pool whose sources were all removed since it was taken stays out.
+        match next {
+            Some(next) => {
+                self.index(&self.sources_due_key(), "XX", pool, next)
+                    .await?
+            }
+            None => self.unindex(&self.sources_due_key(), pool).await?,
+        }
+        Ok(claimed)
+    }
+
+    async fn record_source_fetch(
+        &self,
+        pool: &PoolId,
+        url: &str,
+        outcome: &FetchOutcome,
+        next_in: Duration,
+    ) -> Result<(), StoreError> {
+        let json = serde_json::to_vec(outcome).map_err(|e| StoreError::Unavailable(Box::new(e)))?;
+        let ok: &[u8] = match outcome {
+            FetchOutcome::Ok { .. } => b"1",
+            FetchOutcome::Failed { .. } => b"0",
+        };
+        let next_in = next_in.as_millis().to_string();
+        let args: [&[u8]; 4] = [url.as_bytes(), ok, next_in.as_bytes(), &json];
+        let value = self.eval(&self.scripts.record_source, pool, &args).await?;
+        // `LT`: an earlier entry (another source due sooner) stays.
+        if let RecordSourceReply(Some(next)) = RecordSourceReply::decode(value)? {
+            self.index(&self.sources_due_key(), "LT", pool, next)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn source_states(
+        &self,
+        pool: &PoolId,
+    ) -> Result<std::collections::HashMap<String, SourceState>, StoreError> {
+        let value = self.eval(&self.scripts.source_states, pool, &[]).await?;
+        SourceStatesReply::decode(value).map(|SourceStatesReply(states)| states)
+    }
+
     async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError> {
         let json = serde_json::to_vec(config).map_err(|e| StoreError::Unavailable(Box::new(e)))?;
         let start = config
@@ -616,6 +681,12 @@ impl Store for RedisStore {
             self.index(&self.checks_due_key(), "LT", pool, 0).await?;
         } else {
             self.unindex(&self.checks_due_key(), pool).await?;
+        }
+        // Likewise for sources: those not due yet are left alone by their claim.
+        if config.sources.is_empty() {
+            self.unindex(&self.sources_due_key(), pool).await?;
+        } else {
+            self.index(&self.sources_due_key(), "LT", pool, 0).await?;
         }
         Ok(if created {
             PutPool::Created
@@ -673,22 +744,15 @@ impl Store for RedisStore {
         // freeing them happens below, outside any script. A fresh token per call keeps a
         // graveyard name from ever naming a key that exists.
         let token = format!("{:016x}", rand::random::<u64>());
-        let index = self.ban_index_key(pool);
-        let grave = format!("{}:{{{}}}:gone:{token}:bans", self.prefix, pool.as_str());
         let value = self
-            .eval_keyed(
-                &self.scripts.delete_pool,
-                pool,
-                Some(&token),
-                &[index, grave],
-                &[],
-            )
+            .eval_with(&self.scripts.delete_pool, pool, Some(&token), &[])
             .await?;
         let mut zrem = redis::cmd("ZREM");
         zrem.arg(self.registry_key()).arg(pool.as_str());
         self.command(zrem).await?;
         // Its entry in the sweep's index goes at its next sweep, which finds no pool.
         self.unindex(&self.checks_due_key(), pool).await?;
+        self.unindex(&self.sources_due_key(), pool).await?;
         let DeletePoolReply { graveyard } = DeletePoolReply::decode(value)?;
         let graveyard = graveyard.ok_or(StoreError::PoolNotFound)?;
         if !graveyard.is_empty() {

@@ -20,7 +20,8 @@ use crate::domain::{
     Labels, LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId, RestorePolicy, Timestamp,
 };
 use crate::store::{
-    CheckRound, Effect, Health, LastCheck, MemberState, MemberView, PoolStats, StoreError, Swept,
+    CheckRound, ClaimedSource, Effect, FetchOutcome, Health, LastCheck, MemberState, MemberView,
+    PoolStats, SourceFetch, SourceState, StoreError, Swept,
 };
 
 /// A reply of a shape its script never returns: the script and this decoder disagree.
@@ -781,6 +782,125 @@ impl ClaimCheckReply {
             };
             items.end()?;
             Ok(Self { round, next_round })
+        })
+    }
+}
+
+/// `claim_sources.lua`: the sources this replica claimed, and the pool's earliest next
+/// fetch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ClaimSourcesReply {
+    /// The sources claimed.
+    pub(super) claimed: Vec<ClaimedSource>,
+    /// The earliest next fetch among the pool's sources (ms, Redis clock; none without
+    /// sources).
+    pub(super) next: Option<u64>,
+}
+
+impl ClaimSourcesReply {
+    /// Decodes `{-1}` or `{1, next, {url, failures, successes, ...}}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("claim_sources.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let next = items.due_time()?;
+            let flat = array(items.next()?)?;
+            if flat.len() % 3 != 0 {
+                return Err("claimed sources come in threes".into());
+            }
+            let mut claimed = Vec::with_capacity(flat.len() / 3);
+            let mut flat = flat.into_iter();
+            while let (Some(url), Some(failures), Some(successes)) =
+                (flat.next(), flat.next(), flat.next())
+            {
+                claimed.push(ClaimedSource {
+                    url: string(url)?,
+                    failures: count(&failures)?,
+                    successes: count(&successes)?,
+                });
+            }
+            items.end()?;
+            Ok(Self { claimed, next })
+        })
+    }
+}
+
+/// `record_source.lua`: the source's next fetch, or `None` when it is no longer kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct RecordSourceReply(pub(super) Option<u64>);
+
+impl RecordSourceReply {
+    /// Decodes `{-1}`, `{0}` or `{1, next}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("record_source.lua", value, |value| {
+            let mut items = Items::new(value)?;
+            let next = match items.int()? {
+                -1 => return Err(Problem::NoPool),
+                0 => None,
+                1 => Some(items.count()?),
+                _ => return Err("unknown status".into()),
+            };
+            items.end()?;
+            Ok(Self(next))
+        })
+    }
+}
+
+/// `source_states.lua`: what is kept about each source, by URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct SourceStatesReply(pub(super) std::collections::HashMap<String, SourceState>);
+
+impl SourceStatesReply {
+    /// Decodes `{-1}` or `{1, {field, value, ...}}`, the fields being `n:<url>` (schedule
+    /// and counts) and `l:<url>` (last fetch), see `keys.rs`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("source_states.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let flat = array(items.next()?)?;
+            items.end()?;
+            let mut states = std::collections::HashMap::new();
+            let mut lasts = Vec::new();
+            let mut flat = flat.into_iter();
+            while let (Some(field), Some(text)) = (flat.next(), flat.next()) {
+                let (field, text) = (string(field)?, string(text)?);
+                if let Some(url) = field.strip_prefix("n:") {
+                    let numbers: Vec<u64> = text
+                        .split(' ')
+                        .map(|n| n.parse().map_err(|_| "a source's numbers"))
+                        .collect::<Result<_, _>>()?;
+                    let [next, failures, successes] = numbers[..] else {
+                        return Err("a source's numbers are three".into());
+                    };
+                    states.insert(
+                        url.to_owned(),
+                        SourceState {
+                            next_fetch_at: Timestamp(next),
+                            failures,
+                            successes,
+                            last_fetch: None,
+                        },
+                    );
+                } else if let Some(url) = field.strip_prefix("l:") {
+                    let (at, json) = text.split_once(' ').ok_or("a last fetch has a time")?;
+                    let at = at.parse().map_err(|_| "a last fetch's time")?;
+                    let outcome: FetchOutcome =
+                        serde_json::from_str(json).map_err(|_| "a last fetch's outcome")?;
+                    lasts.push((
+                        url.to_owned(),
+                        SourceFetch {
+                            at: Timestamp(at),
+                            outcome,
+                        },
+                    ));
+                } else {
+                    return Err("an unknown source field".into());
+                }
+            }
+            for (url, last) in lasts {
+                if let Some(state) = states.get_mut(&url) {
+                    state.last_fetch = Some(last);
+                }
+            }
+            Ok(Self(states))
         })
     }
 }

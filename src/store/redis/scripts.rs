@@ -59,6 +59,9 @@ scripts! {
     sweep: with_helpers,
     outcomes: with_helpers,
     claim_check: plain,
+    claim_sources: plain,
+    record_source: plain,
+    source_states: plain,
     claim_due: plain,
     walk: plain,
 }

@@ -20,9 +20,10 @@ mod redis_server;
 
 use self::redis_server::RedisServer;
 use super::reply::{
-    AssignReply, ClaimCheckReply, ClaimDueReply, DeletePoolReply, DisableOutcome, DisableReply,
-    EnableOutcome, EnableReply, MembersReply, OutcomesReply, PoolInfoReply, ReleaseReply,
-    RemoveReply, RenewReply, Renewal, SeedOutcome, SeedReply, SweepReply, WalkReply,
+    AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply, DeletePoolReply,
+    DisableOutcome, DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply,
+    PoolInfoReply, RecordSourceReply, ReleaseReply, RemoveReply, RenewReply, Renewal, SeedOutcome,
+    SeedReply, SourceStatesReply, SweepReply, WalkReply,
 };
 use super::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
@@ -30,8 +31,9 @@ use crate::domain::{
     RestorePolicy, Timestamp,
 };
 use crate::store::{
-    CheckRound, Effect, LastCheck, MemberState, MemberView, PoolStats, PutPool, Report,
-    ReportSource, Seed, Store, StoreError, Swept,
+    CheckRound, ClaimedSource, Effect, FetchOutcome, ImportCounts, LastCheck, MemberState,
+    MemberView, PoolStats, PutPool, Report, ReportSource, Seed, SourceFetch, SourceState, Store,
+    StoreError, Swept,
 };
 
 const PREFIX: &str = "replies";
@@ -209,6 +211,9 @@ async fn every_script_s_replies_decode_from_a_real_redis() {
             "outcomes" => outcomes(&redis).await,
             "claim_check" => claim_check(&redis).await,
             "claim_due" => claim_due(&redis).await,
+            "claim_sources" => claim_sources(&redis).await,
+            "record_source" => record_source(&redis).await,
+            "source_states" => source_states(&redis).await,
             "walk" => walk(&redis).await,
             other => panic!("{other}.lua has no reply test: add its case to this match"),
         }
@@ -450,14 +455,10 @@ async fn pool_info(redis: &TestRedis) {
 async fn delete_pool(redis: &TestRedis) {
     let id = pool("delete-pool");
     let script = &redis.store.scripts.delete_pool;
-    let bans = [
-        redis.store.ban_index_key(&id),
-        TestRedis::key(&id, "gone:token:bans"),
-    ];
     let delete = || async {
         redis
             .store
-            .eval_keyed(script, &id, Some("token"), &bans, &[])
+            .eval_with(script, &id, Some("token"), &[])
             .await
             .expect("the script runs")
     };
@@ -961,8 +962,8 @@ async fn outcomes(redis: &TestRedis) {
                 &id,
                 &keys,
                 &[
-                    "worker", "0", "1", "16", "a", "blocked", "", "", "17", "a", "blocked", "", "",
-                    "17", "a", "blocked", "", "", "18",
+                    "worker", "0", "1", "16", "a", "blocked", "", "", "18", "a", "blocked", "", "",
+                    "18", "a", "blocked", "", "", "19",
                 ],
             )
             .await,
@@ -1020,6 +1021,92 @@ async fn claim_check(redis: &TestRedis) {
         "{} against {}",
         taken.next_round,
         claimed.next_round
+    );
+}
+
+const LIST_A: &str = "http://lists.example/a";
+const LIST_B: &str = "http://lists.example/b";
+
+async fn claim_sources(redis: &TestRedis) {
+    let id = pool("claim-sources");
+    let run = || redis.eval("claim_sources", &id, &["60000", LIST_A, LIST_B]);
+    assert_pool_not_found(ClaimSourcesReply::decode(run().await));
+    redis.create(&id, PoolConfig::default()).await;
+    let before = redis.now_ms().await;
+    let first = ClaimSourcesReply::decode(run().await).expect("decodes");
+    let after = redis.now_ms().await;
+    let fresh = |url: &str| ClaimedSource {
+        url: url.to_owned(),
+        failures: 0,
+        successes: 0,
+    };
+    assert_eq!(first.claimed, [fresh(LIST_A), fresh(LIST_B)]);
+    let next = first.next.expect("a next fetch");
+    assert!((before + 60_000..=after + 60_000).contains(&next), "{next}");
+    let held = ClaimSourcesReply::decode(run().await).expect("decodes");
+    assert_eq!((held.claimed, held.next), (vec![], Some(next)));
+    let none = ClaimSourcesReply::decode(redis.eval("claim_sources", &id, &["60000"]).await)
+        .expect("decodes");
+    assert_eq!((none.claimed, none.next), (vec![], None));
+}
+
+async fn record_source(redis: &TestRedis) {
+    let id = pool("record-source");
+    let ok = serde_json::to_string(&FetchOutcome::Ok {
+        counts: ImportCounts::default(),
+    })
+    .expect("serialises");
+    let args = [LIST_A, "1", "5000", ok.as_str()];
+    let run = || redis.eval("record_source", &id, &args);
+    assert_pool_not_found(RecordSourceReply::decode(run().await));
+    redis.create(&id, PoolConfig::default()).await;
+    assert_eq!(
+        RecordSourceReply::decode(run().await).expect("decodes"),
+        RecordSourceReply(None)
+    );
+    redis.eval("claim_sources", &id, &["60000", LIST_A]).await;
+    let before = redis.now_ms().await;
+    let RecordSourceReply(next) = RecordSourceReply::decode(run().await).expect("decodes");
+    let after = redis.now_ms().await;
+    let next = next.expect("a next fetch");
+    assert!((before + 5_000..=after + 5_000).contains(&next), "{next}");
+}
+
+async fn source_states(redis: &TestRedis) {
+    let id = pool("source-states");
+    let run = || redis.eval("source_states", &id, &[]);
+    assert_pool_not_found(SourceStatesReply::decode(run().await));
+    redis.create(&id, PoolConfig::default()).await;
+    let SourceStatesReply(empty) = SourceStatesReply::decode(run().await).expect("decodes");
+    assert!(empty.is_empty());
+    redis
+        .eval("claim_sources", &id, &["60000", LIST_A, LIST_B])
+        .await;
+    let failed = FetchOutcome::Failed {
+        error: "status 404".to_owned(),
+    };
+    let json = serde_json::to_string(&failed).expect("serialises");
+    redis
+        .eval("record_source", &id, &[LIST_A, "0", "1000", &json])
+        .await;
+    let SourceStatesReply(states) = SourceStatesReply::decode(run().await).expect("decodes");
+    let a = states.get(LIST_A).expect("a is kept").clone();
+    let last = a.last_fetch.clone().expect("a was fetched");
+    assert_eq!(
+        a,
+        SourceState {
+            next_fetch_at: Timestamp(last.at.0 + 1_000),
+            failures: 1,
+            successes: 0,
+            last_fetch: Some(SourceFetch {
+                at: last.at,
+                outcome: failed,
+            }),
+        }
+    );
+    assert_eq!(
+        states.get(LIST_B).map(|b| b.last_fetch.is_none()),
+        Some(true)
     );
 }
 

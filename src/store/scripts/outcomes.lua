@@ -6,10 +6,11 @@
 -- taken out by an operator: ignored.
 -- blocked with a target, whatever the member's state: bans the member for that target
 --   (see `ban` below); the streak stays as it is.
--- KEYS as in labels.lua, leases.lua and health.lua; when reports name targets, then
--- [16] the pool's ban index (sorted set: target -> when its bans are all forgotten, ms)
--- and [17..] one ban hash per target named, "<KEYS[16]>:<target>" (member ->
--- "<until_ms> <ban_ms> <bans in a row>"), expiring when its bans are all forgotten.
+-- KEYS as in labels.lua, leases.lua and health.lua, then [16] the pool's sources and
+-- [17] its ban index (sorted set: target -> when its bans are all forgotten, ms), and when
+-- reports name targets [18..] one ban hash per target named, "<KEYS[17]>:<target>"
+-- (member -> "<until_ms> <ban_ms> <bans in a row>"), expiring when its bans are all
+-- forgotten (see keys.rs).
 -- ARGV[1] 'worker' or 'check', ARGV[2] jitter draw in [-1, 1], ARGV[3] most targets per
 -- pool, ARGV[4] most expired targets to clear, then per report member, result
 -- (ok | failed | blocked), detail (checks: what the probe saw), latency in milliseconds
@@ -34,8 +35,8 @@ local ban_ms = tonumber(redis.call('HGET', KEYS[1], 'target_ban_ms') or 600000)
 -- there is none. The index says whether the hash belongs to this pool: a pool deleted and
 -- created again leaves a hash behind that expires by itself and is never read.
 local function ban_of(slot, member)
-    local target = string.sub(KEYS[slot], #KEYS[16] + 2)
-    local forget = redis.call('ZSCORE', KEYS[16], target)
+    local target = string.sub(KEYS[slot], #KEYS[17] + 2)
+    local forget = redis.call('ZSCORE', KEYS[17], target)
     if not forget or tonumber(forget) <= now then
         return nil, target, nil
     end
@@ -61,11 +62,11 @@ local function ban(slot, member)
         return current[1], false
     end
     if not forget then
-        local expired = redis.call('ZRANGE', KEYS[16], '-inf', now, 'BYSCORE', 'LIMIT', 0, cleanup)
+        local expired = redis.call('ZRANGE', KEYS[17], '-inf', now, 'BYSCORE', 'LIMIT', 0, cleanup)
         if #expired > 0 then
-            redis.call('ZREM', KEYS[16], unpack(expired))
+            redis.call('ZREM', KEYS[17], unpack(expired))
         end
-        if redis.call('ZCARD', KEYS[16]) >= max_targets then
+        if redis.call('ZCARD', KEYS[17]) >= max_targets then
             return nil
         end
         -- What an earlier pool of this id left, if anything.
@@ -80,10 +81,10 @@ local function ban(slot, member)
     redis.call('HSET', key, member, ms_text(ends) .. ' ' .. ms_text(ms) .. ' ' .. ms_text(bans))
     local forgotten = ends + ms
     if not forget or forgotten > forget then
-        redis.call('ZADD', KEYS[16], forgotten, target)
+        redis.call('ZADD', KEYS[17], forgotten, target)
         redis.call('PEXPIREAT', key, forgotten)
-        local last = redis.call('ZRANGE', KEYS[16], 0, 0, 'REV', 'WITHSCORES')[2]
-        redis.call('PEXPIREAT', KEYS[16], last)
+        local last = redis.call('ZRANGE', KEYS[17], 0, 0, 'REV', 'WITHSCORES')[2]
+        redis.call('PEXPIREAT', KEYS[17], last)
     end
     return ends, true
 end
