@@ -96,6 +96,175 @@ async fn three(app: &TestApp, pool: &str, config: Value) {
     app.seed(pool, &["a", "b", "c"], Some(0)).await;
 }
 
+async fn a_blocked_report_with_a_target_bans_the_member_for_that_target_only(app: TestApp) {
+    three(&app, "p", json!({})).await;
+    let (outcome, before, after) = ban(&app, "p", "a", "Shop.Example.COM.").await;
+    let until = ms_of(&outcome["banned_until"]);
+    assert!(
+        (before + 600_000..=after + 600_000).contains(&until),
+        "{outcome}"
+    );
+    assert_eq!(
+        outcome,
+        json!({"proxy": "a", "result": "blocked", "effect": "banned", "consecutive_failures": 0,
+               "target": "shop.example.com", "banned_until": outcome["banned_until"]})
+    );
+    // a has the fewest assignments, yet the site that blocked it never gets it.
+    assert_eq!(assigned_for(&app, "p", "shop.example.com").await, "b");
+    assert_eq!(assigned_for(&app, "p", "shop.example.com").await, "c");
+    assert_eq!(assigned_for(&app, "p", "shop.example.com").await, "b");
+    // Other sites, and assigns without a target, still get it.
+    assert_eq!(assigned_for(&app, "p", "other.example.org").await, "a");
+    assert_eq!(app.assigned("p").await, ("a".to_owned(), 2));
+    assert_eq!(
+        bans_for(&app, "p", "shop.example.com").await,
+        [
+            ("c".to_owned(), Value::Null),
+            ("a".to_owned(), outcome["banned_until"].clone()),
+            ("b".to_owned(), Value::Null),
+        ]
+    );
+    assert_eq!(
+        bans_for(&app, "p", "other.example.org").await,
+        [
+            ("c".to_owned(), Value::Null),
+            ("a".to_owned(), Value::Null),
+            ("b".to_owned(), Value::Null),
+        ]
+    );
+    // Without a target the listing has no such field; the member stays eligible with no
+    // failure counted.
+    let listed = app.members("p").await;
+    assert!(
+        listed.iter().all(|m| m.get("banned_until").is_none()),
+        "{listed:?}"
+    );
+    assert!(
+        listed
+            .iter()
+            .all(|m| m["state"] == json!("eligible") && m["consecutive_failures"] == json!(0)),
+        "{listed:?}"
+    );
+}
+
+async fn a_least_in_flight_pool_skips_banned_members_in_its_order(app: TestApp) {
+    three(&app, "p", json!({"policy": "least-in-flight"})).await;
+    ban(&app, "p", "a", "example.com").await;
+    ban(&app, "p", "b", "example.com").await;
+    let (status, body) = assign_with(&app, "p", json!({"target": "example.com"})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["proxy"], json!("c"));
+    assert_eq!(body["in_flight"], json!(1));
+    assert_eq!(assigned_for(&app, "p", "example.com").await, "c");
+    assert_eq!(app.assigned("p").await.0, "a");
+}
+
+async fn a_banned_member_that_is_taken_out_and_back_stays_banned(app: TestApp) {
+    three(&app, "p", json!({})).await;
+    let (outcome, ..) = ban(&app, "p", "a", "example.com").await;
+    for action in ["disable", "enable"] {
+        let (status, body) = app
+            .post_json(
+                &format!("/pools/p/members/{action}"),
+                json!({"members": ["a"]}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    assert_eq!(
+        bans_for(&app, "p", "example.com").await[0],
+        ("a".to_owned(), outcome["banned_until"].clone())
+    );
+    assert_eq!(assigned_for(&app, "p", "example.com").await, "b");
+}
+
+async fn an_assign_with_labels_and_a_target_skips_the_labelled_members_banned_for_it(app: TestApp) {
+    app.create_pool("p", json!({})).await;
+    let (status, body) = app
+        .post_json(
+            "/pools/p/members",
+            json!({"members": ["de-1", "de-2", "fr-1"], "labels": {"country": "de"},
+                   "assignments": 0}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    app.post_json(
+        "/pools/p/members",
+        json!({"members": [{"member": "fr-1", "labels": {"country": "fr"}}]}),
+    )
+    .await;
+    ban(&app, "p", "de-1", "example.com").await;
+    for (labels, expected) in [
+        (json!({"country": "de"}), "de-2"),
+        (json!({"country": ["de", "fr"]}), "fr-1"),
+        (json!({"country": "de", "missing": ["x", "y"]}), ""),
+    ] {
+        let (status, body) = assign_with(
+            &app,
+            "p",
+            json!({"labels": labels, "target": "example.com"}),
+        )
+        .await;
+        if expected.is_empty() {
+            assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+        } else {
+            assert_eq!(status, StatusCode::OK, "{body}");
+            assert_eq!(body["proxy"], json!(expected), "{labels}");
+        }
+    }
+    // The same filter for another host still gets the least-used of all.
+    let (_, body) = assign_with(
+        &app,
+        "p",
+        json!({"labels": {"country": "de"}, "target": "example.org"}),
+    )
+    .await;
+    assert_eq!(body["proxy"], json!("de-1"));
+}
+
+async fn an_assign_checks_at_most_two_thousand_banned_members_then_waits_for_the_first_ban(
+    app: TestApp,
+) {
+    app.create_pool("p", json!({"health": {"target_ban_ms": 60000}}))
+        .await;
+    let banned: Vec<String> = (0..2_000).map(|n| format!("m{n:04}")).collect();
+    let names: Vec<&str> = banned.iter().map(String::as_str).collect();
+    app.seed("p", &names, Some(0)).await;
+    // The one member not banned sorts after all of them: it is the 2,001st candidate.
+    app.seed("p", &["z-free"], Some(1)).await;
+    let reports: Vec<Value> = names
+        .iter()
+        .map(|m| json!({"proxy": m, "result": "blocked", "target": "example.com"}))
+        .collect();
+    let before = now_ms();
+    let (status, body) = report(&app, "p", Value::Array(reports)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let first_end = ms_of(&body["outcomes"][0]["banned_until"]);
+    let response = app
+        .anonymous(Method::POST, "/pools/p/assign")
+        .json(&json!({"target": "example.com"}))
+        .send()
+        .await
+        .expect("sent");
+    let asked = now_ms();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    let wait: u64 = response.headers()["retry-after"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    // The wait is until the first ban skipped ends, rounded up to seconds.
+    assert!(first_end >= before + 60_000, "{first_end}");
+    let soonest = (first_end - asked).div_ceil(1000);
+    let latest = (first_end - before).div_ceil(1000);
+    assert!(
+        (soonest..=latest).contains(&wait),
+        "{wait} s, ban ends {first_end}, asked {asked}"
+    );
+    // Without the target the pool hands out its least-used member as ever.
+    assert_eq!(app.assigned("p").await, ("m0000".to_owned(), 1));
+}
+
 async fn a_ban_reported_again_while_it_lasts_changes_nothing(app: TestApp) {
     three(
         &app,
@@ -267,6 +436,11 @@ async fn an_invalid_target_is_refused_naming_the_field(app: TestApp) {
 }
 
 for_each_store!(
+    a_blocked_report_with_a_target_bans_the_member_for_that_target_only,
+    an_assign_with_labels_and_a_target_skips_the_labelled_members_banned_for_it,
+    an_assign_checks_at_most_two_thousand_banned_members_then_waits_for_the_first_ban,
+    a_least_in_flight_pool_skips_banned_members_in_its_order,
+    a_banned_member_that_is_taken_out_and_back_stays_banned,
     a_ban_reported_again_while_it_lasts_changes_nothing,
     a_repeat_ban_doubles_up_to_the_longest_cooldown,
     failed_reports_and_blocks_without_a_target_count_pool_wide_as_before,

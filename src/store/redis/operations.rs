@@ -371,7 +371,13 @@ impl Store for RedisStore {
             checks.as_bytes(),
         ]);
         args.extend(groups.iter().map(|group| group.as_bytes()));
-        let value = self.eval(&self.scripts.assign, pool, &args).await?;
+        let extra = match &request.target {
+            Some(target) => self.ban_keys(pool, &[target]),
+            None => Vec::new(),
+        };
+        let value = self
+            .eval_keyed(&self.scripts.assign, pool, None, &extra, &args)
+            .await?;
         Ok(match AssignReply::decode(value)? {
             AssignReply::TooCostly => return Err(StoreError::FilterTooCostly),
             AssignReply::Empty { next_return } => Assignment::Empty { next_return },

@@ -16,9 +16,14 @@
 -- the pool's, ARGV[3] how many expired leases to reclaim first, ARGV[4] how many due
 -- members to return first, ARGV[5] most candidates a label filter may check, ARGV[6..]
 -- label groups "key value value ...".
+-- With a target, KEYS[18] is its ban hash (see outcomes.lua): members banned for it are
+-- skipped in the choosing order, each costing one check of the ARGV[5] budget; when the
+-- budget is spent on banned members the answer is {0, ms} until the first of their bans
+-- ends. Without a target there is no KEYS[18] and bans cost nothing.
 -- Returns {-1} when the pool does not exist, {-2} when the label filter would check more
 -- than ARGV[5] candidates, {0} when there is nothing to assign,
--- {0, ms} when nothing is eligible and the earliest cooldown ends in ms,
+-- {0, ms} when nothing is eligible and the earliest cooldown (or ban for the target) ends
+-- in ms,
 -- {1, member, assignments} on a least-used pool,
 -- {2, member, assignments, in_flight, expires_ms, ttl_ms, due hint} on a least-in-flight
 -- pool, the hint being the pool's new earliest due time, or 0 (see `due_by` in leases.lua).
@@ -36,26 +41,79 @@ if first_due then
     end
 end
 local groups = filter_groups(6)
--- Only on the empty path: how long until the earliest cooling-down member returns. With a
--- label filter that member may not carry the labels, so no wait is given.
-local function nothing_eligible()
+
+-- With a target the pool has live bans for: the end of the member's ban, nil when it has
+-- none. A hash the ban index does not list (or lists as forgotten) is a deleted pool's.
+local ban_end = nil
+if #KEYS >= 18 then
+    local forget = redis.call('ZSCORE', KEYS[17], string.sub(KEYS[18], #KEYS[17] + 2))
+    now = now or now_ms()
+    if forget and tonumber(forget) > now then
+        ban_end = function(text)
+            local ends = tonumber(string.match(text or '', '^(%d+)') or 0)
+            return ends > now and ends or nil
+        end
+    end
+end
+
+-- The first entry of the sorted set `key` (the choosing order) whose member is not banned,
+-- with its score, reading the order in chunks with one HMGET each; nil after `budget`
+-- banned members or at the end of the order. Also the earliest end of the bans skipped.
+-- The first chunk is small: usually the first member is not banned.
+local function first_unbanned(key, budget, lif)
+    local earliest = nil
+    local offset = 0
+    while offset < budget do
+        local size = math.min(offset == 0 and 4 or 64, budget - offset)
+        local entries = redis.call('ZRANGE', key, offset, offset + size - 1, 'WITHSCORES')
+        if #entries == 0 then
+            break
+        end
+        local names = {}
+        for i = 1, #entries, 2 do
+            names[#names + 1] = lif and string.sub(entries[i], 21) or entries[i]
+        end
+        local texts = redis.call('HMGET', KEYS[18], unpack(names))
+        for i = 1, #names do
+            local ends = ban_end(texts[i])
+            if not ends then
+                return entries[2 * i - 1], entries[2 * i], earliest
+            end
+            earliest = math.min(earliest or ends, ends)
+        end
+        offset = offset + #names
+    end
+    return nil, nil, earliest
+end
+
+-- Only on the empty path: how long until the earliest cooling-down member returns, or the
+-- earliest of `banned_until` (the bans skipped) ends. With a label filter that member may
+-- not carry the labels, so no wait is given.
+local function nothing_eligible(banned_until)
     if groups then
         return {0}
     end
-    local due = redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')[2]
-    if due then
-        return {0, tonumber(due) - (now or now_ms())}
+    local due = tonumber(redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')[2] or nil)
+    local first = due and banned_until and math.min(due, banned_until) or due or banned_until
+    if first then
+        return {0, first - (now or now_ms())}
     end
     return {0}
 end
 if meta[2] ~= 'least-in-flight' then
     local chosen
     if groups then
-        local order = pick_labelled(groups, tonumber(ARGV[5]), false)
+        local order = pick_labelled(groups, tonumber(ARGV[5]), false, ban_end)
         if order == false then
             return {-2}
         end
         chosen = order and order_member(order, false)
+    elseif ban_end then
+        local score, banned_until
+        chosen, score, banned_until = first_unbanned(KEYS[2], tonumber(ARGV[5]), false)
+        if not chosen then
+            return nothing_eligible(banned_until)
+        end
     else
         chosen = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
     end
@@ -74,8 +132,9 @@ end
 now = now or now_ms()
 reclaim_expired(now, tonumber(ARGV[3]))
 local first
+local banned_until = nil
 if groups then
-    local order = pick_labelled(groups, tonumber(ARGV[5]), true)
+    local order = pick_labelled(groups, tonumber(ARGV[5]), true, ban_end)
     if order == false then
         return {-2}
     end
@@ -84,15 +143,20 @@ if groups then
         local member = order_member(order, true)
         first = {entry(redis.call('ZSCORE', KEYS[2], member), member), tonumber(string.sub(order, 1, 20))}
     end
+elseif ban_end then
+    local entry, live
+    entry, live, banned_until = first_unbanned(KEYS[5], tonumber(ARGV[5]), true)
+    first = {entry, live}
 else
     first = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
 end
 if not first[1] then
-    return nothing_eligible()
+    return nothing_eligible(banned_until)
 end
--- The first entry has the fewest live leases of all: if it is at the cap, every member is.
+-- The first entry has the fewest live leases of all (the first not banned: of all those not
+-- banned): if it is at the cap, so is every other; a banned one may come back below it.
 if meta[4] and tonumber(first[2]) >= tonumber(meta[4]) then
-    return {0}
+    return banned_until and {0, banned_until - now} or {0}
 end
 local member = string.sub(first[1], 21)
 local labels = meta[5] and unlabel(member, true)

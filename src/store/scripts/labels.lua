@@ -169,8 +169,9 @@ end
 -- candidate checks. With one group it reads the first entry of each value's range. With
 -- several it walks the ranges of the group with the fewest entries (ZLEXCOUNT) in order,
 -- checking the other groups on each member's labels, and stops at the first that passes
--- in each range: the cost is the members skipped, at most `budget`.
-local function pick_labelled(groups, budget, lif)
+-- in each range: the cost is the members skipped, at most `budget`. With `ban_end` (see
+-- assign.lua), members banned for the request's target are skipped too, each a check.
+local function pick_labelled(groups, budget, lif, ban_end)
     local smallest, fewest = 1, nil
     if #groups > 1 then
         for i, group in ipairs(groups) do
@@ -192,14 +193,15 @@ local function pick_labelled(groups, budget, lif)
         local offset = 0
         local found = nil
         while not found do
-            local chunk = #groups == 1 and 1 or 64
+            local first_is_choice = #groups == 1 and not ban_end
+            local chunk = first_is_choice and 1 or 64
             local entries = redis.call('ZRANGE', KEYS[14], low, high, 'BYLEX', 'LIMIT', offset, chunk)
             if #entries == 0 then
                 break
             end
             for _, e in ipairs(entries) do
                 local order = string.sub(e, skip)
-                if #groups == 1 then
+                if first_is_choice then
                     found = order
                     break
                 end
@@ -208,7 +210,9 @@ local function pick_labelled(groups, budget, lif)
                     return false
                 end
                 local member = order_member(order, lif)
-                if passes(labels_table(redis.call('HGET', KEYS[13], member)), groups, smallest) then
+                local banned = ban_end and ban_end(redis.call('HGET', KEYS[18], member))
+                if not banned
+                    and passes(labels_table(redis.call('HGET', KEYS[13], member)), groups, smallest) then
                     found = order
                     break
                 end
