@@ -126,15 +126,22 @@ pub async fn assign(
     Ok(response)
 }
 
-/// A 204, with `Retry-After` in whole seconds rounded up (at least 1) when members are
-/// cooling down, so that workers wait for the first return instead of polling.
+/// The exact wait of a 204, in milliseconds, next to `Retry-After`'s whole seconds.
+const RETRY_AFTER_MS: header::HeaderName = header::HeaderName::from_static("retry-after-ms");
+
+/// A 204, with `Retry-After` in whole seconds rounded up (at least 1) and `Retry-After-Ms`
+/// exact, when something becomes eligible for the request by itself (a cooldown or a ban
+/// ending), so that workers wait for it instead of polling.
 fn no_content(next_return: Option<Duration>) -> Response {
     let mut response = StatusCode::NO_CONTENT.into_response();
     if let Some(wait) = next_return {
-        let seconds = wait.as_millis().div_ceil(1000).max(1);
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(seconds as u64));
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        let headers = response.headers_mut();
+        headers.insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(ms.div_ceil(1000).max(1)),
+        );
+        headers.insert(RETRY_AFTER_MS, HeaderValue::from(ms));
     }
     response
 }

@@ -690,14 +690,29 @@ impl Pool {
         reclaimed
     }
 
-    /// How long until the earliest return, for an assign that found nothing: none with a
-    /// label filter, since that member may not carry the labels (as in assign.lua).
+    /// How long until the earliest return, for an assign that found nothing. With a label
+    /// filter, the first of the [`RETURNS_CHECKED`] soonest returns whose member carries
+    /// the labels; when none of them does, the last of them, which no member carrying the
+    /// labels can beat; none when fewer are cooling down (as `nothing_eligible` in
+    /// assign.lua).
     fn wait_for(&self, labels: &LabelFilter, now: Timestamp) -> Option<Duration> {
         if labels.is_empty() {
-            self.next_return(now)
-        } else {
-            None
+            return self.next_return(now);
         }
+        let soonest: Vec<&(Timestamp, MemberId)> =
+            self.returns.iter().take(RETURNS_CHECKED).collect();
+        let carrying = soonest.iter().find(|(_, member)| {
+            self.labels
+                .of
+                .get(member)
+                .is_some_and(|carried| carried.matches(labels))
+        });
+        let due = match carrying {
+            Some((at, _)) => Some(*at),
+            None if soonest.len() == RETURNS_CHECKED => soonest.last().map(|(at, _)| *at),
+            None => None,
+        };
+        bans::wait_until(due, now)
     }
 
     /// The first entry of a choosing order whose member is not banned for `target`,
@@ -787,8 +802,15 @@ impl Pool {
                     .map(|(_, member)| member.clone()),
             }
         } else {
-            self.pick_labelled(labels, target.map(|t| (t, now)))?
-                .map(|(_, _, member)| member)
+            let (first, banned_until) = self.pick_labelled(labels, target.map(|t| (t, now)))?;
+            match first {
+                Some((_, _, member)) => Some(member),
+                None => {
+                    return Ok(Assignment::Empty {
+                        next_return: self.wait_with_bans(labels, banned_until, now),
+                    });
+                }
+            }
         };
         let Some(member) = chosen else {
             return Ok(Assignment::Empty {
@@ -813,33 +835,32 @@ impl Pool {
     ) -> Result<Assignment, StoreError> {
         self.reclaim_expired(now, RECLAIM_ON_ASSIGN);
         let target = self.live_target(request, now);
-        let first = if !request.labels.is_empty() {
+        let (first, banned_until) = if !request.labels.is_empty() {
             self.pick_labelled(&request.labels, target.map(|t| (t, now)))?
         } else if let Some(target) = target {
             match self.first_unbanned(self.order.iter(), |e| &e.2, target, now) {
-                Ok(entry) => Some(entry.clone()),
-                Err(banned_until) => {
-                    return Ok(Assignment::Empty {
-                        next_return: self.wait_with_bans(&request.labels, banned_until, now),
-                    });
-                }
+                Ok(entry) => (Some(entry.clone()), None),
+                Err(banned_until) => (None, banned_until),
             }
         } else {
-            self.order.first().cloned()
+            (self.order.first().cloned(), None)
         };
         let Some((in_flight, _, member)) = first else {
             return Ok(Assignment::Empty {
-                next_return: self.wait_for(&request.labels, now),
+                next_return: self.wait_with_bans(&request.labels, banned_until, now),
             });
         };
-        // The first entry has the fewest live leases of all: if it is at the cap, so is
-        // every other member.
+        // The first entry has the fewest live leases of all (the first not banned: of all
+        // those not banned): if it is at the cap, so is every other; a banned one may come
+        // back below it.
         if self
             .config
             .max_in_flight
             .is_some_and(|cap| in_flight >= cap.get())
         {
-            return Ok(Assignment::Empty { next_return: None });
+            return Ok(Assignment::Empty {
+                next_return: bans::wait_until(banned_until, now),
+            });
         }
         self.unplace(&member);
         let assignments = self.eligible.get(&member).unwrap_or(0) + 1;
@@ -947,6 +968,10 @@ impl Pool {
         })
     }
 }
+
+/// How many of the soonest returns an assign with a label filter that found nothing looks
+/// at for one carrying the labels (see `Pool::wait_for`).
+const RETURNS_CHECKED: usize = 16;
 
 /// The labels of a member that has none, for images that borrow.
 static NO_LABELS: std::sync::LazyLock<crate::domain::Labels> =

@@ -265,6 +265,91 @@ async fn an_assign_checks_at_most_two_thousand_banned_members_then_waits_for_the
     assert_eq!(app.assigned("p").await, ("m0000".to_owned(), 1));
 }
 
+/// An assign's 204 and its waits: `(Retry-After, Retry-After-Ms)`, each `None` when absent.
+async fn empty_assign(app: &TestApp, pool: &str, body: Value) -> (Option<u64>, Option<u64>) {
+    let response = app
+        .anonymous(Method::POST, &format!("/pools/{pool}/assign"))
+        .json(&body)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    let header = |name: &str| {
+        response.headers().get(name).map(|value| {
+            value
+                .to_str()
+                .expect("ascii")
+                .parse::<u64>()
+                .expect("a number")
+        })
+    };
+    (header("retry-after"), header("retry-after-ms"))
+}
+
+/// Asserts a 204's waits: the exact one within `(longest - elapsed)..=longest` ms, and
+/// `Retry-After` its whole seconds rounded up.
+fn assert_wait(waits: (Option<u64>, Option<u64>), longest: u64, elapsed: u64) {
+    let (seconds, ms) = waits;
+    let ms = ms.expect("Retry-After-Ms");
+    assert!(
+        (longest.saturating_sub(elapsed)..=longest).contains(&ms),
+        "{ms} of {longest}"
+    );
+    assert_eq!(seconds, Some(ms.div_ceil(1000).max(1)));
+}
+
+async fn a_204_for_a_target_waits_for_the_first_ban_or_cooldown_to_end(app: TestApp) {
+    let health = json!({"max_consecutive_failures": 1, "cooldown_ms": 60000, "jitter_percent": 0,
+                        "target_ban_ms": 30000});
+    app.create_pool("p", json!({ "health": health })).await;
+    app.seed("p", &["a", "b"], Some(0)).await;
+    let started = now_ms();
+    ban(&app, "p", "a", "example.com").await;
+    let (status, body) = report(&app, "p", json!({"proxy": "b", "result": "failed"})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // a's ban ends before b comes back.
+    let waits = empty_assign(&app, "p", json!({"target": "example.com"})).await;
+    assert_wait(waits, 30_000, now_ms() - started);
+    assert_eq!(assigned_for(&app, "p", "example.org").await, "a");
+    // b comes back before a longer ban for another host ends.
+    let mut longer = health.clone();
+    longer["target_ban_ms"] = json!(120000);
+    app.configure("p", &json!({ "health": longer })).await;
+    ban(&app, "p", "a", "example.net").await;
+    let waits = empty_assign(&app, "p", json!({"target": "example.net"})).await;
+    assert_wait(waits, 60_000, now_ms() - started);
+    // Without a target only the cooldown counts, as before bans.
+    app.post_json("/pools/p/members/disable", json!({"members": ["a"]}))
+        .await;
+    let waits = empty_assign(&app, "p", json!({})).await;
+    assert_wait(waits, 60_000, now_ms() - started);
+}
+
+async fn a_204_for_a_label_filter_waits_only_for_a_member_carrying_the_labels(app: TestApp) {
+    let health = json!({"max_consecutive_failures": 1, "cooldown_ms": 60000, "jitter_percent": 0});
+    app.create_pool("p", json!({ "health": health })).await;
+    let (status, body) = app
+        .post_json(
+            "/pools/p/members",
+            json!({"members": [{"member": "de-1", "labels": {"country": "de"}},
+                               {"member": "fr-1", "labels": {"country": "fr"}}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let started = now_ms();
+    report(&app, "p", json!({"proxy": "de-1", "result": "failed"})).await;
+    app.post_json("/pools/p/members/disable", json!({"members": ["fr-1"]}))
+        .await;
+    let waits = empty_assign(&app, "p", json!({"labels": {"country": "de"}})).await;
+    assert_wait(waits, 60_000, now_ms() - started);
+    // The member cooling down does not carry `fr`, and fr-1 was taken out by an operator:
+    // nothing comes back by itself.
+    assert_eq!(
+        empty_assign(&app, "p", json!({"labels": {"country": "fr"}})).await,
+        (None, None)
+    );
+}
+
 async fn a_ban_reported_again_while_it_lasts_changes_nothing(app: TestApp) {
     three(
         &app,
@@ -437,6 +522,8 @@ async fn an_invalid_target_is_refused_naming_the_field(app: TestApp) {
 
 for_each_store!(
     a_blocked_report_with_a_target_bans_the_member_for_that_target_only,
+    a_204_for_a_target_waits_for_the_first_ban_or_cooldown_to_end,
+    a_204_for_a_label_filter_waits_only_for_a_member_carrying_the_labels,
     an_assign_with_labels_and_a_target_skips_the_labelled_members_banned_for_it,
     an_assign_checks_at_most_two_thousand_banned_members_then_waits_for_the_first_ban,
     a_least_in_flight_pool_skips_banned_members_in_its_order,

@@ -15,6 +15,9 @@ use crate::store::{
     Cursor, MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MemberPage, StateFilter, StoreError,
 };
 
+/// A place in the choosing order: `(live leases or 0, assignments, member)`.
+pub(super) type OrderEntry = (u64, u64, MemberId);
+
 /// Each member's labels and the indexes over them.
 #[derive(Debug, Default)]
 pub(super) struct LabelIndex {
@@ -106,16 +109,17 @@ impl Pool {
     /// of `pick_labelled` in `scripts/labels.lua`: with one key, the first entry of each
     /// value's set; with several, a walk over the key with the fewest entries that checks
     /// at most [`MAX_LABEL_CHECKS`] candidates. With a target (and the time), members
-    /// banned for it are skipped, each counting as a check.
+    /// banned for it are skipped, each counting as a check; the earliest end of the bans
+    /// of those that pass the filter comes second.
     pub(super) fn pick_labelled(
         &self,
         filter: &LabelFilter,
         target: Option<(&Target, Timestamp)>,
-    ) -> Result<Option<(u64, u64, MemberId)>, StoreError> {
-        let banned = |member: &MemberId| {
-            target
-                .is_some_and(|(target, now)| self.bans.banned_until(target, member, now).is_some())
+    ) -> Result<(Option<OrderEntry>, Option<Timestamp>), StoreError> {
+        let banned_until = |member: &MemberId| {
+            target.and_then(|(target, now)| self.bans.banned_until(target, member, now))
         };
+        let mut earliest: Option<Timestamp> = None;
         let groups: Vec<(&str, &[String])> = filter.groups().collect();
         let set = |key: &str, value: &str| self.labels.eligible.get(&format!("{key}={value}"));
         let size = |(key, values): &(&str, &[String])| -> usize {
@@ -125,7 +129,7 @@ impl Pool {
                 .sum()
         };
         let Some(walk) = (0..groups.len()).min_by_key(|&i| size(&groups[i])) else {
-            return Ok(None);
+            return Ok((None, None));
         };
         let (key, values) = groups[walk];
         let mut best: Option<&(u64, u64, MemberId)> = None;
@@ -144,15 +148,19 @@ impl Pool {
                 if checked > MAX_LABEL_CHECKS {
                     return Err(StoreError::FilterTooCostly);
                 }
-                if !banned(&entry.2)
-                    && self
-                        .labels
-                        .of
-                        .get(&entry.2)
-                        .is_some_and(|labels| labels.matches(filter))
+                if self
+                    .labels
+                    .of
+                    .get(&entry.2)
+                    .is_some_and(|labels| labels.matches(filter))
                 {
-                    found = Some(entry);
-                    break;
+                    match banned_until(&entry.2) {
+                        Some(until) => earliest = Some(earliest.map_or(until, |e| e.min(until))),
+                        None => {
+                            found = Some(entry);
+                            break;
+                        }
+                    }
                 }
             }
             if let Some(found) = found
@@ -161,7 +169,7 @@ impl Pool {
                 best = Some(found);
             }
         }
-        Ok(best.cloned())
+        Ok((best.cloned(), earliest))
     }
 
     /// A page of a listing with a label filter (see `Store::members`).

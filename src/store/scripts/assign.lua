@@ -87,13 +87,27 @@ local function first_unbanned(key, budget, lif)
 end
 
 -- Only on the empty path: how long until the earliest cooling-down member returns, or the
--- earliest of `banned_until` (the bans skipped) ends. With a label filter that member may
--- not carry the labels, so no wait is given.
+-- earliest of `banned_until` (the bans skipped) ends. With a label filter, the first of the
+-- RETURNS_CHECKED soonest returns whose member carries the labels; when none of them does,
+-- the last of them, which no member carrying the labels can beat (a lower bound); none
+-- when fewer are cooling down.
+local RETURNS_CHECKED = 16
 local function nothing_eligible(banned_until)
+    local due
     if groups then
-        return {0}
+        local soonest = redis.call('ZRANGE', KEYS[10], 0, RETURNS_CHECKED - 1, 'WITHSCORES')
+        for i = 1, #soonest, 2 do
+            if passes(labels_table(redis.call('HGET', KEYS[13], soonest[i])), groups, 0) then
+                due = tonumber(soonest[i + 1])
+                break
+            end
+        end
+        if not due and #soonest == 2 * RETURNS_CHECKED then
+            due = tonumber(soonest[#soonest])
+        end
+    else
+        due = tonumber(redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')[2] or nil)
     end
-    local due = tonumber(redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')[2] or nil)
     local first = due and banned_until and math.min(due, banned_until) or due or banned_until
     if first then
         return {0, first - (now or now_ms())}
@@ -103,11 +117,14 @@ end
 if meta[2] ~= 'least-in-flight' then
     local chosen
     if groups then
-        local order = pick_labelled(groups, tonumber(ARGV[5]), false, ban_end)
+        local order, banned_until = pick_labelled(groups, tonumber(ARGV[5]), false, ban_end)
         if order == false then
             return {-2}
         end
-        chosen = order and order_member(order, false)
+        if not order then
+            return nothing_eligible(banned_until)
+        end
+        chosen = order_member(order, false)
     elseif ban_end then
         local score, banned_until
         chosen, score, banned_until = first_unbanned(KEYS[2], tonumber(ARGV[5]), false)
@@ -134,7 +151,8 @@ reclaim_expired(now, tonumber(ARGV[3]))
 local first
 local banned_until = nil
 if groups then
-    local order = pick_labelled(groups, tonumber(ARGV[5]), true, ban_end)
+    local order
+    order, banned_until = pick_labelled(groups, tonumber(ARGV[5]), true, ban_end)
     if order == false then
         return {-2}
     end

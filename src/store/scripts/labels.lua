@@ -170,7 +170,8 @@ end
 -- several it walks the ranges of the group with the fewest entries (ZLEXCOUNT) in order,
 -- checking the other groups on each member's labels, and stops at the first that passes
 -- in each range: the cost is the members skipped, at most `budget`. With `ban_end` (see
--- assign.lua), members banned for the request's target are skipped too, each a check.
+-- assign.lua), members banned for the request's target are skipped too, each a check, and
+-- the earliest end of the bans of those that pass the groups comes second.
 local function pick_labelled(groups, budget, lif, ban_end)
     local smallest, fewest = 1, nil
     if #groups > 1 then
@@ -186,6 +187,7 @@ local function pick_labelled(groups, budget, lif, ban_end)
         end
     end
     local best = nil
+    local earliest = nil
     local checked = 0
     local walk = groups[smallest]
     for _, value in ipairs(walk.values) do
@@ -210,11 +212,13 @@ local function pick_labelled(groups, budget, lif, ban_end)
                     return false
                 end
                 local member = order_member(order, lif)
-                local banned = ban_end and ban_end(redis.call('HGET', KEYS[18], member))
-                if not banned
-                    and passes(labels_table(redis.call('HGET', KEYS[13], member)), groups, smallest) then
-                    found = order
-                    break
+                if passes(labels_table(redis.call('HGET', KEYS[13], member)), groups, smallest) then
+                    local banned = ban_end and ban_end(redis.call('HGET', KEYS[18], member))
+                    if not banned then
+                        found = order
+                        break
+                    end
+                    earliest = math.min(earliest or banned, banned)
                 end
             end
             offset = offset + #entries
@@ -223,5 +227,5 @@ local function pick_labelled(groups, budget, lif, ban_end)
             best = found
         end
     end
-    return best
+    return best, earliest
 end
