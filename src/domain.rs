@@ -7,6 +7,7 @@ mod health;
 mod labels;
 mod lease;
 mod member_id;
+mod pacing;
 mod pool_config;
 mod pool_id;
 mod rules;
@@ -29,6 +30,7 @@ pub use labels::{
 pub use lease::hex;
 pub use lease::{InvalidLeaseId, InvalidLeaseTtl, LeaseId, LeaseTtl};
 pub use member_id::{InvalidMemberId, MAX_MEMBER_ID_LEN, MemberId};
+pub use pacing::{InvalidPacing, MAX_PACING_INTERVAL_MS, Pacing};
 pub use pool_config::{Policy, PoolConfig, RestorePolicy};
 pub use pool_id::{InvalidPoolId, PoolId};
 pub use rules::{PortRange, PortRules, Rules};

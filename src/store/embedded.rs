@@ -29,6 +29,7 @@ mod files;
 mod journal;
 mod labelled;
 mod recovery;
+mod rests;
 mod snapshot;
 
 use std::borrow::Cow;
@@ -207,6 +208,8 @@ struct Pool {
     labels: labelled::LabelIndex,
     /// Bans per target (in memory only: see `bans.rs`).
     bans: bans::Bans,
+    /// Resting members of a paced pool (in memory only: see `rests.rs`).
+    rests: rests::Rests,
     tripped: u64,
     recovered: u64,
     /// Until when the last check round holds the pool.
@@ -312,6 +315,7 @@ impl Pool {
             checks: HashMap::new(),
             labels: labelled::LabelIndex::default(),
             bans: bans::Bans::default(),
+            rests: rests::Rests::default(),
             tripped: 0,
             recovered: 0,
             check_round_until: None,
@@ -715,23 +719,22 @@ impl Pool {
         bans::wait_until(due, now)
     }
 
-    /// The first entry of a choosing order whose member is not banned for `target`,
-    /// checking at most [`MAX_LABEL_CHECKS`] banned members (as `first_unbanned` in
-    /// `scripts/assign.lua`). `Err` with the earliest end of the bans skipped when there is
-    /// none within that budget.
-    fn first_unbanned<'a, T: 'a>(
+    /// The first entry of a choosing order whose member is free for the request (not
+    /// banned for its target, not resting), checking at most [`MAX_LABEL_CHECKS`] held
+    /// members (as `first_free` in `scripts/assign.lua`). `Err` with the earliest time one
+    /// of the members skipped is free again when there is none within that budget.
+    fn first_free<'a, T: 'a>(
         &self,
         order: impl Iterator<Item = &'a T>,
         member: impl Fn(&T) -> &MemberId,
-        target: &Target,
-        now: Timestamp,
+        holds: &Holds<'_>,
     ) -> Result<&'a T, Option<Timestamp>> {
         let mut earliest: Option<Timestamp> = None;
         for (skipped, entry) in order.enumerate() {
             if skipped as u64 >= MAX_LABEL_CHECKS {
                 break;
             }
-            match self.bans.banned_until(target, member(entry), now) {
+            match self.held_until(holds, member(entry)) {
                 Some(until) => earliest = Some(earliest.map_or(until, |e| e.min(until))),
                 None => return Ok(entry),
             }
@@ -739,13 +742,49 @@ impl Pool {
         Err(earliest)
     }
 
-    /// The request's target when some member may be banned for it: without one, an assign
-    /// takes the plain path.
-    fn live_target<'a>(&self, request: &'a AssignRequest, now: Timestamp) -> Option<&'a Target> {
-        request
+    /// What may hold members back for this request: the bans of its target, when it has
+    /// live ones, and the pacing scope that applies. `None` when nothing does: an assign
+    /// then takes the plain path.
+    fn holds<'a>(&self, request: &'a AssignRequest, now: Timestamp) -> Option<Holds<'a>> {
+        let bans = request
             .target
             .as_ref()
-            .filter(|target| self.bans.has_live(target, now))
+            .filter(|target| self.bans.has_live(target, now));
+        let rests = self.config.pacing.and_then(|pacing| {
+            if pacing.per_target {
+                request
+                    .target
+                    .as_ref()
+                    .map(|target| (Some(target), pacing.min_interval_ms))
+            } else {
+                Some((None, pacing.min_interval_ms))
+            }
+        });
+        (bans.is_some() || rests.is_some()).then_some(Holds { bans, rests, now })
+    }
+
+    /// Until when `member` is held back for the request, `None` when it is free.
+    pub(super) fn held_until(&self, holds: &Holds<'_>, member: &MemberId) -> Option<Timestamp> {
+        let banned = holds
+            .bans
+            .and_then(|target| self.bans.banned_until(target, member, holds.now));
+        let resting = holds
+            .rests
+            .and_then(|(scope, _)| self.rests.resting_until(scope, member, holds.now));
+        banned.max(resting)
+    }
+
+    /// Rests the member just handed out, when the request is paced.
+    fn rest(&mut self, holds: Option<&Holds<'_>>, member: &MemberId) {
+        if let Some(Holds {
+            rests: Some((scope, interval)),
+            now,
+            ..
+        }) = holds
+        {
+            let until = Timestamp(now.0.saturating_add(*interval));
+            self.rests.rest(*scope, member, until, *now);
+        }
     }
 
     /// How long until the first of the cooling-down members or of `banned_until` comes
@@ -767,9 +806,9 @@ impl Pool {
         now: Timestamp,
     ) -> Result<Assignment, StoreError> {
         let labels = &request.labels;
-        let target = self.live_target(request, now);
+        let holds = self.holds(request, now);
         let chosen = if labels.is_empty() {
-            if self.labels.of.is_empty() && target.is_none() {
+            if self.labels.of.is_empty() && holds.is_none() {
                 // No labels anywhere and no bans: the plain path, one pop and one insert.
                 return Ok(match self.eligible.add_one_to_first() {
                     Some((member, assignments)) => {
@@ -784,17 +823,15 @@ impl Pool {
                     },
                 });
             }
-            match target {
-                Some(target) => {
-                    match self.first_unbanned(self.eligible.order.iter(), |e| &e.1, target, now) {
-                        Ok((_, member)) => Some(member.clone()),
-                        Err(banned_until) => {
-                            return Ok(Assignment::Empty {
-                                next_return: self.wait_with_bans(labels, banned_until, now),
-                            });
-                        }
+            match &holds {
+                Some(holds) => match self.first_free(self.eligible.order.iter(), |e| &e.1, holds) {
+                    Ok((_, member)) => Some(member.clone()),
+                    Err(banned_until) => {
+                        return Ok(Assignment::Empty {
+                            next_return: self.wait_with_bans(labels, banned_until, now),
+                        });
                     }
-                }
+                },
                 None => self
                     .eligible
                     .order
@@ -802,7 +839,7 @@ impl Pool {
                     .map(|(_, member)| member.clone()),
             }
         } else {
-            let (first, banned_until) = self.pick_labelled(labels, target.map(|t| (t, now)))?;
+            let (first, banned_until) = self.pick_labelled(labels, holds.as_ref())?;
             match first {
                 Some((_, _, member)) => Some(member),
                 None => {
@@ -822,6 +859,7 @@ impl Pool {
         self.eligible.set(member.clone(), assignments);
         self.place(&member);
         self.total_assignments += 1;
+        self.rest(holds.as_ref(), &member);
         Ok(Assignment::Assigned {
             member,
             assignments,
@@ -834,11 +872,11 @@ impl Pool {
         now: Timestamp,
     ) -> Result<Assignment, StoreError> {
         self.reclaim_expired(now, RECLAIM_ON_ASSIGN);
-        let target = self.live_target(request, now);
+        let holds = self.holds(request, now);
         let (first, banned_until) = if !request.labels.is_empty() {
-            self.pick_labelled(&request.labels, target.map(|t| (t, now)))?
-        } else if let Some(target) = target {
-            match self.first_unbanned(self.order.iter(), |e| &e.2, target, now) {
+            self.pick_labelled(&request.labels, holds.as_ref())?
+        } else if let Some(holds) = &holds {
+            match self.first_free(self.order.iter(), |e| &e.2, holds) {
                 Ok(entry) => (Some(entry.clone()), None),
                 Err(banned_until) => (None, banned_until),
             }
@@ -868,6 +906,7 @@ impl Pool {
         self.in_flight.insert(member.clone(), in_flight + 1);
         self.place(&member);
         self.total_assignments += 1;
+        self.rest(holds.as_ref(), &member);
         let ttl = request.ttl.unwrap_or(self.config.lease_ttl_ms);
         let lease = self.lease_for(&member, now, ttl);
         Ok(Assignment::Leased {
@@ -967,6 +1006,18 @@ impl Pool {
             banned_until: None,
         })
     }
+}
+
+/// What may hold members back for one assign (see `Pool::holds`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Holds<'a> {
+    /// The request's target, when it has live bans.
+    bans: Option<&'a Target>,
+    /// When the request is paced: its scope (`None` pool-wide, else the target) and the
+    /// interval in milliseconds.
+    rests: Option<(Option<&'a Target>, u64)>,
+    /// The time of the assign.
+    now: Timestamp,
 }
 
 /// How many of the soonest returns an assign with a label filter that found nothing looks

@@ -10,8 +10,11 @@ use crate::helpers::{RedisServer, TestApp, assert_error, read, redis_cli, test_c
 
 #[tokio::test]
 async fn assign_recovers_after_the_script_cache_is_flushed() {
-    let app = TestApp::spawn(crate::helpers::Backend::Redis).await;
-    let url = app.redis_url.clone().expect("on Redis");
+    // A Redis of its own: on the shared one, other tests load the script again between the
+    // flush and the check.
+    let redis = RedisServer::start();
+    let app = TestApp::spawn_with(test_config(Some(redis.url()))).await;
+    let url = redis.url();
     app.create_pool("p", json!({})).await;
     app.seed("p", &["a", "b"], Some(0)).await;
     assert_eq!(app.assigned("p").await, ("a".to_owned(), 1));

@@ -9,8 +9,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::Pool;
-use crate::domain::{LabelFilter, Labels, MemberId, Policy, Target, Timestamp};
+use super::{Holds, Pool};
+use crate::domain::{LabelFilter, Labels, MemberId, Policy, Timestamp};
 use crate::store::{
     Cursor, MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MemberPage, StateFilter, StoreError,
 };
@@ -108,17 +108,16 @@ impl Pool {
     /// The first eligible member in the choosing order that passes `filter`, by the rule
     /// of `pick_labelled` in `scripts/labels.lua`: with one key, the first entry of each
     /// value's set; with several, a walk over the key with the fewest entries that checks
-    /// at most [`MAX_LABEL_CHECKS`] candidates. With a target (and the time), members
-    /// banned for it are skipped, each counting as a check; the earliest end of the bans
-    /// of those that pass the filter comes second.
+    /// at most [`MAX_LABEL_CHECKS`] candidates. With `holds`, members banned for the
+    /// request's target or resting are skipped, each counting as a check; the earliest
+    /// time one of those that pass the filter is free again comes second.
     pub(super) fn pick_labelled(
         &self,
         filter: &LabelFilter,
-        target: Option<(&Target, Timestamp)>,
+        holds: Option<&Holds<'_>>,
     ) -> Result<(Option<OrderEntry>, Option<Timestamp>), StoreError> {
-        let banned_until = |member: &MemberId| {
-            target.and_then(|(target, now)| self.bans.banned_until(target, member, now))
-        };
+        let banned_until =
+            |member: &MemberId| holds.and_then(|holds| self.held_until(holds, member));
         let mut earliest: Option<Timestamp> = None;
         let groups: Vec<(&str, &[String])> = filter.groups().collect();
         let set = |key: &str, value: &str| self.labels.eligible.get(&format!("{key}={value}"));
@@ -140,7 +139,7 @@ impl Pool {
             };
             let mut found = None;
             for entry in entries {
-                if groups.len() == 1 && target.is_none() {
+                if groups.len() == 1 && holds.is_none() {
                     found = Some(entry);
                     break;
                 }

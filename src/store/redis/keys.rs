@@ -23,6 +23,8 @@
 //! | `<prefix>:{<pool>}:label_members` | sorted set | every member's labels, `key=value` NUL member, for listings |
 //! | `<prefix>:{<pool>}:sources` | hash | per source URL: `n:<url>` -> `"<next_ms> <failures> <successes>"`, `l:<url>` -> `"<at_ms> <outcome JSON>"`, its last fetch |
 //! | `<prefix>:{<pool>}:bans` | sorted set with ttl | the ban index: targets the pool has bans for -> when they are all forgotten (ms, Redis clock); expires with the last |
+//! | `<prefix>:{<pool>}:paced` | sorted set with ttl | pools paced pool-wide: member -> until when it rests (ms, Redis clock); expires with its last entry |
+//! | `<prefix>:{<pool>}:paced:<target>` | sorted set with ttl | pools paced per target: member -> until when it rests for that target; expires with its last entry; passed, after the pool's keys and the target's ban hash, only to assigns that name the target |
 //! | `<prefix>:{<pool>}:bans:<target>` | hash with ttl | one target's bans, member -> `"<until_ms> <ban_ms> <bans in a row>"`; expires when they are all forgotten. Not one of the pool's fixed keys: passed, after them, only to the calls that name the target. Valid only while the index lists the target, so a deleted pool's hashes (left to expire, see `delete_pool.lua`) are never read |
 //! | `<prefix>:{<pool>}:gone:<token>:<part>` | as its part | a deleted pool's key, renamed out of the way by `delete_pool.lua` and unlinked right after (see `operations.rs`) |
 //! | `<prefix>:pool_ids` | sorted set | the registry: pool ids, all at score 0 so that they sort by id (listing pages, prefix search, the safety net's walk); updated outside the pool scripts because it lives in another slot |
@@ -79,7 +81,7 @@ use crate::domain::{PoolId, Target};
 
 /// Every key of a pool, in the order of `KEYS` in every pool script (see `labels.lua`,
 /// `leases.lua` and `health.lua`).
-pub(super) const POOL_KEY_PARTS: [&str; 17] = [
+pub(super) const POOL_KEY_PARTS: [&str; 18] = [
     "meta",
     "eligible",
     "ineligible",
@@ -97,6 +99,7 @@ pub(super) const POOL_KEY_PARTS: [&str; 17] = [
     "label_members",
     "sources",
     "bans",
+    "paced",
 ];
 
 /// Every key of one pool, in the order of [`POOL_KEY_PARTS`], written straight into a
@@ -179,6 +182,16 @@ impl RedisStore {
             .iter()
             .map(|t| format!("{}:{{{}}}:bans:{t}", self.prefix, pool.as_str()))
             .collect()
+    }
+
+    /// The keys an assign naming `target` takes after the pool's own: its ban hash, then
+    /// its pacing set (used when the pool is paced per target).
+    pub(super) fn target_keys(&self, pool: &PoolId, target: &Target) -> Vec<String> {
+        let head = format!("{}:{{{}}}", self.prefix, pool.as_str());
+        vec![
+            format!("{head}:bans:{target}"),
+            format!("{head}:paced:{target}"),
+        ]
     }
 
     /// The registry of pool ids.

@@ -372,7 +372,7 @@ impl Store for RedisStore {
         ]);
         args.extend(groups.iter().map(|group| group.as_bytes()));
         let extra = match &request.target {
-            Some(target) => self.ban_keys(pool, &[target]),
+            Some(target) => self.target_keys(pool, target),
             None => Vec::new(),
         };
         let value = self
@@ -657,7 +657,11 @@ impl Store for RedisStore {
             .unwrap_or_default();
         let health = config.health.script_arg();
         let ban = config.health.target_ban_ms.to_string();
-        let args: [&[u8]; 9] = [
+        let pacing = config
+            .pacing
+            .map(|pacing| pacing.script_arg())
+            .unwrap_or_default();
+        let args: [&[u8]; 10] = [
             &json,
             config.restore.as_str().as_bytes(),
             start.as_bytes(),
@@ -667,6 +671,7 @@ impl Store for RedisStore {
             max.as_bytes(),
             health.as_bytes(),
             ban.as_bytes(),
+            pacing.as_bytes(),
         ];
         let value = self.eval(&self.scripts.put_pool, pool, &args).await?;
         let created = match PutPoolReply::decode(value)? {

@@ -962,8 +962,8 @@ async fn outcomes(redis: &TestRedis) {
                 &id,
                 &keys,
                 &[
-                    "worker", "0", "1", "16", "a", "blocked", "", "", "18", "a", "blocked", "", "",
-                    "18", "a", "blocked", "", "", "19",
+                    "worker", "0", "1", "16", "a", "blocked", "", "", "19", "a", "blocked", "", "",
+                    "19", "a", "blocked", "", "", "20",
                 ],
             )
             .await,

@@ -16,10 +16,16 @@
 -- the pool's, ARGV[3] how many expired leases to reclaim first, ARGV[4] how many due
 -- members to return first, ARGV[5] most candidates a label filter may check, ARGV[6..]
 -- label groups "key value value ...".
--- With a target, KEYS[18] is its ban hash (see outcomes.lua): members banned for it are
--- skipped in the choosing order, each costing one check of the ARGV[5] budget; when the
--- budget is spent on banned members the answer is {0, ms} until the first of their bans
--- ends. Without a target there is no KEYS[18] and bans cost nothing.
+-- With a target, KEYS[19] is its ban hash (see outcomes.lua) and KEYS[20] its pacing set:
+-- members banned for it are skipped in the choosing order, each costing one check of the
+-- ARGV[5] budget; when the budget is spent on skipped members the answer is {0, ms} until
+-- the first of them is free again. Without a target there is no KEYS[19] and bans cost
+-- nothing.
+-- Pacing (meta `pacing`, "<min_interval_ms> <per_target 0|1>"): the member handed out rests
+-- until now + min_interval_ms, in KEYS[18] (pool-wide) or KEYS[20] (per target; assigns
+-- without a target are then not paced), and resting members are skipped the same way.
+-- Since the choice and the rest are one script, no two assigns, whatever their replica,
+-- ever hand out a resting member.
 -- Returns {-1} when the pool does not exist, {-2} when the label filter would check more
 -- than ARGV[5] candidates, {0} when there is nothing to assign,
 -- {0, ms} when nothing is eligible and the earliest cooldown (or ban for the target) ends
@@ -28,7 +34,7 @@
 -- {2, member, assignments, in_flight, expires_ms, ttl_ms, due hint} on a least-in-flight
 -- pool, the hint being the pool's new earliest due time, or 0 (see `due_by` in leases.lua).
 local meta = redis.call('HMGET', KEYS[1], 'created_ms', 'policy', 'lease_ttl_ms', 'max_in_flight',
-    'labelled')
+    'labelled', 'pacing')
 if not meta[1] then
     return {-1}
 end
@@ -42,25 +48,54 @@ if first_due then
 end
 local groups = filter_groups(6)
 
--- With a target the pool has live bans for: the end of the member's ban, nil when it has
--- none. A hash the ban index does not list (or lists as forgotten) is a deleted pool's.
-local ban_end = nil
-if #KEYS >= 18 then
-    local forget = redis.call('ZSCORE', KEYS[17], string.sub(KEYS[18], #KEYS[17] + 2))
+-- With a target the pool has live bans for: whether its ban hash is to be read. A hash the
+-- ban index does not list (or lists as forgotten) is a deleted pool's.
+local bans = false
+if #KEYS >= 19 then
+    local forget = redis.call('ZSCORE', KEYS[17], string.sub(KEYS[19], #KEYS[17] + 2))
     now = now or now_ms()
-    if forget and tonumber(forget) > now then
-        ban_end = function(text)
-            local ends = tonumber(string.match(text or '', '^(%d+)') or 0)
-            return ends > now and ends or nil
+    bans = forget and tonumber(forget) > now
+end
+-- The pacing set this assign rests its member in and skips resting members by (nil when
+-- the pool is not paced for it), and the interval.
+local rests, interval = nil, nil
+if meta[6] then
+    local ms, per_target = string.match(meta[6], '^(%d+) ([01])$')
+    if per_target == '0' then
+        rests = KEYS[18]
+    elseif #KEYS >= 20 then
+        rests = KEYS[20]
+    end
+    interval = tonumber(ms)
+    now = now or now_ms()
+end
+
+-- Until when a member is not to be handed out for this request (banned for its target, or
+-- resting), nil when it is free. nil as a whole when nothing is skipped.
+local held_until = nil
+if bans or rests then
+    held_until = function(member)
+        local ends = nil
+        if bans then
+            local text = redis.call('HGET', KEYS[19], member)
+            local banned = tonumber(string.match(text or '', '^(%d+)') or 0)
+            ends = banned > now and banned or nil
         end
+        if rests then
+            local rest = tonumber(redis.call('ZSCORE', rests, member) or 0)
+            if rest > now then
+                ends = math.max(ends or rest, rest)
+            end
+        end
+        return ends
     end
 end
 
--- The first entry of the sorted set `key` (the choosing order) whose member is not banned,
--- with its score, reading the order in chunks with one HMGET each; nil after `budget`
--- banned members or at the end of the order. Also the earliest end of the bans skipped.
--- The first chunk is small: usually the first member is not banned.
-local function first_unbanned(key, budget, lif)
+-- The first entry of the sorted set `key` (the choosing order) whose member is free, with
+-- its score; nil after `budget` held members or at the end of the order. Also the earliest
+-- time one of the members skipped is free again. The first chunk is small: usually the
+-- first member is free.
+local function first_free(key, budget, lif)
     local earliest = nil
     local offset = 0
     while offset < budget do
@@ -69,21 +104,28 @@ local function first_unbanned(key, budget, lif)
         if #entries == 0 then
             break
         end
-        local names = {}
         for i = 1, #entries, 2 do
-            names[#names + 1] = lif and string.sub(entries[i], 21) or entries[i]
-        end
-        local texts = redis.call('HMGET', KEYS[18], unpack(names))
-        for i = 1, #names do
-            local ends = ban_end(texts[i])
+            local ends = held_until(lif and string.sub(entries[i], 21) or entries[i])
             if not ends then
-                return entries[2 * i - 1], entries[2 * i], earliest
+                return entries[i], entries[i + 1], earliest
             end
             earliest = math.min(earliest or ends, ends)
         end
-        offset = offset + #names
+        offset = offset + #entries / 2
     end
     return nil, nil, earliest
+end
+
+-- Rests the member handed out until now + interval. Its entry replaces its last; up to
+-- 16 entries already over are removed, and the set expires with its last entry, so the
+-- set holds no more than what rests now, give or take what the next assigns clear.
+local function rest(member)
+    local over = redis.call('ZRANGE', rests, '-inf', now, 'BYSCORE', 'LIMIT', 0, 16)
+    if #over > 0 then
+        redis.call('ZREM', rests, unpack(over))
+    end
+    redis.call('ZADD', rests, now + interval, member)
+    redis.call('PEXPIREAT', rests, now + interval)
 end
 
 -- Only on the empty path: how long until the earliest cooling-down member returns, or the
@@ -117,7 +159,7 @@ end
 if meta[2] ~= 'least-in-flight' then
     local chosen
     if groups then
-        local order, banned_until = pick_labelled(groups, tonumber(ARGV[5]), false, ban_end)
+        local order, banned_until = pick_labelled(groups, tonumber(ARGV[5]), false, held_until)
         if order == false then
             return {-2}
         end
@@ -125,9 +167,9 @@ if meta[2] ~= 'least-in-flight' then
             return nothing_eligible(banned_until)
         end
         chosen = order_member(order, false)
-    elseif ban_end then
+    elseif held_until then
         local score, banned_until
-        chosen, score, banned_until = first_unbanned(KEYS[2], tonumber(ARGV[5]), false)
+        chosen, score, banned_until = first_free(KEYS[2], tonumber(ARGV[5]), false)
         if not chosen then
             return nothing_eligible(banned_until)
         end
@@ -144,6 +186,9 @@ if meta[2] ~= 'least-in-flight' then
         label(chosen, false, labels)
     end
     redis.call('HINCRBY', KEYS[1], 'total_assignments', 1)
+    if rests then
+        rest(chosen)
+    end
     return {1, chosen, tonumber(assignments)}
 end
 now = now or now_ms()
@@ -152,7 +197,7 @@ local first
 local banned_until = nil
 if groups then
     local order
-    order, banned_until = pick_labelled(groups, tonumber(ARGV[5]), true, ban_end)
+    order, banned_until = pick_labelled(groups, tonumber(ARGV[5]), true, held_until)
     if order == false then
         return {-2}
     end
@@ -161,9 +206,9 @@ if groups then
         local member = order_member(order, true)
         first = {entry(redis.call('ZSCORE', KEYS[2], member), member), tonumber(string.sub(order, 1, 20))}
     end
-elseif ban_end then
+elseif held_until then
     local entry, live
-    entry, live, banned_until = first_unbanned(KEYS[5], tonumber(ARGV[5]), true)
+    entry, live, banned_until = first_free(KEYS[5], tonumber(ARGV[5]), true)
     first = {entry, live}
 else
     first = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
@@ -186,6 +231,9 @@ if labels then
     label(member, true, labels)
 end
 redis.call('HINCRBY', KEYS[1], 'total_assignments', 1)
+if rests then
+    rest(member)
+end
 local ttl = tonumber(ARGV[2]) or tonumber(meta[3])
 local expires = now + ttl
 redis.call('HSET', KEYS[7], ARGV[1], member)

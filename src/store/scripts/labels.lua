@@ -169,10 +169,10 @@ end
 -- candidate checks. With one group it reads the first entry of each value's range. With
 -- several it walks the ranges of the group with the fewest entries (ZLEXCOUNT) in order,
 -- checking the other groups on each member's labels, and stops at the first that passes
--- in each range: the cost is the members skipped, at most `budget`. With `ban_end` (see
--- assign.lua), members banned for the request's target are skipped too, each a check, and
--- the earliest end of the bans of those that pass the groups comes second.
-local function pick_labelled(groups, budget, lif, ban_end)
+-- in each range: the cost is the members skipped, at most `budget`. With `held_until` (see
+-- assign.lua), members banned for the request's target or resting are skipped too, each a
+-- check, and the earliest time one of those that pass the groups is free comes second.
+local function pick_labelled(groups, budget, lif, held_until)
     local smallest, fewest = 1, nil
     if #groups > 1 then
         for i, group in ipairs(groups) do
@@ -195,7 +195,7 @@ local function pick_labelled(groups, budget, lif, ban_end)
         local offset = 0
         local found = nil
         while not found do
-            local first_is_choice = #groups == 1 and not ban_end
+            local first_is_choice = #groups == 1 and not held_until
             local chunk = first_is_choice and 1 or 64
             local entries = redis.call('ZRANGE', KEYS[14], low, high, 'BYLEX', 'LIMIT', offset, chunk)
             if #entries == 0 then
@@ -213,7 +213,7 @@ local function pick_labelled(groups, budget, lif, ban_end)
                 end
                 local member = order_member(order, lif)
                 if passes(labels_table(redis.call('HGET', KEYS[13], member)), groups, smallest) then
-                    local banned = ban_end and ban_end(redis.call('HGET', KEYS[18], member))
+                    local banned = held_until and held_until(member)
                     if not banned then
                         found = order
                         break

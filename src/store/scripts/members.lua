@@ -1,6 +1,7 @@
 -- Reads one page of a pool's members from each of its two sets, with their health.
 -- KEYS as in labels.lua, leases.lua and health.lua (then [16] sources, [17] the ban
--- index); for a listing that names a target, [18] its ban hash (as in outcomes.lua).
+-- index, [18] pacing); for a listing that names a target, [19] its ban hash (as in
+-- outcomes.lua).
 -- ARGV[1] eligible offset, ARGV[2] ineligible offset, ARGV[3] how many eligible and
 -- ARGV[4] how many ineligible members to read (0 skips that set).
 -- With a label filter, ARGV[1] is instead how many entries of the label index earlier
@@ -107,11 +108,11 @@ end
 local function bans(members)
     local out = {}
     local now = now_ms()
-    local target = string.sub(KEYS[18], #KEYS[17] + 2)
+    local target = string.sub(KEYS[19], #KEYS[17] + 2)
     local forget = redis.call('ZSCORE', KEYS[17], target)
     local texts = {}
     if forget and tonumber(forget) > now and #members > 0 then
-        texts = redis.call('HMGET', KEYS[18], unpack(members))
+        texts = redis.call('HMGET', KEYS[19], unpack(members))
     end
     for n = 1, #members do
         local ends = tonumber(string.match(texts[n] or '', '^(%d+)') or 0)
@@ -139,7 +140,7 @@ local reply = {
         'labels', lookup('HMGET', KEYS[13], i),
     },
 }
-if #KEYS >= 18 then
+if #KEYS >= 19 then
     local function add(page, list)
         page[#page + 1] = 'banned_until'
         page[#page + 1] = list

@@ -6,9 +6,9 @@
 -- taken out by an operator: ignored.
 -- blocked with a target, whatever the member's state: bans the member for that target
 --   (see `ban` below); the streak stays as it is.
--- KEYS as in labels.lua, leases.lua and health.lua, then [16] the pool's sources and
--- [17] its ban index (sorted set: target -> when its bans are all forgotten, ms), and when
--- reports name targets [18..] one ban hash per target named, "<KEYS[17]>:<target>"
+-- KEYS as in labels.lua, leases.lua and health.lua, then [16] the pool's sources, [17] its
+-- ban index (sorted set: target -> when its bans are all forgotten, ms) and [18] pacing,
+-- and when reports name targets [19..] one ban hash per target named, "<KEYS[17]>:<target>"
 -- (member -> "<until_ms> <ban_ms> <bans in a row>"), expiring when its bans are all
 -- forgotten (see keys.rs).
 -- ARGV[1] 'worker' or 'check', ARGV[2] jitter draw in [-1, 1], ARGV[3] most targets per
