@@ -9,6 +9,7 @@ mod lease;
 mod member_id;
 mod pool_config;
 mod pool_id;
+mod prune;
 mod rules;
 mod source;
 mod timestamp;
@@ -30,6 +31,7 @@ pub use lease::{InvalidLeaseId, InvalidLeaseTtl, LeaseId, LeaseTtl};
 pub use member_id::{InvalidMemberId, MAX_MEMBER_ID_LEN, MemberId};
 pub use pool_config::{Policy, PoolConfig, RestorePolicy};
 pub use pool_id::{InvalidPoolId, PoolId};
+pub use prune::{InvalidPrune, MAX_PRUNE_COUNT, PruneConfig};
 pub use rules::{PortRange, PortRules, Rules};
 pub use source::{
     DEFAULT_SOURCE_MIN_INTERVAL_MS, InvalidSource, MAX_SOURCE_INTERVAL_MS, MAX_SOURCES,

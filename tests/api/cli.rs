@@ -168,6 +168,7 @@ async fn pools_create_show_list_and_delete_print_what_they_did_and_exit_zero() {
              max_assignments                  7\n\
              total_assignments                0\n\
              abandoned                        0\n\
+             pruned                           0\n\
              recovered                        0\n\
              tripped                          0\n"
         ))

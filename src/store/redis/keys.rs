@@ -21,7 +21,11 @@
 //! | `<prefix>:{<pool>}:labels` | hash | member -> its labels, `key=value` lines (absent when none) |
 //! | `<prefix>:{<pool>}:by_label` | sorted set | eligible members' labels in the choosing order (see `scripts/labels.lua`) |
 //! | `<prefix>:{<pool>}:label_members` | sorted set | every member's labels, `key=value` NUL member, for listings |
-//! | `<prefix>:{<pool>}:sources` | hash | per source URL: `n:<url>` -> `"<next_ms> <failures> <successes>"`, `l:<url>` -> `"<at_ms> <outcome JSON>"`, its last fetch |
+//! | `<prefix>:{<pool>}:origins` | hash | member -> `i` (imported) or `s<id>` (added by the source with that id); absent: added by hand |
+//! | `<prefix>:{<pool>}:seen` | sorted set | member added by a source -> `id * 2^32 + n`, n the source's last fetch that listed it (see `prune.lua`) |
+//! | `<prefix>:{<pool>}:check_fails` | hash | member -> active checks failed in a row (absent when 0) |
+//! | `<prefix>:{<pool>}:prune` | sorted set | member due for removal -> when it was last looked at (ms, Redis clock) |
+//! | `<prefix>:{<pool>}:sources` | hash | per source URL: `n:<url>` -> `"<next_ms> <failures> <successes> <id>"`, `l:<url>` -> `"<at_ms> <outcome JSON>"`, its last fetch; per id ever given, `u:<id>` -> its URL (kept for the origins of its members) |
 //! | `<prefix>:{<pool>}:gone:<token>:<part>` | as its part | a deleted pool's key, renamed out of the way by `delete_pool.lua` and unlinked right after (see `operations.rs`) |
 //! | `<prefix>:pool_ids` | sorted set | the registry: pool ids, all at score 0 so that they sort by id (listing pages, prefix search, the safety net's walk); updated outside the pool scripts because it lives in another slot |
 //! | `<prefix>:pools` | set | the registry of earlier versions: copied into `pool_ids` and removed when a replica starts |
@@ -77,7 +81,7 @@ use crate::domain::PoolId;
 
 /// Every key of a pool, in the order of `KEYS` in every pool script (see `labels.lua`,
 /// `leases.lua` and `health.lua`).
-pub(super) const POOL_KEY_PARTS: [&str; 16] = [
+pub(super) const POOL_KEY_PARTS: [&str; 20] = [
     "meta",
     "eligible",
     "ineligible",
@@ -94,6 +98,10 @@ pub(super) const POOL_KEY_PARTS: [&str; 16] = [
     "by_label",
     "label_members",
     "sources",
+    "origins",
+    "seen",
+    "check_fails",
+    "prune",
 ];
 
 /// Every key of one pool, in the order of [`POOL_KEY_PARTS`], written straight into a
