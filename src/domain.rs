@@ -10,6 +10,7 @@ mod member_id;
 mod pacing;
 mod pool_config;
 mod pool_id;
+mod prune;
 mod rules;
 mod source;
 mod target;
@@ -33,6 +34,7 @@ pub use member_id::{InvalidMemberId, MAX_MEMBER_ID_LEN, MemberId};
 pub use pacing::{InvalidPacing, MAX_PACING_INTERVAL_MS, Pacing};
 pub use pool_config::{Policy, PoolConfig, RestorePolicy};
 pub use pool_id::{InvalidPoolId, PoolId};
+pub use prune::{InvalidPrune, MAX_PRUNE_COUNT, PruneConfig};
 pub use rules::{PortRange, PortRules, Rules};
 pub use source::{
     DEFAULT_SOURCE_MIN_INTERVAL_MS, InvalidSource, MAX_SOURCE_INTERVAL_MS, MAX_SOURCES,

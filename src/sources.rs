@@ -22,9 +22,9 @@ use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 
 use crate::checker::{Fetcher, masked_url};
-use crate::domain::{Labels, PoolId, Source, SourceFormat};
+use crate::domain::{Labels, PoolId, PruneConfig, Source, SourceFormat};
 use crate::http::{ImportRequest, ListKind, WholeList, import_list};
-use crate::store::{ClaimedSource, FetchOutcome, SOURCE_CLAIM_HOLD, Store, StoreError};
+use crate::store::{ClaimedSource, FetchOutcome, SOURCE_CLAIM_HOLD, SeedOrigin, Store, StoreError};
 
 /// The first retry after a failed fetch comes this long after it; each further failure
 /// doubles the wait, up to the source's interval.
@@ -110,6 +110,7 @@ async fn start_due_fetches(
             Err(error) => return Err(error),
         };
         let allow_private = info.config.rules.allow_private_sources;
+        let prune = info.config.prune;
         for claim in claimed {
             let Some(source) = sources.iter().find(|s| s.url == claim.url).cloned() else {
                 continue;
@@ -121,6 +122,7 @@ async fn start_due_fetches(
                 source,
                 claim,
                 allow_private,
+                prune,
             ));
         }
     }
@@ -135,14 +137,21 @@ async fn fetch_one(
     source: Source,
     claim: ClaimedSource,
     allow_private: bool,
+    prune: Option<PruneConfig>,
 ) {
     let url = masked_url(&source.url);
+    // The number this fetch has when it succeeds: the members it lists are marked with it.
+    let fetch = claim.successes + 1;
     let (outcome, code) = match fetcher.fetch(&source.url, allow_private).await {
         Ok(body) => {
             let request = ImportRequest {
                 default_scheme: source.default_scheme,
                 dry_run: false,
                 labels: Labels::default(),
+                origin: SeedOrigin::Source {
+                    id: claim.id,
+                    fetch,
+                },
             };
             let kind = match source.format {
                 SourceFormat::Lines => ListKind::Text,
@@ -192,12 +201,50 @@ async fn fetch_one(
             "source fetch failed"
         ),
     }
+    // After a successful fetch, the source's members listed by none of its last k
+    // fetches (last seen at fetch - k or before) go, before the fetch is recorded: once
+    // the listing shows a fetch, everything it does is done.
+    if let (FetchOutcome::Ok { .. }, Some(k)) = (
+        &outcome,
+        prune.and_then(|prune| prune.absent_from_source_fetches),
+    ) && fetch > k
+    {
+        prune_members(&*store, &pool, Some((claim.id, fetch - k))).await;
+    }
     if let Err(error) = store
         .record_source_fetch(&pool, &source.url, &outcome, next_in)
         .await
     {
         tracing::warn!(pool = pool.as_str(), source = %url, %error,
             "could not record a source fetch; it is fetched again when its claim ends");
+    }
+}
+
+/// Most batches one pruning runs; what is left waits for the pool's next fetch or round.
+const MAX_PRUNE_BATCHES: usize = 64;
+
+/// Applies the pool's prune rules ([`Store::prune`]) batch by batch, logging each member
+/// removed (masked) and any failure once.
+pub async fn prune_members(store: &dyn Store, pool: &PoolId, absent: Option<(u64, u64)>) {
+    // Each batch moves the next stale members (if any are left) and removes due ones.
+    for _ in 0..MAX_PRUNE_BATCHES {
+        match store.prune(pool, absent).await {
+            Ok(pruned) => {
+                for member in &pruned.removed {
+                    tracing::info!(pool = pool.as_str(), proxy = %member.masked(),
+                        "member pruned");
+                }
+                if !pruned.more {
+                    return;
+                }
+            }
+            Err(StoreError::PoolNotFound) => return,
+            Err(error) => {
+                tracing::warn!(pool = pool.as_str(), %error,
+                    "could not prune members; they are pruned after the next fetch or check round");
+                return;
+            }
+        }
     }
 }
 

@@ -240,6 +240,8 @@ pub struct PoolStats {
     /// Times a cooling-down member came back by itself (end of cooldown or a passing
     /// check); operator enables are not counted.
     pub recovered: u64,
+    /// Members the pool removed by itself under its `prune` rules.
+    pub pruned: u64,
 }
 
 /// One page of a pool listing.
@@ -284,6 +286,8 @@ pub struct Seed {
     /// not) has its labels replaced by these, keeping its count and state. Members not
     /// named keep theirs (new ones have none).
     pub labels: std::collections::HashMap<MemberId, Labels>,
+    /// Where the new members come from.
+    pub origin: SeedOrigin,
 }
 
 impl Seed {
@@ -296,6 +300,7 @@ impl Seed {
             dry_run: false,
             pending_adds: 0,
             labels: std::collections::HashMap::new(),
+            origin: SeedOrigin::Manual,
         }
     }
 }
@@ -355,11 +360,68 @@ pub struct MemberPage {
     pub next: Option<Cursor>,
 }
 
+/// Where a member came from: how it was first added.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Origin {
+    /// Added by hand (`POST /pools/{pool}/members`), or before origins were kept. Never
+    /// pruned unless the pool's `prune.manual` is set.
+    #[default]
+    Manual,
+    /// Added by `POST /pools/{pool}/import`.
+    Import,
+    /// Added by a fetch of the pool's source with this URL.
+    Source(String),
+}
+
+impl Serialize for Origin {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(match self {
+            Self::Manual => "manual",
+            Self::Import => "import",
+            Self::Source(url) => url,
+        })
+    }
+}
+
+/// Where the members of one seeding come from. Members already in the pool keep their
+/// origin; those already from the same source are marked seen by this fetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SeedOrigin {
+    /// `POST /pools/{pool}/members`.
+    #[default]
+    Manual,
+    /// `POST /pools/{pool}/import`.
+    Import,
+    /// A fetch of a source: the source's id (see [`ClaimedSource::id`]) and the fetch's
+    /// number (its successful fetches so far, this one included).
+    Source {
+        /// The source's id in its pool.
+        id: u64,
+        /// This fetch's number.
+        fetch: u64,
+    },
+}
+
+/// Most members one call of [`Store::prune`] moves or removes of each kind; the caller
+/// calls again while [`Pruned::more`] says so.
+pub const PRUNE_BATCH: u64 = 256;
+
+/// What one call of [`Store::prune`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Pruned {
+    /// Members removed.
+    pub removed: Vec<MemberId>,
+    /// Whether a batch was full: another call may do more.
+    pub more: bool,
+}
+
 /// One member as listed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MemberView {
     /// The member.
     pub member: MemberId,
+    /// Where it came from: `manual`, `import` or the URL of the source that added it.
+    pub origin: Origin,
     /// Whether it is eligible.
     pub state: MemberState,
     /// Its count.
@@ -591,6 +653,9 @@ pub struct ClaimedSource {
     pub failures: u64,
     /// Its successful fetches so far.
     pub successes: u64,
+    /// Its id in the pool, given when it was first claimed and never reused: the members
+    /// it adds are marked with it (see [`SeedOrigin::Source`]).
+    pub id: u64,
 }
 
 /// What a disable did, member by member.
@@ -784,6 +849,15 @@ pub trait Store: Send + Sync + 'static {
         &self,
         pool: &PoolId,
     ) -> Result<std::collections::HashMap<String, SourceState>, StoreError>;
+
+    /// Applies the pool's `prune` rules, a batch at a time (at most [`PRUNE_BATCH`] of
+    /// each kind): with `absent`, `(source id, fetch number)`, the members of that source
+    /// last seen at or before that fetch are due for removal; then due members without
+    /// live leases are removed (and counted in `pruned`), those with leases kept until a
+    /// later call finds them free. Members due because their last checks failed are
+    /// marked so by [`Store::report`]. A member stops being due when it passes a check or
+    /// is seen again by its source.
+    async fn prune(&self, pool: &PoolId, absent: Option<(u64, u64)>) -> Result<Pruned, StoreError>;
 
     /// Creates the pool or replaces its configuration.
     ///

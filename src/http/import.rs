@@ -29,7 +29,7 @@ use super::extract::{ListBody, ListKind, PoolPath, QueryWithLabels};
 use super::log::Outcome;
 use super::members::MAX_MEMBERS_PER_CALL;
 use crate::domain::{Labels, MemberId, PoolId, Rejection, Rules, Scheme, mask_credentials};
-use crate::store::{ImportCounts, Seed, Store};
+use crate::store::{ImportCounts, Seed, SeedOrigin, Store};
 
 /// Most examples of rejected lines a report shows.
 pub const MAX_EXAMPLES: usize = 20;
@@ -214,6 +214,7 @@ struct Writer<'a> {
     store: &'a dyn Store,
     pool: &'a PoolId,
     dry_run: bool,
+    origin: SeedOrigin,
     /// The count the first batch started its new members at, for the later ones.
     start: Option<u64>,
     pending_adds: u64,
@@ -234,6 +235,7 @@ impl Writer<'_> {
             assignments: self.start,
             dry_run: self.dry_run,
             pending_adds: self.pending_adds,
+            origin: self.origin,
             labels: if self.labels.is_empty() {
                 HashMap::new()
             } else {
@@ -308,6 +310,8 @@ pub struct ImportRequest {
     pub dry_run: bool,
     /// Labels for every imported member, replacing their own (none given: left alone).
     pub labels: Labels,
+    /// Where the new members come from (the route: [`SeedOrigin::Import`]).
+    pub origin: SeedOrigin,
 }
 
 /// A list as an import reads it: pieces, as they arrive.
@@ -365,6 +369,7 @@ pub async fn import(
         default_scheme: query.default_scheme,
         dry_run: query.dry_run,
         labels,
+        origin: SeedOrigin::Import,
     };
     let kind = body.kind;
     let report = import_list(&*state.store, &pool, request, kind, body).await?;
@@ -394,6 +399,7 @@ pub async fn import_list(
         store,
         pool,
         dry_run: request.dry_run,
+        origin: request.origin,
         start: None,
         pending_adds: 0,
         labels: request.labels,

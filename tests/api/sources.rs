@@ -21,8 +21,8 @@ use crate::spy::{spawn_spied, spawn_spied_on};
 
 /// A list server on loopback: answers every request with the current list, after the
 /// current delay, and counts the requests.
-struct ListServer {
-    url: String,
+pub struct ListServer {
+    pub url: String,
     list: Arc<Mutex<String>>,
     delay: Arc<Mutex<Duration>>,
     requests: Arc<AtomicUsize>,
@@ -30,7 +30,7 @@ struct ListServer {
 }
 
 impl ListServer {
-    async fn start(list: &str) -> Self {
+    pub async fn start(list: &str) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bound");
         let url = format!(
             "http://{}/proxies.txt",
@@ -66,7 +66,7 @@ impl ListServer {
         }
     }
 
-    fn serve(&self, list: &str) {
+    pub fn serve(&self, list: &str) {
         *self.list.lock().expect("lock") = list.to_owned();
     }
 
@@ -89,14 +89,14 @@ fn sourced_pool(source: Value) -> Value {
     })
 }
 
-async fn sources(app: &TestApp, pool: &str) -> Vec<Value> {
+pub async fn sources(app: &TestApp, pool: &str) -> Vec<Value> {
     let (status, body) = app.get(&format!("/pools/{pool}/sources")).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     body["sources"].as_array().expect("a list").clone()
 }
 
 /// Polls (at most 10 s) until the pool's first source satisfies `done`; returns it.
-async fn await_source(app: &TestApp, pool: &str, done: impl Fn(&Value) -> bool) -> Value {
+pub async fn await_source(app: &TestApp, pool: &str, done: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let first = sources(app, pool).await.remove(0);
@@ -108,14 +108,14 @@ async fn await_source(app: &TestApp, pool: &str, done: impl Fn(&Value) -> bool) 
     }
 }
 
-fn fetched(times: u64) -> impl Fn(&Value) -> bool {
+pub fn fetched(times: u64) -> impl Fn(&Value) -> bool {
     move |source| {
         source["successes"].as_u64().unwrap_or(0) + source["failures"].as_u64().unwrap_or(0)
             >= times
     }
 }
 
-async fn member_ids(app: &TestApp, pool: &str) -> Vec<String> {
+pub async fn member_ids(app: &TestApp, pool: &str) -> Vec<String> {
     let mut ids: Vec<String> = app
         .members(pool)
         .await

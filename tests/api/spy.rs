@@ -15,7 +15,7 @@ use proxy_allocator::domain::{
 };
 use proxy_allocator::store::{
     AssignRequest, Assignment, CheckRound, ClaimedSource, Cursor, DisableReport, EnableReport,
-    FetchOutcome, MemberPage, PoolInfo, PoolPage, PutPool, RemoveReport, Renewed, Report,
+    FetchOutcome, MemberPage, PoolInfo, PoolPage, Pruned, PutPool, RemoveReport, Renewed, Report,
     ReportSource, ReportSummary, Seed, SeedReport, SourceState, StateFilter, Store, StoreError,
     StoreStatus, Swept,
 };
@@ -245,6 +245,10 @@ impl Store for Spy {
         pool: &PoolId,
     ) -> Result<std::collections::HashMap<String, SourceState>, StoreError> {
         self.inner.source_states(pool).await
+    }
+
+    async fn prune(&self, pool: &PoolId, absent: Option<(u64, u64)>) -> Result<Pruned, StoreError> {
+        self.inner.prune(pool, absent).await
     }
 
     async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError> {

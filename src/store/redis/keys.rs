@@ -21,7 +21,11 @@
 //! | `<prefix>:{<pool>}:labels` | hash | member -> its labels, `key=value` lines (absent when none) |
 //! | `<prefix>:{<pool>}:by_label` | sorted set | eligible members' labels in the choosing order (see `scripts/labels.lua`) |
 //! | `<prefix>:{<pool>}:label_members` | sorted set | every member's labels, `key=value` NUL member, for listings |
-//! | `<prefix>:{<pool>}:sources` | hash | per source URL: `n:<url>` -> `"<next_ms> <failures> <successes>"`, `l:<url>` -> `"<at_ms> <outcome JSON>"`, its last fetch |
+//! | `<prefix>:{<pool>}:origins` | hash | member -> `i` (imported) or `s<id>` (added by the source with that id); absent: added by hand |
+//! | `<prefix>:{<pool>}:seen` | sorted set | member added by a source -> `id * 2^32 + n`, n the source's last fetch that listed it (see `prune.lua`) |
+//! | `<prefix>:{<pool>}:check_fails` | hash | member -> active checks failed in a row (absent when 0) |
+//! | `<prefix>:{<pool>}:prune` | sorted set | member due for removal -> when it was last looked at (ms, Redis clock) |
+//! | `<prefix>:{<pool>}:sources` | hash | per source URL: `n:<url>` -> `"<next_ms> <failures> <successes> <id>"`, `l:<url>` -> `"<at_ms> <outcome JSON>"`, its last fetch; per id ever given, `u:<id>` -> its URL (kept for the origins of its members) |
 //! | `<prefix>:{<pool>}:bans` | sorted set with ttl | the ban index: targets the pool has bans for -> when they are all forgotten (ms, Redis clock); expires with the last |
 //! | `<prefix>:{<pool>}:paced` | sorted set with ttl | pools paced pool-wide: member -> until when it rests (ms, Redis clock); expires with its last entry |
 //! | `<prefix>:{<pool>}:paced:<target>` | sorted set with ttl | pools paced per target: member -> until when it rests for that target; expires with its last entry; passed, after the pool's keys and the target's ban hash, only to assigns that name the target |
@@ -81,7 +85,7 @@ use crate::domain::{PoolId, Target};
 
 /// Every key of a pool, in the order of `KEYS` in every pool script (see `labels.lua`,
 /// `leases.lua` and `health.lua`).
-pub(super) const POOL_KEY_PARTS: [&str; 18] = [
+pub(super) const POOL_KEY_PARTS: [&str; 22] = [
     "meta",
     "eligible",
     "ineligible",
@@ -98,6 +102,10 @@ pub(super) const POOL_KEY_PARTS: [&str; 18] = [
     "by_label",
     "label_members",
     "sources",
+    "origins",
+    "seen",
+    "check_fails",
+    "prune",
     "bans",
     "paced",
 ];

@@ -11,8 +11,8 @@ use super::keys::POOL_KEY_PARTS;
 use super::reply::{
     self, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply, DeletePoolReply,
     DisableOutcome, DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply,
-    PoolInfoReply, PutPoolReply, RecordSourceReply, ReleaseReply, RemoveReply, RenewReply,
-    SeedOutcome, SeedReply, SourceStatesReply, SweepReply, WalkReply,
+    PoolInfoReply, PruneReply, PutPoolReply, RecordSourceReply, ReleaseReply, RemoveReply,
+    RenewReply, SeedOutcome, SeedReply, SourceStatesReply, SweepReply, WalkReply,
 };
 use crate::domain::{
     LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy, Target,
@@ -20,10 +20,10 @@ use crate::domain::{
 use crate::store::{
     Applied, AssignRequest, Assignment, BAN_CLEANUP, CheckRound, ClaimedSource, Cursor,
     DisableReport, EnableReport, FetchOutcome, Lease, MAX_BAN_TARGETS, MAX_LABEL_CHECKS,
-    MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PoolInfo, PoolPage, PutPool,
-    RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
+    MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PRUNE_BATCH, PoolInfo, PoolPage, Pruned,
+    PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
     ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed,
-    SeedReport, SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
+    SeedOrigin, SeedReport, SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
@@ -51,6 +51,12 @@ const MAX_SWEEP_STEPS: u64 = 64;
 /// Most pools one take from the sweep's due index hands out; a sweep takes again while
 /// takes come back full, up to [`SWEEP_POOLS_PER_CALL`].
 const DUE_TAKE: usize = 512;
+
+/// A source member's place in the seen set (see `prune.lua`): the source's id, then the
+/// fetch that last listed it, in one score exact in a double (ids below 2^21).
+fn seen_place(id: u64, fetch: u64) -> String {
+    (id.saturating_mul(1 << 32) + fetch.min((1 << 32) - 1)).to_string()
+}
 
 impl RedisStore {
     /// Takes up to `limit` due pools from the index at `key`, holding them for `hold`
@@ -290,12 +296,19 @@ impl RedisStore {
         } else {
             Vec::new()
         };
-        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() * 2 + 5);
+        let (origin, seen) = match seed.origin {
+            SeedOrigin::Manual => (String::new(), String::new()),
+            SeedOrigin::Import => ("i".to_owned(), String::new()),
+            SeedOrigin::Source { id, fetch } => (format!("s{id}"), seen_place(id, fetch)),
+        };
+        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() * 2 + 7);
         args.push(start.as_bytes());
         args.push(flag(seed.reset));
         args.push(flag(seed.dry_run));
         args.push(pending.as_bytes());
         args.push(flag(labelled));
+        args.push(origin.as_bytes());
+        args.push(seen.as_bytes());
         if labelled {
             for (member, text) in members.iter().zip(&texts) {
                 args.push(member.as_str().as_bytes());
@@ -639,6 +652,17 @@ impl Store for RedisStore {
         SourceStatesReply::decode(value).map(|SourceStatesReply(states)| states)
     }
 
+    async fn prune(&self, pool: &PoolId, absent: Option<(u64, u64)>) -> Result<Pruned, StoreError> {
+        let batch = PRUNE_BATCH.to_string();
+        let (low, high) = match absent {
+            Some((id, fetch)) => (seen_place(id, 0), seen_place(id, fetch)),
+            None => (String::new(), String::new()),
+        };
+        let args: [&[u8]; 3] = [batch.as_bytes(), low.as_bytes(), high.as_bytes()];
+        let value = self.eval(&self.scripts.prune, pool, &args).await?;
+        PruneReply::decode(value).map(|PruneReply(pruned)| pruned)
+    }
+
     async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError> {
         let json = serde_json::to_vec(config).map_err(|e| StoreError::Unavailable(Box::new(e)))?;
         let start = config
@@ -656,12 +680,16 @@ impl Store for RedisStore {
             .map(|n| n.to_string())
             .unwrap_or_default();
         let health = config.health.script_arg();
+        let prune = config
+            .prune
+            .map(|prune| prune.script_arg())
+            .unwrap_or_default();
         let ban = config.health.target_ban_ms.to_string();
         let pacing = config
             .pacing
             .map(|pacing| pacing.script_arg())
             .unwrap_or_default();
-        let args: [&[u8]; 10] = [
+        let args: [&[u8]; 11] = [
             &json,
             config.restore.as_str().as_bytes(),
             start.as_bytes(),
@@ -670,6 +698,7 @@ impl Store for RedisStore {
             cap.as_bytes(),
             max.as_bytes(),
             health.as_bytes(),
+            prune.as_bytes(),
             ban.as_bytes(),
             pacing.as_bytes(),
         ];

@@ -21,7 +21,7 @@ use crate::domain::{
 };
 use crate::store::{
     CheckRound, ClaimedSource, Effect, FetchOutcome, Health, LastCheck, MemberState, MemberView,
-    PoolStats, SourceFetch, SourceState, StoreError, Swept,
+    Origin, PoolStats, Pruned, SourceFetch, SourceState, StoreError, Swept,
 };
 
 /// A reply of a shape its script never returns: the script and this decoder disagree.
@@ -256,6 +256,7 @@ impl PoolInfoReply {
                 abandoned: optional_count(&items.field("abandoned")?)?.unwrap_or(0),
                 tripped: optional_count(&items.field("tripped")?)?.unwrap_or(0),
                 recovered: optional_count(&items.field("recovered")?)?.unwrap_or(0),
+                pruned: optional_count(&items.field("pruned")?)?.unwrap_or(0),
             };
             items.end()?;
             Ok(Self {
@@ -401,6 +402,7 @@ fn member_views(page: Value, state: MemberState, banned: bool) -> Read<Vec<Membe
         .transpose()?;
     let mut checks = column(page.field("checks")?, size)?;
     let mut labels = column(page.field("labels")?, size)?;
+    let mut origins = column(page.field("origins")?, size)?;
     let mut bans = banned
         .then(|| column(page.field("banned_until")?, size))
         .transpose()?;
@@ -421,6 +423,13 @@ fn member_views(page: Value, state: MemberState, banned: bool) -> Read<Vec<Membe
         };
         views.push(MemberView {
             member: MemberId::from_stored(string(member)?),
+            origin: match next(&mut origins) {
+                Value::Nil => Origin::Manual,
+                text => match string(text)? {
+                    text if text == "import" => Origin::Import,
+                    url => Origin::Source(url),
+                },
+            },
             state,
             assignments: count(&assignments)?,
             in_flight: optional_count(&next(&mut in_flight))?.unwrap_or(0),
@@ -798,24 +807,25 @@ pub(super) struct ClaimSourcesReply {
 }
 
 impl ClaimSourcesReply {
-    /// Decodes `{-1}` or `{1, next, {url, failures, successes, ...}}`.
+    /// Decodes `{-1}` or `{1, next, {url, failures, successes, id, ...}}`.
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
         decode("claim_sources.lua", value, |value| {
             let mut items = Items::of_pool(value)?;
             let next = items.due_time()?;
             let flat = array(items.next()?)?;
-            if flat.len() % 3 != 0 {
-                return Err("claimed sources come in threes".into());
+            if flat.len() % 4 != 0 {
+                return Err("claimed sources come in fours".into());
             }
-            let mut claimed = Vec::with_capacity(flat.len() / 3);
+            let mut claimed = Vec::with_capacity(flat.len() / 4);
             let mut flat = flat.into_iter();
-            while let (Some(url), Some(failures), Some(successes)) =
-                (flat.next(), flat.next(), flat.next())
+            while let (Some(url), Some(failures), Some(successes), Some(id)) =
+                (flat.next(), flat.next(), flat.next(), flat.next())
             {
                 claimed.push(ClaimedSource {
                     url: string(url)?,
                     failures: count(&failures)?,
                     successes: count(&successes)?,
+                    id: count(&id)?,
                 });
             }
             items.end()?;
@@ -867,8 +877,8 @@ impl SourceStatesReply {
                         .split(' ')
                         .map(|n| n.parse().map_err(|_| "a source's numbers"))
                         .collect::<Result<_, _>>()?;
-                    let [next, failures, successes] = numbers[..] else {
-                        return Err("a source's numbers are three".into());
+                    let [next, failures, successes, _id] = numbers[..] else {
+                        return Err("a source's numbers are four".into());
                     };
                     states.insert(
                         url.to_owned(),
@@ -891,7 +901,7 @@ impl SourceStatesReply {
                             outcome,
                         },
                     ));
-                } else {
+                } else if !field.starts_with("u:") {
                     return Err("an unknown source field".into());
                 }
             }
@@ -901,6 +911,27 @@ impl SourceStatesReply {
                 }
             }
             Ok(Self(states))
+        })
+    }
+}
+
+/// `prune.lua`: the members removed, and whether a batch was full.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct PruneReply(pub(super) Pruned);
+
+impl PruneReply {
+    /// Decodes `{-1}` or `{1, {member, ...}, more}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("prune.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let removed = members(items.next()?)?;
+            let more = match items.int()? {
+                0 => false,
+                1 => true,
+                _ => return Err("more is 0 or 1".into()),
+            };
+            items.end()?;
+            Ok(Self(Pruned { removed, more }))
         })
     }
 }

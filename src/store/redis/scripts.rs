@@ -62,6 +62,7 @@ scripts! {
     claim_sources: plain,
     record_source: plain,
     source_states: plain,
+    prune: with_helpers,
     claim_due: plain,
     walk: plain,
 }

@@ -22,8 +22,8 @@ use self::redis_server::RedisServer;
 use super::reply::{
     AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply, DeletePoolReply,
     DisableOutcome, DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply,
-    PoolInfoReply, RecordSourceReply, ReleaseReply, RemoveReply, RenewReply, Renewal, SeedOutcome,
-    SeedReply, SourceStatesReply, SweepReply, WalkReply,
+    PoolInfoReply, PruneReply, RecordSourceReply, ReleaseReply, RemoveReply, RenewReply, Renewal,
+    SeedOutcome, SeedReply, SourceStatesReply, SweepReply, WalkReply,
 };
 use super::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
@@ -32,8 +32,8 @@ use crate::domain::{
 };
 use crate::store::{
     CheckRound, ClaimedSource, Effect, FetchOutcome, ImportCounts, LastCheck, MemberState,
-    MemberView, PoolStats, PutPool, Report, ReportSource, Seed, SourceFetch, SourceState, Store,
-    StoreError, Swept,
+    MemberView, Origin, PoolStats, Pruned, PutPool, Report, ReportSource, Seed, SourceFetch,
+    SourceState, Store, StoreError, Swept,
 };
 
 const PREFIX: &str = "replies";
@@ -214,6 +214,7 @@ async fn every_script_s_replies_decode_from_a_real_redis() {
             "claim_sources" => claim_sources(&redis).await,
             "record_source" => record_source(&redis).await,
             "source_states" => source_states(&redis).await,
+            "prune" => prune(&redis).await,
             "walk" => walk(&redis).await,
             other => panic!("{other}.lua has no reply test: add its case to this match"),
         }
@@ -264,6 +265,8 @@ async fn assign(redis: &TestRedis) {
                 "0",
                 "0",
                 "1",
+                "",
+                "",
                 "x",
                 "country=de",
                 "y",
@@ -401,6 +404,7 @@ async fn pool_info(redis: &TestRedis) {
                 abandoned: 0,
                 tripped: 0,
                 recovered: 0,
+                pruned: 0,
             },
         }
     );
@@ -425,6 +429,8 @@ async fn pool_info(redis: &TestRedis) {
             "5",
             "recovered",
             "6",
+            "pruned",
+            "7",
         ])
         .await;
     let expiry = TestRedis::key(&id, "lease_expiry");
@@ -447,6 +453,7 @@ async fn pool_info(redis: &TestRedis) {
                 abandoned: 4,
                 tripped: 5,
                 recovered: 6,
+                pruned: 7,
             },
         }
     );
@@ -509,13 +516,16 @@ async fn seed(redis: &TestRedis) {
     let id = pool("seed");
     let run = |args: &'static [&'static str]| redis.eval("seed", &id, args);
     assert_pool_not_found(SeedReply::decode(
-        run(&["", "0", "0", "0", "0", "a"]).await,
+        run(&["", "0", "0", "0", "0", "", "", "a"]).await,
         1,
     ));
     let mut config = PoolConfig::default();
     config.rules.max_members = Some(2);
     redis.create(&id, config).await;
-    let first = SeedReply::decode(run(&["", "0", "0", "0", "0", "a", "b", "c"]).await, 3);
+    let first = SeedReply::decode(
+        run(&["", "0", "0", "0", "0", "", "", "a", "b", "c"]).await,
+        3,
+    );
     assert_eq!(
         first.expect("decodes"),
         SeedReply {
@@ -523,7 +533,7 @@ async fn seed(redis: &TestRedis) {
             outcomes: vec![SeedOutcome::Added, SeedOutcome::Added, SeedOutcome::Full],
         }
     );
-    let second = SeedReply::decode(run(&["4", "0", "0", "0", "0", "a", "d"]).await, 2);
+    let second = SeedReply::decode(run(&["4", "0", "0", "0", "0", "", "", "a", "d"]).await, 2);
     assert_eq!(
         second.expect("decodes"),
         SeedReply {
@@ -532,7 +542,20 @@ async fn seed(redis: &TestRedis) {
         }
     );
     // Labels follow each member: replaced on `a`, kept (`~`) on `b`.
-    let labelled = run(&["", "0", "0", "0", "1", "a", "country=de\ntier=a", "b", "~"]).await;
+    let labelled = run(&[
+        "",
+        "0",
+        "0",
+        "0",
+        "1",
+        "",
+        "",
+        "a",
+        "country=de\ntier=a",
+        "b",
+        "~",
+    ])
+    .await;
     assert_eq!(
         SeedReply::decode(labelled, 2).expect("decodes"),
         SeedReply {
@@ -568,6 +591,13 @@ async fn members(redis: &TestRedis) {
         .await;
     redis.seed(&id, &["a"], 0).await;
     redis.seed(&id, &["b", "c", "d"], 3).await;
+    // Origins: `b` imported, `d` from the source with id 4 (whose URL the sources hash keeps).
+    let () = redis
+        .side(&["HSET", &TestRedis::key(&id, "origins"), "b", "i", "d", "s4"])
+        .await;
+    let () = redis
+        .side(&["HSET", &TestRedis::key(&id, "sources"), "u:4", LIST_A])
+        .await;
     let before = redis.now_ms().await;
     run_assign(redis, &id, "lease-1", "").await;
     redis
@@ -610,6 +640,7 @@ async fn members(redis: &TestRedis) {
     assert_eq!(d_returns, Timestamp(d_since.0 + 60_000));
     let view = |member_id: &str, state, assignments| MemberView {
         member: member(member_id),
+        origin: Origin::Manual,
         state,
         assignments,
         in_flight: 0,
@@ -638,6 +669,7 @@ async fn members(redis: &TestRedis) {
                 },
                 MemberView {
                     consecutive_failures: 1,
+                    origin: Origin::Import,
                     ..view("b", MemberState::Eligible, 3)
                 },
             ],
@@ -653,6 +685,7 @@ async fn members(redis: &TestRedis) {
                     consecutive_failures: 2,
                     last_cooldown_ms: Some(60_000),
                     returns_at: Some(d_returns),
+                    origin: Origin::Source(LIST_A.to_owned()),
                     ..view("d", MemberState::Ineligible, 3)
                 },
             ],
@@ -669,7 +702,7 @@ async fn members(redis: &TestRedis) {
         .eval(
             "seed",
             &id,
-            &["", "0", "0", "0", "1", "a", "tier=a", "c", "tier=a"],
+            &["", "0", "0", "0", "1", "", "", "a", "tier=a", "c", "tier=a"],
         )
         .await;
     let filtered = MembersReply::decode(
@@ -962,8 +995,8 @@ async fn outcomes(redis: &TestRedis) {
                 &id,
                 &keys,
                 &[
-                    "worker", "0", "1", "16", "a", "blocked", "", "", "19", "a", "blocked", "", "",
-                    "19", "a", "blocked", "", "", "20",
+                    "worker", "0", "1", "16", "a", "blocked", "", "", "23", "a", "blocked", "", "",
+                    "23", "a", "blocked", "", "", "24",
                 ],
             )
             .await,
@@ -1035,12 +1068,13 @@ async fn claim_sources(redis: &TestRedis) {
     let before = redis.now_ms().await;
     let first = ClaimSourcesReply::decode(run().await).expect("decodes");
     let after = redis.now_ms().await;
-    let fresh = |url: &str| ClaimedSource {
+    let fresh = |url: &str, id| ClaimedSource {
         url: url.to_owned(),
         failures: 0,
         successes: 0,
+        id,
     };
-    assert_eq!(first.claimed, [fresh(LIST_A), fresh(LIST_B)]);
+    assert_eq!(first.claimed, [fresh(LIST_A, 1), fresh(LIST_B, 2)]);
     let next = first.next.expect("a next fetch");
     assert!((before + 60_000..=after + 60_000).contains(&next), "{next}");
     let held = ClaimSourcesReply::decode(run().await).expect("decodes");
@@ -1107,6 +1141,56 @@ async fn source_states(redis: &TestRedis) {
     assert_eq!(
         states.get(LIST_B).map(|b| b.last_fetch.is_none()),
         Some(true)
+    );
+}
+
+async fn prune(redis: &TestRedis) {
+    let id = pool("prune");
+    let run = |args: &'static [&'static str]| redis.eval("prune", &id, args);
+    assert_pool_not_found(PruneReply::decode(run(&["2", "", ""]).await));
+    let config = PoolConfig {
+        prune: Some(crate::domain::PruneConfig {
+            after_failed_checks: None,
+            absent_from_source_fetches: Some(1),
+            manual: false,
+        }),
+        ..PoolConfig::default()
+    };
+    redis.create(&id, config).await;
+    assert_eq!(
+        PruneReply::decode(run(&["2", "", ""]).await).expect("decodes"),
+        PruneReply(Pruned::default())
+    );
+    // Three members of source 1, last seen at fetches 1, 1 and 2: the first two are stale
+    // up to fetch 1, and a batch of 2 is full, so more may follow.
+    redis.seed(&id, &["a", "b", "c"], 0).await;
+    let origins = TestRedis::key(&id, "origins");
+    let () = redis
+        .side(&["HSET", &origins, "a", "s1", "b", "s1", "c", "s1"])
+        .await;
+    let span: u64 = 1 << 32;
+    let (one, two) = ((span + 1).to_string(), (span + 2).to_string());
+    let () = redis
+        .side(&[
+            "ZADD",
+            &TestRedis::key(&id, "seen"),
+            &one,
+            "a",
+            &one,
+            "b",
+            &two,
+            "c",
+        ])
+        .await;
+    let (low, high) = (span.to_string(), (span + 1).to_string());
+    let args = ["2", low.as_str(), high.as_str()];
+    let value = redis.eval("prune", &id, &args).await;
+    assert_eq!(
+        PruneReply::decode(value).expect("decodes"),
+        PruneReply(Pruned {
+            removed: vec![member("a"), member("b")],
+            more: true,
+        })
     );
 }
 

@@ -16,13 +16,13 @@
 -- the pool's, ARGV[3] how many expired leases to reclaim first, ARGV[4] how many due
 -- members to return first, ARGV[5] most candidates a label filter may check, ARGV[6..]
 -- label groups "key value value ...".
--- With a target, KEYS[19] is its ban hash (see outcomes.lua) and KEYS[20] its pacing set:
+-- With a target, KEYS[23] is its ban hash (see outcomes.lua) and KEYS[24] its pacing set:
 -- members banned for it are skipped in the choosing order, each costing one check of the
 -- ARGV[5] budget; when the budget is spent on skipped members the answer is {0, ms} until
--- the first of them is free again. Without a target there is no KEYS[19] and bans cost
+-- the first of them is free again. Without a target there is no KEYS[23] and bans cost
 -- nothing.
 -- Pacing (meta `pacing`, "<min_interval_ms> <per_target 0|1>"): the member handed out rests
--- until now + min_interval_ms, in KEYS[18] (pool-wide) or KEYS[20] (per target; assigns
+-- until now + min_interval_ms, in KEYS[22] (pool-wide) or KEYS[24] (per target; assigns
 -- without a target are then not paced), and resting members are skipped the same way.
 -- Since the choice and the rest are one script, no two assigns, whatever their replica,
 -- ever hand out a resting member.
@@ -51,8 +51,8 @@ local groups = filter_groups(6)
 -- With a target the pool has live bans for: whether its ban hash is to be read. A hash the
 -- ban index does not list (or lists as forgotten) is a deleted pool's.
 local bans = false
-if #KEYS >= 19 then
-    local forget = redis.call('ZSCORE', KEYS[17], string.sub(KEYS[19], #KEYS[17] + 2))
+if #KEYS >= 23 then
+    local forget = redis.call('ZSCORE', KEYS[21], string.sub(KEYS[23], #KEYS[21] + 2))
     now = now or now_ms()
     bans = forget and tonumber(forget) > now
 end
@@ -62,9 +62,9 @@ local rests, interval = nil, nil
 if meta[6] then
     local ms, per_target = string.match(meta[6], '^(%d+) ([01])$')
     if per_target == '0' then
-        rests = KEYS[18]
-    elseif #KEYS >= 20 then
-        rests = KEYS[20]
+        rests = KEYS[22]
+    elseif #KEYS >= 24 then
+        rests = KEYS[24]
     end
     interval = tonumber(ms)
     now = now or now_ms()
@@ -77,7 +77,7 @@ if bans or rests then
     held_until = function(member)
         local ends = nil
         if bans then
-            local text = redis.call('HGET', KEYS[19], member)
+            local text = redis.call('HGET', KEYS[23], member)
             local banned = tonumber(string.match(text or '', '^(%d+)') or 0)
             ends = banned > now and banned or nil
         end

@@ -6,9 +6,11 @@
 -- taken out by an operator: ignored.
 -- blocked with a target, whatever the member's state: bans the member for that target
 --   (see `ban` below); the streak stays as it is.
--- KEYS as in labels.lua, leases.lua and health.lua, then [16] the pool's sources, [17] its
--- ban index (sorted set: target -> when its bans are all forgotten, ms) and [18] pacing,
--- and when reports name targets [19..] one ban hash per target named, "<KEYS[17]>:<target>"
+-- Checks also count the member's failed checks in a row, for pruning (see prune.lua).
+-- KEYS as in labels.lua, leases.lua and health.lua, then [16] the pool's sources, [17..20]
+-- its origins, seen, check_fails and prune keys (keys.rs), [21] its ban index (sorted set:
+-- target -> when its bans are all forgotten, ms) and [22] pacing, and when reports name
+-- targets [23..] one ban hash per target named, "<KEYS[21]>:<target>"
 -- (member -> "<until_ms> <ban_ms> <bans in a row>"), expiring when its bans are all
 -- forgotten (see keys.rs).
 -- ARGV[1] 'worker' or 'check', ARGV[2] jitter draw in [-1, 1], ARGV[3] most targets per
@@ -28,6 +30,7 @@ local check = ARGV[1] == 'check'
 local draw = tonumber(ARGV[2])
 local cfg = health_config()
 local lif = least_in_flight()
+local prune = prune_config()
 local max_targets, cleanup = tonumber(ARGV[3]), tonumber(ARGV[4])
 local ban_ms = tonumber(redis.call('HGET', KEYS[1], 'target_ban_ms') or 600000)
 
@@ -35,8 +38,8 @@ local ban_ms = tonumber(redis.call('HGET', KEYS[1], 'target_ban_ms') or 600000)
 -- there is none. The index says whether the hash belongs to this pool: a pool deleted and
 -- created again leaves a hash behind that expires by itself and is never read.
 local function ban_of(slot, member)
-    local target = string.sub(KEYS[slot], #KEYS[17] + 2)
-    local forget = redis.call('ZSCORE', KEYS[17], target)
+    local target = string.sub(KEYS[slot], #KEYS[21] + 2)
+    local forget = redis.call('ZSCORE', KEYS[21], target)
     if not forget or tonumber(forget) <= now then
         return nil, target, nil
     end
@@ -62,11 +65,11 @@ local function ban(slot, member)
         return current[1], false
     end
     if not forget then
-        local expired = redis.call('ZRANGE', KEYS[17], '-inf', now, 'BYSCORE', 'LIMIT', 0, cleanup)
+        local expired = redis.call('ZRANGE', KEYS[21], '-inf', now, 'BYSCORE', 'LIMIT', 0, cleanup)
         if #expired > 0 then
-            redis.call('ZREM', KEYS[17], unpack(expired))
+            redis.call('ZREM', KEYS[21], unpack(expired))
         end
-        if redis.call('ZCARD', KEYS[17]) >= max_targets then
+        if redis.call('ZCARD', KEYS[21]) >= max_targets then
             return nil
         end
         -- What an earlier pool of this id left, if anything.
@@ -81,10 +84,10 @@ local function ban(slot, member)
     redis.call('HSET', key, member, ms_text(ends) .. ' ' .. ms_text(ms) .. ' ' .. ms_text(bans))
     local forgotten = ends + ms
     if not forget or forgotten > forget then
-        redis.call('ZADD', KEYS[17], forgotten, target)
+        redis.call('ZADD', KEYS[21], forgotten, target)
         redis.call('PEXPIREAT', key, forgotten)
-        local last = redis.call('ZRANGE', KEYS[17], 0, 0, 'REV', 'WITHSCORES')[2]
-        redis.call('PEXPIREAT', KEYS[17], last)
+        local last = redis.call('ZRANGE', KEYS[21], 0, 0, 'REV', 'WITHSCORES')[2]
+        redis.call('PEXPIREAT', KEYS[21], last)
     end
     return ends, true
 end
@@ -136,6 +139,17 @@ for i = 5, #ARGV, 5 do
         local latency = ARGV[i + 3] ~= '' and ('/' .. ARGV[i + 3]) or ''
         redis.call('HSET', KEYS[11], member,
             ms_text(now) .. ' ' .. result .. latency .. ' ' .. ARGV[i + 2])
+        -- Checks failed in a row, for `prune.after_failed_checks`: reaching it makes the
+        -- member due for removal (prune.lua removes it once it has no live lease).
+        if result == 'ok' then
+            redis.call('HDEL', KEYS[19], member)
+        else
+            local fails = redis.call('HINCRBY', KEYS[19], member, 1)
+            if prune.checks > 0 and fails >= prune.checks
+                and (prune.manual or redis.call('HEXISTS', KEYS[17], member) == 1) then
+                redis.call('ZADD', KEYS[20], 'NX', now, member)
+            end
+        end
     end
     out[#out + 1] = effect
     out[#out + 1] = streak

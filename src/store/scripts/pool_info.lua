@@ -3,9 +3,9 @@
 -- Returns {-1} when the pool does not exist, else {1, name, value, name, value, ...}: every
 -- value after its name, in the order below (`PoolInfoReply` in reply.rs reads them so);
 -- min_assignments and max_assignments are nil when no member is eligible, abandoned,
--- tripped and recovered when they never happened.
+-- tripped, recovered and pruned when they never happened.
 local meta = redis.call('HMGET', KEYS[1], 'config', 'created_ms', 'total_assignments', 'abandoned',
-    'tripped', 'recovered')
+    'tripped', 'recovered', 'pruned')
 if not meta[1] then
     return {-1}
 end
@@ -24,4 +24,5 @@ return {
     'abandoned', meta[4],
     'tripped', meta[5],
     'recovered', meta[6],
+    'pruned', meta[7],
 }

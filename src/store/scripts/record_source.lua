@@ -12,7 +12,7 @@ local state = redis.call('HGET', KEYS[16], 'n:' .. ARGV[1])
 if not state then
     return {0}
 end
-local _, failures, successes = string.match(state, '^(%d+) (%d+) (%d+)$')
+local _, failures, successes, id = string.match(state, '^(%d+) (%d+) (%d+) (%d+)$')
 failures, successes = tonumber(failures), tonumber(successes)
 if ARGV[2] == '1' then
     failures, successes = 0, successes + 1
@@ -23,6 +23,6 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local next = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[16],
-    'n:' .. ARGV[1], string.format('%.0f %d %d', next, failures, successes),
+    'n:' .. ARGV[1], string.format('%.0f %d %d %s', next, failures, successes, id),
     'l:' .. ARGV[1], string.format('%.0f', now) .. ' ' .. ARGV[4])
 return {1, next}
