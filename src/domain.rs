@@ -9,7 +9,9 @@ mod lease;
 mod member_id;
 mod pool_config;
 mod pool_id;
+mod prune;
 mod rules;
+mod source;
 mod timestamp;
 
 pub use candidate::{
@@ -29,5 +31,10 @@ pub use lease::{InvalidLeaseId, InvalidLeaseTtl, LeaseId, LeaseTtl};
 pub use member_id::{InvalidMemberId, MAX_MEMBER_ID_LEN, MemberId};
 pub use pool_config::{Policy, PoolConfig, RestorePolicy};
 pub use pool_id::{InvalidPoolId, PoolId};
+pub use prune::{InvalidPrune, MAX_PRUNE_COUNT, PruneConfig};
 pub use rules::{PortRange, PortRules, Rules};
+pub use source::{
+    DEFAULT_SOURCE_MIN_INTERVAL_MS, InvalidSource, MAX_SOURCE_INTERVAL_MS, MAX_SOURCES,
+    SOURCE_INTERVAL_FLOOR_MS, Source, SourceFormat,
+};
 pub use timestamp::Timestamp;

@@ -46,7 +46,7 @@ mod redis;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use self::chunks::{CHUNK_BUDGET, CHUNK_GRANULE, MAX_CHUNK, MIN_CHUNK};
 pub use self::embedded::{DataDirOptions, EmbeddedStore, OpenError};
@@ -84,6 +84,10 @@ pub const SAFETY_NET_POOLS_PER_SWEEP: usize = 4;
 /// replicas: the time a replica has to claim its round, and the longest a replica that
 /// died in between delays the pool's checks.
 pub const CHECK_CLAIM_HOLD: Duration = Duration::from_secs(60);
+
+/// How long a pool handed out by [`Store::due_source_pools`] is withheld from other
+/// replicas: the time a replica has to claim its sources.
+pub const SOURCE_CLAIM_HOLD: Duration = Duration::from_secs(60);
 
 /// Most members one check round probes: a pool larger than this has the rest probed in
 /// later rounds as members change places.
@@ -221,6 +225,8 @@ pub struct PoolStats {
     /// Times a cooling-down member came back by itself (end of cooldown or a passing
     /// check); operator enables are not counted.
     pub recovered: u64,
+    /// Members the pool removed by itself under its `prune` rules.
+    pub pruned: u64,
 }
 
 /// One page of a pool listing.
@@ -265,6 +271,8 @@ pub struct Seed {
     /// not) has its labels replaced by these, keeping its count and state. Members not
     /// named keep theirs (new ones have none).
     pub labels: std::collections::HashMap<MemberId, Labels>,
+    /// Where the new members come from.
+    pub origin: SeedOrigin,
 }
 
 impl Seed {
@@ -277,6 +285,7 @@ impl Seed {
             dry_run: false,
             pending_adds: 0,
             labels: std::collections::HashMap::new(),
+            origin: SeedOrigin::Manual,
         }
     }
 }
@@ -336,11 +345,68 @@ pub struct MemberPage {
     pub next: Option<Cursor>,
 }
 
+/// Where a member came from: how it was first added.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Origin {
+    /// Added by hand (`POST /pools/{pool}/members`), or before origins were kept. Never
+    /// pruned unless the pool's `prune.manual` is set.
+    #[default]
+    Manual,
+    /// Added by `POST /pools/{pool}/import`.
+    Import,
+    /// Added by a fetch of the pool's source with this URL.
+    Source(String),
+}
+
+impl Serialize for Origin {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(match self {
+            Self::Manual => "manual",
+            Self::Import => "import",
+            Self::Source(url) => url,
+        })
+    }
+}
+
+/// Where the members of one seeding come from. Members already in the pool keep their
+/// origin; those already from the same source are marked seen by this fetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SeedOrigin {
+    /// `POST /pools/{pool}/members`.
+    #[default]
+    Manual,
+    /// `POST /pools/{pool}/import`.
+    Import,
+    /// A fetch of a source: the source's id (see [`ClaimedSource::id`]) and the fetch's
+    /// number (its successful fetches so far, this one included).
+    Source {
+        /// The source's id in its pool.
+        id: u64,
+        /// This fetch's number.
+        fetch: u64,
+    },
+}
+
+/// Most members one call of [`Store::prune`] moves or removes of each kind; the caller
+/// calls again while [`Pruned::more`] says so.
+pub const PRUNE_BATCH: u64 = 256;
+
+/// What one call of [`Store::prune`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Pruned {
+    /// Members removed.
+    pub removed: Vec<MemberId>,
+    /// Whether a batch was full: another call may do more.
+    pub more: bool,
+}
+
 /// One member as listed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MemberView {
     /// The member.
     pub member: MemberId,
+    /// Where it came from: `manual`, `import` or the URL of the source that added it.
+    pub origin: Origin,
     /// Whether it is eligible.
     pub state: MemberState,
     /// Its count.
@@ -483,6 +549,74 @@ pub struct CheckRound {
     pub eligible: Vec<MemberId>,
     /// Members cooling down, soonest return first.
     pub cooling: Vec<MemberId>,
+}
+
+/// The counts of one import, as a source's last fetch shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ImportCounts {
+    /// Distinct candidates that passed the rules: `added` + `existing`.
+    pub accepted: u64,
+    /// Accepted candidates that were not in the pool and now are.
+    pub added: u64,
+    /// Accepted candidates already in the pool.
+    pub existing: u64,
+    /// Lines that repeated a candidate seen earlier in the same list.
+    pub duplicates: u64,
+    /// Rejected lines, every reason together.
+    pub rejected: u64,
+}
+
+/// What one fetch of a source came to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum FetchOutcome {
+    /// The list was fetched and imported.
+    Ok {
+        /// What the import did.
+        counts: ImportCounts,
+    },
+    /// The fetch (or the import of what it fetched) failed.
+    Failed {
+        /// Why, in a short text without credentials.
+        error: String,
+    },
+}
+
+/// One fetch of a source, as its listing shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SourceFetch {
+    /// When it ended (the store's clock).
+    pub at: Timestamp,
+    /// What it came to.
+    #[serde(flatten)]
+    pub outcome: FetchOutcome,
+}
+
+/// What the store keeps about one source of a pool, by its URL.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SourceState {
+    /// When it is next fetched (or, while a replica fetches it, when that claim ends).
+    pub next_fetch_at: Timestamp,
+    /// Failed fetches since the last successful one.
+    pub failures: u64,
+    /// Successful fetches so far.
+    pub successes: u64,
+    /// Its last fetch, once there has been one.
+    pub last_fetch: Option<SourceFetch>,
+}
+
+/// A source claimed by this replica, to be fetched now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimedSource {
+    /// Its URL.
+    pub url: String,
+    /// Failed fetches since its last successful one, for the backoff.
+    pub failures: u64,
+    /// Its successful fetches so far.
+    pub successes: u64,
+    /// Its id in the pool, given when it was first claimed and never reused: the members
+    /// it adds are marked with it (see [`SeedOrigin::Source`]).
+    pub id: u64,
 }
 
 /// What a disable did, member by member.
@@ -635,6 +769,53 @@ pub trait Store: Send + Sync + 'static {
         pool: &PoolId,
         interval: Duration,
     ) -> Result<Option<CheckRound>, StoreError>;
+
+    /// Pools with sources whose next fetch may be due, at most `limit`, earliest first.
+    /// Each is held for this replica for [`SOURCE_CLAIM_HOLD`] and rescheduled by
+    /// [`Store::claim_sources`]; pools whose sources were all removed are no longer
+    /// listed. Reads only what is due, not every pool.
+    async fn due_source_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError>;
+
+    /// Claims, among the pool's sources `urls` (its configured ones), those whose fetch is
+    /// due: each claimed source is held for `hold` (no replica claims it again meanwhile,
+    /// and a replica that dies mid-fetch delays it by no more) until
+    /// [`Store::record_source_fetch`] schedules its next fetch. A source never fetched is
+    /// due at once. What the store kept about sources no longer in `urls` is forgotten.
+    /// Either way the pool's entry in the source index moves to its earliest next fetch.
+    async fn claim_sources(
+        &self,
+        pool: &PoolId,
+        urls: &[String],
+        hold: Duration,
+    ) -> Result<Vec<ClaimedSource>, StoreError>;
+
+    /// Records the end of a fetch of the pool's source `url` and schedules the next one
+    /// `next_in` from now. A success clears the source's failures and counts one more
+    /// success; a failure counts one more failure. Nothing is recorded for a source that
+    /// is no longer the pool's.
+    async fn record_source_fetch(
+        &self,
+        pool: &PoolId,
+        url: &str,
+        outcome: &FetchOutcome,
+        next_in: Duration,
+    ) -> Result<(), StoreError>;
+
+    /// What the store keeps about the pool's sources, by URL (sources never claimed are
+    /// absent).
+    async fn source_states(
+        &self,
+        pool: &PoolId,
+    ) -> Result<std::collections::HashMap<String, SourceState>, StoreError>;
+
+    /// Applies the pool's `prune` rules, a batch at a time (at most [`PRUNE_BATCH`] of
+    /// each kind): with `absent`, `(source id, fetch number)`, the members of that source
+    /// last seen at or before that fetch are due for removal; then due members without
+    /// live leases are removed (and counted in `pruned`), those with leases kept until a
+    /// later call finds them free. Members due because their last checks failed are
+    /// marked so by [`Store::report`]. A member stops being due when it passes a check or
+    /// is seen again by its source.
+    async fn prune(&self, pool: &PoolId, absent: Option<(u64, u64)>) -> Result<Pruned, StoreError>;
 
     /// Creates the pool or replaces its configuration.
     ///

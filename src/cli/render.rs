@@ -231,6 +231,47 @@ pub fn members(members: &[Value]) -> String {
     table(&headers, &rows)
 }
 
+/// `pools sources`: one line per source, with its last fetch.
+pub fn sources(answer: &Value) -> String {
+    let sources = answer["sources"].as_array().map_or(&[][..], Vec::as_slice);
+    if sources.is_empty() {
+        return "no sources\n".to_owned();
+    }
+    let rows: Vec<Vec<String>> = sources
+        .iter()
+        .map(|source| {
+            let last = &source["last_fetch"];
+            vec![
+                cell(&source["url"]),
+                cell(&source["interval_ms"]),
+                cell(&source["successes"]),
+                cell(&source["failures"]),
+                cell(&last["at"]),
+                cell(&last["outcome"]),
+                cell(&last["counts"]["added"]),
+                cell(&last["counts"]["existing"]),
+                cell(&last["counts"]["rejected"]),
+                cell(&last["error"]),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "URL",
+            "INTERVAL_MS",
+            "FETCHED",
+            "FAILURES",
+            "LAST_FETCH",
+            "OUTCOME",
+            "ADDED",
+            "EXISTING",
+            "REJECTED",
+            "ERROR",
+        ],
+        &rows,
+    )
+}
+
 /// A member's labels as `key=value,key=value` (`-` when it has none).
 fn labels_cell(labels: &Value) -> String {
     match labels.as_object() {

@@ -416,7 +416,7 @@ fn is_pem_framed(pem: &str) -> bool {
 }
 
 /// An `http://` or `https://` URL with a host, visible ASCII only.
-fn is_target_url(url: &str) -> bool {
+pub(super) fn is_target_url(url: &str) -> bool {
     url.len() <= 2048
         && url.bytes().all(|b| b.is_ascii_graphic())
         // The URL parser would read `https:///path` as the host `path`.

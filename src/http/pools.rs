@@ -28,6 +28,20 @@ pub async fn put_pool(
             "max_in_flight applies to least-in-flight pools only".to_owned(),
         ));
     }
+    // Checked here rather than when the configuration is read: the operator may change
+    // the minimum, and a stored pool must stay readable whatever it is now.
+    if let Some(source) = config
+        .sources
+        .iter()
+        .find(|source| source.interval_ms < state.source_min_interval_ms)
+    {
+        return Err(ApiError::InvalidRequest(format!(
+            "sources[].interval_ms is at least {} on this service ({} has {})",
+            state.source_min_interval_ms,
+            crate::checker::masked_url(&source.url),
+            source.interval_ms
+        )));
+    }
     let status = match state.store.put_pool(&pool, &config).await? {
         PutPool::Created => StatusCode::CREATED,
         PutPool::Updated => StatusCode::OK,

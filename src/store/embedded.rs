@@ -39,18 +39,20 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AssignRequest, Assignment, CHECK_CLAIM_HOLD, CheckRound, Cursor, DisableReport, Effect,
-    EnableReport, Health, LastCheck, Lease, MAX_PROBES_PER_ROUND, MemberPage, MemberState,
-    MemberView, PoolInfo, PoolPage, PoolStats, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN,
-    RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored, SWEEP_BATCH,
-    SWEEP_POOLS_PER_CALL, Seed, SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
+    AssignRequest, Assignment, CHECK_CLAIM_HOLD, CheckRound, ClaimedSource, Cursor, DisableReport,
+    Effect, EnableReport, FetchOutcome, Health, LastCheck, Lease, MAX_PROBES_PER_ROUND, MemberPage,
+    MemberState, MemberView, Origin, PRUNE_BATCH, PoolInfo, PoolPage, PoolStats, Pruned, PutPool,
+    RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
+    ReportSummary, Restored, SOURCE_CLAIM_HOLD, SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed,
+    SeedOrigin, SeedReport, SourceFetch, SourceState, StateFilter, Store, StoreError, StoreStatus,
+    Swept,
 };
 use crate::domain::{
     LabelFilter, LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId,
     RestorePolicy, Timestamp,
 };
 
-use self::codec::{MemberImage, PoolImage};
+use self::codec::{MemberImage, PoolImage, Provenance, SourceBook};
 use self::due::DueIndex;
 use self::journal::{Buffer, Disk};
 use super::chunks::{ChunkSizer, MemberChunks};
@@ -73,6 +75,8 @@ struct Inner {
     sweep_due: DueIndex,
     /// Pools with checks by when their next round is due: what the checker visits.
     checks_due: DueIndex,
+    /// Pools with sources by when their next fetch may be due: what the fetcher visits.
+    sources_due: DueIndex,
     /// With a data directory: records of whole operations not yet taken by the writer.
     journal: Option<Buffer>,
     /// Why every operation is refused from now on: the store was closed, or its disk
@@ -205,6 +209,21 @@ struct Pool {
     recovered: u64,
     /// Until when the last check round holds the pool.
     check_round_until: Option<Timestamp>,
+    /// Each source's schedule and last fetch, by URL. Not written to disk: after a
+    /// restart every source is due at once, which costs one fetch each (its count of
+    /// successful fetches is kept, in `book`).
+    sources: HashMap<String, SourceState>,
+    /// The ids given to sources and the current ones' successful fetches (on disk).
+    book: SourceBook,
+    /// Members' origins and pruning state; members with the default are absent.
+    provenance: HashMap<MemberId, Provenance>,
+    /// Members of sources by `(source id, last fetch that listed them)`, for pruning the
+    /// absent ones: what Redis's `seen` set holds.
+    seen_by: BTreeSet<(u64, u64, MemberId)>,
+    /// Members due for removal, by when they were last looked at.
+    prune_due: BTreeSet<(Timestamp, MemberId)>,
+    /// Members removed by the prune rules.
+    pruned: u64,
     /// What the operation under way changed (not part of the pool's state).
     changes: Changes,
 }
@@ -305,6 +324,12 @@ impl Pool {
             tripped: 0,
             recovered: 0,
             check_round_until: None,
+            sources: HashMap::new(),
+            book: SourceBook::default(),
+            provenance: HashMap::new(),
+            seen_by: BTreeSet::new(),
+            prune_due: BTreeSet::new(),
+            pruned: 0,
             changes: Changes::default(),
         }
     }
@@ -327,6 +352,65 @@ impl Pool {
             tripped: self.tripped,
             recovered: self.recovered,
             check_round_until: self.check_round_until,
+            pruned: self.pruned,
+            sources: Cow::Borrowed(&self.book),
+        }
+    }
+
+    fn provenance_of(&self, member: &MemberId) -> Provenance {
+        self.provenance.get(member).copied().unwrap_or_default()
+    }
+
+    /// Sets a member's provenance, keeping the two indexes over it in step.
+    fn set_provenance(&mut self, member: &MemberId, provenance: Provenance) {
+        let old = self.provenance_of(member);
+        if let (Some(id), Some(fetch)) = (old.origin, old.seen) {
+            self.seen_by.remove(&(id, fetch, member.clone()));
+        }
+        if let Some(at) = old.prune_due {
+            self.prune_due.remove(&(at, member.clone()));
+        }
+        if let (Some(id), Some(fetch)) = (provenance.origin, provenance.seen) {
+            self.seen_by.insert((id, fetch, member.clone()));
+        }
+        if let Some(at) = provenance.prune_due {
+            self.prune_due.insert((at, member.clone()));
+        }
+        if provenance == Provenance::default() {
+            self.provenance.remove(member);
+        } else {
+            self.provenance.insert(member.clone(), provenance);
+        }
+    }
+
+    /// Forgets a member entirely but its leases (see `forget` in `scripts/health.lua`);
+    /// whether it was a member.
+    fn forget(&mut self, member: &MemberId) -> bool {
+        self.drop_labels(member);
+        self.unplace(member);
+        let was_eligible = self.eligible.remove(member).is_some();
+        let was_ineligible = self.ineligible.remove(member).is_some();
+        self.taken_out.remove(member);
+        self.health.remove(member);
+        self.cancel_return(member);
+        self.checks.remove(member);
+        self.set_provenance(member, Provenance::default());
+        self.mark_member(member);
+        was_eligible || was_ineligible
+    }
+
+    /// A member's origin as listed.
+    fn origin_of(&self, member: &MemberId) -> Origin {
+        match self.provenance_of(member).origin {
+            None => Origin::Manual,
+            Some(0) => Origin::Import,
+            Some(id) => Origin::Source(
+                self.book
+                    .urls
+                    .get(&id)
+                    .cloned()
+                    .unwrap_or_else(|| format!("s{id}")),
+            ),
         }
     }
 
@@ -349,6 +433,7 @@ impl Pool {
             returns_at: self.return_at.get(member).copied(),
             last_check: self.checks.get(member).map(Cow::Borrowed),
             labels: Cow::Borrowed(self.labels.of.get(member).unwrap_or(&NO_LABELS)),
+            provenance: self.provenance_of(member),
         }
     }
 
@@ -543,6 +628,7 @@ impl Pool {
         };
         if check {
             self.mark_member(member);
+            self.count_check(member, report.result, now);
             self.checks.insert(
                 member.clone(),
                 LastCheck {
@@ -556,9 +642,92 @@ impl Pool {
         Some((effect, health.streak))
     }
 
+    /// Counts a check's result in the member's failed checks in a row, making it due for
+    /// removal once they reach `prune.after_failed_checks` (see `scripts/outcomes.lua`).
+    fn count_check(&mut self, member: &MemberId, result: OutcomeResult, now: Timestamp) {
+        let mut provenance = self.provenance_of(member);
+        if result == OutcomeResult::Ok {
+            provenance.check_fails = 0;
+        } else {
+            provenance.check_fails += 1;
+            let prune = self.config.prune.unwrap_or_default();
+            if prune
+                .after_failed_checks
+                .is_some_and(|n| provenance.check_fails >= n)
+                && (provenance.origin.is_some() || prune.manual)
+                && provenance.prune_due.is_none()
+            {
+                provenance.prune_due = Some(now);
+            }
+        }
+        self.set_provenance(member, provenance);
+    }
+
+    /// One batch of `prune.lua`'s rules.
+    fn prune(&mut self, absent: Option<(u64, u64)>, now: Timestamp) -> Pruned {
+        let batch = usize::try_from(PRUNE_BATCH).unwrap_or(usize::MAX);
+        let mut more = false;
+        if let Some((id, fetch)) = absent {
+            let first = (id, 0, MemberId::from_stored(String::new()));
+            let stale: Vec<MemberId> = self
+                .seen_by
+                .range(first..)
+                .take_while(|(i, f, _)| *i == id && *f <= fetch)
+                .take(batch)
+                .map(|(_, _, member)| member.clone())
+                .collect();
+            more = stale.len() == batch;
+            for member in &stale {
+                let mut provenance = self.provenance_of(member);
+                provenance.seen = None;
+                provenance.prune_due = provenance.prune_due.or(Some(now));
+                self.set_provenance(member, provenance);
+                self.mark_member(member);
+            }
+        }
+        let rules = self.config.prune.unwrap_or_default();
+        let due: Vec<MemberId> = self
+            .prune_due
+            .iter()
+            .take(batch)
+            .map(|(_, member)| member.clone())
+            .collect();
+        let mut removed = Vec::new();
+        for member in &due {
+            let mut provenance = self.provenance_of(member);
+            let by_checks = rules
+                .after_failed_checks
+                .is_some_and(|n| provenance.check_fails >= n)
+                && (provenance.origin.is_some() || rules.manual);
+            let by_absence = rules.absent_from_source_fetches.is_some()
+                && provenance.origin.is_some_and(|id| id > 0)
+                && provenance.seen.is_none();
+            if self.eligible.get(member).is_none() && self.ineligible.get(member).is_none() {
+                provenance.prune_due = None;
+                self.set_provenance(member, provenance);
+            } else if self.in_flight_of(member) > 0 {
+                provenance.prune_due = Some(now);
+                self.set_provenance(member, provenance);
+                self.mark_member(member);
+            } else if by_checks || by_absence {
+                self.forget(member);
+                self.pruned += 1;
+                self.changes.pool = true;
+                removed.push(member.clone());
+            } else {
+                provenance.prune_due = None;
+                self.set_provenance(member, provenance);
+                self.mark_member(member);
+            }
+        }
+        more |= !removed.is_empty() && due.len() == batch;
+        Pruned { removed, more }
+    }
+
     /// A member's health fields for a listing.
     fn with_health(&self, mut view: MemberView) -> MemberView {
         let health = self.health_of(&view.member);
+        view.origin = self.origin_of(&view.member);
         view.consecutive_failures = health.streak;
         view.last_cooldown_ms = (health.trips > 0).then_some(health.cooldown_ms);
         view.returns_at = self.return_at.get(&view.member).copied();
@@ -774,6 +943,7 @@ impl Pool {
                 abandoned: self.abandoned,
                 tripped: self.tripped,
                 recovered: self.recovered,
+                pruned: self.pruned,
             },
         }
     }
@@ -781,6 +951,7 @@ impl Pool {
     fn view_eligible(&self, member: &MemberId, assignments: u64) -> MemberView {
         self.with_health(MemberView {
             member: member.clone(),
+            origin: Origin::Manual,
             state: MemberState::Eligible,
             assignments,
             in_flight: self.in_flight_of(member),
@@ -802,6 +973,7 @@ impl Pool {
             .unzip();
         self.with_health(MemberView {
             member: member.clone(),
+            origin: Origin::Manual,
             state: MemberState::Ineligible,
             assignments,
             in_flight: self.in_flight_of(member),
@@ -855,6 +1027,9 @@ impl EmbeddedStore {
             inner.sweep_due.set(id, p.next_due());
             if p.config.health.check.is_some() {
                 inner.checks_due.set(id, Some(now));
+            }
+            if !p.config.sources.is_empty() {
+                inner.sources_due.set(id, Some(now));
             }
         }
         let inner = Arc::new(Mutex::new(inner));
@@ -1128,15 +1303,9 @@ impl Store for EmbeddedStore {
 
     async fn due_check_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError> {
         let mut inner = self.lock()?;
-        let now = Timestamp::now();
-        let hold = u64::try_from(CHECK_CLAIM_HOLD.as_millis()).unwrap_or(u64::MAX);
-        let due = inner.checks_due.take_due(now, limit);
-        for pool in &due {
-            inner
-                .checks_due
-                .set(pool, Some(Timestamp(now.0.saturating_add(hold))));
-        }
-        Ok(due)
+        Ok(inner
+            .checks_due
+            .take_due_holding(Timestamp::now(), limit, CHECK_CLAIM_HOLD))
     }
 
     async fn claim_check_round(
@@ -1180,6 +1349,129 @@ impl Store for EmbeddedStore {
         self.settle((round, end), Change::Counts).await
     }
 
+    async fn due_source_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError> {
+        let mut inner = self.lock()?;
+        Ok(inner
+            .sources_due
+            .take_due_holding(Timestamp::now(), limit, SOURCE_CLAIM_HOLD))
+    }
+
+    async fn claim_sources(
+        &self,
+        pool: &PoolId,
+        urls: &[String],
+        hold: Duration,
+    ) -> Result<Vec<ClaimedSource>, StoreError> {
+        let ((claimed, next), end) = self.with_pool(pool, |p, _| {
+            let now = Timestamp::now();
+            let hold = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX).max(1);
+            p.sources.retain(|url, _| urls.contains(url));
+            let book = &mut p.book;
+            let before = book.successes.len();
+            book.successes
+                .retain(|id, _| book.urls.get(id).is_some_and(|url| urls.contains(url)));
+            if book.successes.len() != before {
+                p.changes.pool = true;
+            }
+            let mut claimed = Vec::new();
+            let mut earliest: Option<Timestamp> = None;
+            for url in urls {
+                let id = match p.book.current_id(url) {
+                    Some(id) => id,
+                    None => {
+                        p.book.last_id += 1;
+                        let id = p.book.last_id;
+                        p.book.urls.insert(id, url.clone());
+                        p.book.successes.insert(id, 0);
+                        p.changes.pool = true;
+                        id
+                    }
+                };
+                let kept = p.book.successes.get(&id).copied().unwrap_or(0);
+                let state = p.sources.entry(url.clone()).or_insert(SourceState {
+                    next_fetch_at: Timestamp(0),
+                    failures: 0,
+                    successes: kept,
+                    last_fetch: None,
+                });
+                if state.next_fetch_at <= now {
+                    state.next_fetch_at = Timestamp(now.0.saturating_add(hold));
+                    claimed.push(ClaimedSource {
+                        url: url.clone(),
+                        failures: state.failures,
+                        successes: state.successes,
+                        id,
+                    });
+                }
+                earliest =
+                    Some(earliest.map_or(state.next_fetch_at, |e| e.min(state.next_fetch_at)));
+            }
+            (claimed, earliest)
+        })?;
+        {
+            let mut inner = self.lock()?;
+            // Only a pool still indexed: one whose sources were all removed stays out.
+            if inner.sources_due.get(pool).is_some() {
+                inner.sources_due.set(pool, next);
+            }
+        }
+        self.settle((claimed, end), Change::Counts).await
+    }
+
+    async fn record_source_fetch(
+        &self,
+        pool: &PoolId,
+        url: &str,
+        outcome: &FetchOutcome,
+        next_in: Duration,
+    ) -> Result<(), StoreError> {
+        let (next, end) = self.with_pool(pool, |p, _| {
+            let id = p.book.current_id(url);
+            let state = p.sources.get_mut(url)?;
+            let now = Timestamp::now();
+            match outcome {
+                FetchOutcome::Ok { .. } => {
+                    state.failures = 0;
+                    state.successes += 1;
+                    if let Some(kept) = id.and_then(|id| p.book.successes.get_mut(&id)) {
+                        *kept = state.successes;
+                        p.changes.pool = true;
+                    }
+                }
+                FetchOutcome::Failed { .. } => state.failures += 1,
+            }
+            let millis = u64::try_from(next_in.as_millis()).unwrap_or(u64::MAX);
+            state.next_fetch_at = Timestamp(now.0.saturating_add(millis));
+            state.last_fetch = Some(SourceFetch {
+                at: now,
+                outcome: outcome.clone(),
+            });
+            Some(state.next_fetch_at)
+        })?;
+        if let Some(next) = next {
+            let mut inner = self.lock()?;
+            // Lowered only, as on Redis: another source may be due sooner.
+            if let Some(at) = inner.sources_due.get(pool)
+                && next < at
+            {
+                inner.sources_due.set(pool, Some(next));
+            }
+        }
+        self.settle(((), end), Change::Counts).await
+    }
+
+    async fn source_states(
+        &self,
+        pool: &PoolId,
+    ) -> Result<HashMap<String, SourceState>, StoreError> {
+        Ok(self.with_pool(pool, |p, _| p.sources.clone())?.0)
+    }
+
+    async fn prune(&self, pool: &PoolId, absent: Option<(u64, u64)>) -> Result<Pruned, StoreError> {
+        let answer = self.with_pool(pool, |p, _| p.prune(absent, Timestamp::now()))?;
+        self.settle(answer, Change::Durable).await
+    }
+
     async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError> {
         let answer = {
             let mut inner = self.lock()?;
@@ -1187,6 +1479,7 @@ impl Store for EmbeddedStore {
                 pools,
                 journal,
                 checks_due,
+                sources_due,
                 ..
             } = &mut *inner;
             let put = if let Some(existing) = pools.get_mut(pool) {
@@ -1206,6 +1499,9 @@ impl Store for EmbeddedStore {
             // A pool with checks is due for a round now; one without leaves the index.
             let round = config.health.check.as_ref().map(|_| Timestamp::now());
             checks_due.set(pool, round);
+            // Likewise for sources: those not due yet are left alone by their claim.
+            let fetch = (!config.sources.is_empty()).then(Timestamp::now);
+            sources_due.set(pool, fetch);
             (put, end)
         };
         self.settle(answer, Change::Durable).await
@@ -1253,6 +1549,7 @@ impl Store for EmbeddedStore {
             let removed = inner.pools.remove(pool).ok_or(StoreError::PoolNotFound)?;
             inner.sweep_due.set(pool, None);
             inner.checks_due.set(pool, None);
+            inner.sources_due.set(pool, None);
             let end = inner.journal.as_mut().map(|journal| {
                 journal.pool_deleted(pool);
                 journal.end()
@@ -1302,6 +1599,17 @@ impl Store for EmbeddedStore {
                             p.set_labels(member, labels.clone());
                             p.mark_member(member);
                         }
+                        // Seen again by its own source: no longer absent.
+                        if let SeedOrigin::Source { id, fetch } = seed.origin
+                            && !seed.dry_run
+                        {
+                            let mut provenance = p.provenance_of(member);
+                            if provenance.origin == Some(id) {
+                                provenance.seen = Some(fetch);
+                                p.set_provenance(member, provenance);
+                                p.mark_member(member);
+                            }
+                        }
                         report.existing.push(member.clone());
                     } else if max.is_some_and(|max| size >= max) {
                         report.full.push(member.clone());
@@ -1312,6 +1620,19 @@ impl Store for EmbeddedStore {
                             if let Some(labels) = seed.labels.get(member) {
                                 p.set_labels(member, labels.clone());
                             }
+                            let (origin, seen) = match seed.origin {
+                                SeedOrigin::Manual => (None, None),
+                                SeedOrigin::Import => (Some(0), None),
+                                SeedOrigin::Source { id, fetch } => (Some(id), Some(fetch)),
+                            };
+                            p.set_provenance(
+                                member,
+                                Provenance {
+                                    origin,
+                                    seen,
+                                    ..Provenance::default()
+                                },
+                            );
                             p.mark_member(member);
                         } else {
                             pending_adds += 1;
@@ -1445,16 +1766,7 @@ impl Store for EmbeddedStore {
                     p.end_lease(id);
                 }
                 for member in chunk {
-                    p.drop_labels(member);
-                    p.unplace(member);
-                    let was_eligible = p.eligible.remove(member).is_some();
-                    let was_ineligible = p.ineligible.remove(member).is_some();
-                    p.taken_out.remove(member);
-                    p.health.remove(member);
-                    p.cancel_return(member);
-                    p.checks.remove(member);
-                    if was_eligible || was_ineligible {
-                        p.mark_member(member);
+                    if p.forget(member) {
                         report.removed.push(member.clone());
                     } else {
                         report.unknown.push(member.clone());

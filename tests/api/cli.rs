@@ -168,6 +168,7 @@ async fn pools_create_show_list_and_delete_print_what_they_did_and_exit_zero() {
              max_assignments                  7\n\
              total_assignments                0\n\
              abandoned                        0\n\
+             pruned                           0\n\
              recovered                        0\n\
              tripped                          0\n"
         ))
@@ -814,4 +815,79 @@ async fn pools_list_follows_every_page_of_the_pool_listing() {
         1 + 1_001,
         "a header and a line a pool"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_create_takes_sources_and_prune_flags_and_pools_sources_shows_the_last_fetch() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    let server = crate::sources::ListServer::start("p1.example.net:3128\nnot a proxy\n").await;
+    let created = run(
+        &app,
+        &[
+            "pools",
+            "create",
+            "listed",
+            "--source",
+            &server.url,
+            "--source-interval-ms",
+            "60000",
+            "--allow-private-sources",
+            "--prune-absent-from-source-fetches",
+            "3",
+        ],
+    )
+    .await;
+    assert_eq!((created.code, created.stderr.as_str()), (0, ""));
+    let (_, info) = app.get("/pools/listed").await;
+    assert_eq!(
+        (
+            &info["config"]["sources"],
+            &info["config"]["prune"],
+            &info["config"]["rules"]["allow_private_sources"]
+        ),
+        (
+            &json!([{"url": server.url, "interval_ms": 60000, "format": "lines", "default_scheme": "http"}]),
+            &json!({"absent_from_source_fetches": 3, "manual": false}),
+            &json!(true)
+        )
+    );
+    let fetched = crate::sources::await_source(&app, "listed", crate::sources::fetched(1)).await;
+    let at = fetched["last_fetch"]["at"].as_str().expect("a time");
+    let shown = run(&app, &["pools", "sources", "listed"]).await;
+    assert_eq!((shown.code, shown.stderr.as_str()), (0, ""));
+    let cells: Vec<Vec<&str>> = shown
+        .stdout
+        .lines()
+        .map(|line| line.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        cells,
+        [
+            vec![
+                "URL",
+                "INTERVAL_MS",
+                "FETCHED",
+                "FAILURES",
+                "LAST_FETCH",
+                "OUTCOME",
+                "ADDED",
+                "EXISTING",
+                "REJECTED",
+                "ERROR"
+            ],
+            vec![
+                server.url.as_str(),
+                "60000",
+                "1",
+                "0",
+                at,
+                "ok",
+                "1",
+                "0",
+                "1",
+                "-"
+            ],
+        ]
+    );
+    app.stop().await;
 }

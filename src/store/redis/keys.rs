@@ -21,12 +21,18 @@
 //! | `<prefix>:{<pool>}:labels` | hash | member -> its labels, `key=value` lines (absent when none) |
 //! | `<prefix>:{<pool>}:by_label` | sorted set | eligible members' labels in the choosing order (see `scripts/labels.lua`) |
 //! | `<prefix>:{<pool>}:label_members` | sorted set | every member's labels, `key=value` NUL member, for listings |
+//! | `<prefix>:{<pool>}:origins` | hash | member -> `i` (imported) or `s<id>` (added by the source with that id); absent: added by hand |
+//! | `<prefix>:{<pool>}:seen` | sorted set | member added by a source -> `id * 2^32 + n`, n the source's last fetch that listed it (see `prune.lua`) |
+//! | `<prefix>:{<pool>}:check_fails` | hash | member -> active checks failed in a row (absent when 0) |
+//! | `<prefix>:{<pool>}:prune` | sorted set | member due for removal -> when it was last looked at (ms, Redis clock) |
+//! | `<prefix>:{<pool>}:sources` | hash | per source URL: `n:<url>` -> `"<next_ms> <failures> <successes> <id>"`, `l:<url>` -> `"<at_ms> <outcome JSON>"`, its last fetch; per id ever given, `u:<id>` -> its URL (kept for the origins of its members) |
 //! | `<prefix>:{<pool>}:gone:<token>:<part>` | as its part | a deleted pool's key, renamed out of the way by `delete_pool.lua` and unlinked right after (see `operations.rs`) |
 //! | `<prefix>:pool_ids` | sorted set | the registry: pool ids, all at score 0 so that they sort by id (listing pages, prefix search, the safety net's walk); updated outside the pool scripts because it lives in another slot |
 //! | `<prefix>:pools` | set | the registry of earlier versions: copied into `pool_ids` and removed when a replica starts |
 //! | `{<prefix>:pool_ids}:walk` | hash | the safety net's walk, shared by every replica: `last` pool handed out, `next` turn (ms, Redis clock); in the registry's hash slot (its tag is the registry key) |
 //! | `<prefix>:due` | sorted set | the sweep's due index: pool id -> when its next lease expires or member returns (ms, Redis clock), never later |
 //! | `<prefix>:checks_due` | sorted set | the check index: pool id -> when its next check round is due (ms, Redis clock) |
+//! | `<prefix>:sources_due` | sorted set | the source index: pool id -> when its next source fetch may be due (ms, Redis clock), never later |
 //!
 //! # The due index
 //! Background work finds pools through the two indexes instead of reading every pool, so an
@@ -61,6 +67,12 @@
 //!   (`claim_due.lua`), and once a round is claimed (or found held by another replica) sets
 //!   the entry to when the next one may start (`ZADD XX`, so a pool whose checks were
 //!   switched off meanwhile is not put back).
+//! - `<prefix>:sources_due` follows the same rules for sources: "due now" on a `PUT` with
+//!   sources, cleared by one without (and by a delete); the fetcher takes due pools with a
+//!   hold, `claim_sources.lua` answers the pool's earliest next fetch (`ZADD XX`), and the
+//!   end of a fetch lowers the entry to that source's next fetch (`ZADD LT`). An entry may
+//!   be early (the next visit claims nothing and moves it); one written late by a claim
+//!   racing another replica's end of fetch is late by at most the claim's hold.
 
 use redis::{RedisWrite, ToRedisArgs};
 
@@ -69,7 +81,7 @@ use crate::domain::PoolId;
 
 /// Every key of a pool, in the order of `KEYS` in every pool script (see `labels.lua`,
 /// `leases.lua` and `health.lua`).
-pub(super) const POOL_KEY_PARTS: [&str; 15] = [
+pub(super) const POOL_KEY_PARTS: [&str; 20] = [
     "meta",
     "eligible",
     "ineligible",
@@ -85,6 +97,11 @@ pub(super) const POOL_KEY_PARTS: [&str; 15] = [
     "labels",
     "by_label",
     "label_members",
+    "sources",
+    "origins",
+    "seen",
+    "check_fails",
+    "prune",
 ];
 
 /// The keys `pool_info.lua` is given: the first eight of [`POOL_KEY_PARTS`], which hold the
@@ -189,5 +206,10 @@ impl RedisStore {
     /// The check rounds' due index.
     pub(super) fn checks_due_key(&self) -> String {
         format!("{}:checks_due", self.prefix)
+    }
+
+    /// The sources' due index.
+    pub(super) fn sources_due_key(&self) -> String {
+        format!("{}:sources_due", self.prefix)
     }
 }

@@ -9,18 +9,19 @@ use redis::{Script, Value};
 use super::RedisStore;
 use super::keys::POOL_INFO_KEY_PARTS;
 use super::reply::{
-    self, AssignReply, ClaimCheckReply, ClaimDueReply, DeletePoolReply, DisableOutcome,
-    DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply, PoolInfoReply,
-    PutPoolReply, ReleaseReply, RemoveReply, RenewReply, SeedOutcome, SeedReply, SweepReply,
-    WalkReply,
+    self, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply, DeletePoolReply,
+    DisableOutcome, DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply,
+    PoolInfoReply, PruneReply, PutPoolReply, RecordSourceReply, ReleaseReply, RemoveReply,
+    RenewReply, SeedOutcome, SeedReply, SourceStatesReply, SweepReply, WalkReply,
 };
 use crate::domain::{LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy};
 use crate::store::{
-    AssignRequest, Assignment, CheckRound, Cursor, DisableReport, EnableReport, Lease,
-    MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PoolInfo, PoolPage,
-    PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
-    ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed,
-    SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
+    AssignRequest, Assignment, CheckRound, ClaimedSource, Cursor, DisableReport, EnableReport,
+    FetchOutcome, Lease, MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage,
+    PRUNE_BATCH, PoolInfo, PoolPage, Pruned, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN,
+    RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored,
+    SAFETY_NET_POOLS_PER_SWEEP, SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport,
+    SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
@@ -43,6 +44,12 @@ const MAX_SWEEP_STEPS: u64 = 64;
 /// Most pools one take from the sweep's due index hands out; a sweep takes again while
 /// takes come back full, up to [`SWEEP_POOLS_PER_CALL`].
 const DUE_TAKE: usize = 512;
+
+/// A source member's place in the seen set (see `prune.lua`): the source's id, then the
+/// fetch that last listed it, in one score exact in a double (ids below 2^21).
+fn seen_place(id: u64, fetch: u64) -> String {
+    (id.saturating_mul(1 << 32) + fetch.min((1 << 32) - 1)).to_string()
+}
 
 impl RedisStore {
     /// Takes up to `limit` due pools from the index at `key`, holding them for `hold`
@@ -90,17 +97,23 @@ impl RedisStore {
 
     /// One step of the safety net: the next [`SAFETY_NET_POOLS_PER_SWEEP`] pools of the
     /// registry are swept (which writes their exact `due` and puts them into the due index)
-    /// and, when they have checks, put into the check index unless they are there already.
+    /// and, when they have checks or sources, put into the check or source index unless
+    /// they are there already.
     async fn safety_net(&self) -> Result<Swept, StoreError> {
         let pools = self.next_walked_pools().await?;
         let mut swept = Swept::default();
         for pool in pools {
             swept = swept + self.sweep_pool(&pool).await?;
             match self.pool(&pool).await {
-                Ok(info) if info.config.health.check.is_some() => {
-                    self.index(&self.checks_due_key(), "NX", &pool, 0).await?;
+                Ok(info) => {
+                    if info.config.health.check.is_some() {
+                        self.index(&self.checks_due_key(), "NX", &pool, 0).await?;
+                    }
+                    if !info.config.sources.is_empty() {
+                        self.index(&self.sources_due_key(), "NX", &pool, 0).await?;
+                    }
                 }
-                Ok(_) | Err(StoreError::PoolNotFound) => {}
+                Err(StoreError::PoolNotFound) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -272,12 +285,19 @@ impl RedisStore {
         } else {
             Vec::new()
         };
-        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() * 2 + 5);
+        let (origin, seen) = match seed.origin {
+            SeedOrigin::Manual => (String::new(), String::new()),
+            SeedOrigin::Import => ("i".to_owned(), String::new()),
+            SeedOrigin::Source { id, fetch } => (format!("s{id}"), seen_place(id, fetch)),
+        };
+        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() * 2 + 7);
         args.push(start.as_bytes());
         args.push(flag(seed.reset));
         args.push(flag(seed.dry_run));
         args.push(pending.as_bytes());
         args.push(flag(labelled));
+        args.push(origin.as_bytes());
+        args.push(seen.as_bytes());
         if labelled {
             for (member, text) in members.iter().zip(&texts) {
                 args.push(member.as_str().as_bytes());
@@ -524,6 +544,80 @@ impl Store for RedisStore {
         Ok(round)
     }
 
+    async fn due_source_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError> {
+        self.take_due(
+            &self.sources_due_key(),
+            limit,
+            crate::store::SOURCE_CLAIM_HOLD,
+        )
+        .await
+    }
+
+    async fn claim_sources(
+        &self,
+        pool: &PoolId,
+        urls: &[String],
+        hold: Duration,
+    ) -> Result<Vec<ClaimedSource>, StoreError> {
+        let hold = hold.as_millis().max(1).to_string();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(urls.len() + 1);
+        args.push(hold.as_bytes());
+        args.extend(urls.iter().map(|url| url.as_bytes()));
+        let value = self.eval(&self.scripts.claim_sources, pool, &args).await?;
+        let ClaimSourcesReply { claimed, next } = ClaimSourcesReply::decode(value)?;
+        // `XX`: a pool whose sources were all removed since it was taken stays out.
+        match next {
+            Some(next) => {
+                self.index(&self.sources_due_key(), "XX", pool, next)
+                    .await?
+            }
+            None => self.unindex(&self.sources_due_key(), pool).await?,
+        }
+        Ok(claimed)
+    }
+
+    async fn record_source_fetch(
+        &self,
+        pool: &PoolId,
+        url: &str,
+        outcome: &FetchOutcome,
+        next_in: Duration,
+    ) -> Result<(), StoreError> {
+        let json = serde_json::to_vec(outcome).map_err(|e| StoreError::Unavailable(Box::new(e)))?;
+        let ok: &[u8] = match outcome {
+            FetchOutcome::Ok { .. } => b"1",
+            FetchOutcome::Failed { .. } => b"0",
+        };
+        let next_in = next_in.as_millis().to_string();
+        let args: [&[u8]; 4] = [url.as_bytes(), ok, next_in.as_bytes(), &json];
+        let value = self.eval(&self.scripts.record_source, pool, &args).await?;
+        // `LT`: an earlier entry (another source due sooner) stays.
+        if let RecordSourceReply(Some(next)) = RecordSourceReply::decode(value)? {
+            self.index(&self.sources_due_key(), "LT", pool, next)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn source_states(
+        &self,
+        pool: &PoolId,
+    ) -> Result<std::collections::HashMap<String, SourceState>, StoreError> {
+        let value = self.eval(&self.scripts.source_states, pool, &[]).await?;
+        SourceStatesReply::decode(value).map(|SourceStatesReply(states)| states)
+    }
+
+    async fn prune(&self, pool: &PoolId, absent: Option<(u64, u64)>) -> Result<Pruned, StoreError> {
+        let batch = PRUNE_BATCH.to_string();
+        let (low, high) = match absent {
+            Some((id, fetch)) => (seen_place(id, 0), seen_place(id, fetch)),
+            None => (String::new(), String::new()),
+        };
+        let args: [&[u8]; 3] = [batch.as_bytes(), low.as_bytes(), high.as_bytes()];
+        let value = self.eval(&self.scripts.prune, pool, &args).await?;
+        PruneReply::decode(value).map(|PruneReply(pruned)| pruned)
+    }
+
     async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError> {
         let json = serde_json::to_vec(config).map_err(|e| StoreError::Unavailable(Box::new(e)))?;
         let start = config
@@ -541,7 +635,11 @@ impl Store for RedisStore {
             .map(|n| n.to_string())
             .unwrap_or_default();
         let health = config.health.script_arg();
-        let args: [&[u8]; 8] = [
+        let prune = config
+            .prune
+            .map(|prune| prune.script_arg())
+            .unwrap_or_default();
+        let args: [&[u8]; 9] = [
             &json,
             config.restore.as_str().as_bytes(),
             start.as_bytes(),
@@ -550,6 +648,7 @@ impl Store for RedisStore {
             cap.as_bytes(),
             max.as_bytes(),
             health.as_bytes(),
+            prune.as_bytes(),
         ];
         let value = self.eval(&self.scripts.put_pool, pool, &args).await?;
         let created = match PutPoolReply::decode(value)? {
@@ -570,6 +669,12 @@ impl Store for RedisStore {
             self.index(&self.checks_due_key(), "LT", pool, 0).await?;
         } else {
             self.unindex(&self.checks_due_key(), pool).await?;
+        }
+        // Likewise for sources: those not due yet are left alone by their claim.
+        if config.sources.is_empty() {
+            self.unindex(&self.sources_due_key(), pool).await?;
+        } else {
+            self.index(&self.sources_due_key(), "LT", pool, 0).await?;
         }
         Ok(if created {
             PutPool::Created
@@ -632,6 +737,7 @@ impl Store for RedisStore {
         self.command(zrem).await?;
         // Its entry in the sweep's index goes at its next sweep, which finds no pool.
         self.unindex(&self.checks_due_key(), pool).await?;
+        self.unindex(&self.sources_due_key(), pool).await?;
         let DeletePoolReply { graveyard } = DeletePoolReply::decode(value)?;
         let graveyard = graveyard.ok_or(StoreError::PoolNotFound)?;
         if !graveyard.is_empty() {

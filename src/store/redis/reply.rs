@@ -21,8 +21,8 @@ use crate::domain::{
     Labels, LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId, RestorePolicy, Timestamp,
 };
 use crate::store::{
-    CheckRound, Effect, Health, LastCheck, MemberState, MemberView, PoolInfo, PoolStats,
-    StoreError, Swept,
+    CheckRound, ClaimedSource, Effect, FetchOutcome, Health, LastCheck, MemberState, MemberView,
+    Origin, PoolInfo, PoolStats, Pruned, SourceFetch, SourceState, StoreError, Swept,
 };
 
 /// A reply of a shape its script never returns: the script and this decoder disagree.
@@ -254,7 +254,7 @@ impl PoolInfoReply {
     }
 
     /// Decodes `{-1}` or `{1, config, created_ms, total_assignments, eligible, ineligible,
-    /// min_assignments, max_assignments, in_flight, abandoned, tripped, recovered}`.
+    /// min_assignments, max_assignments, in_flight, abandoned, tripped, recovered, pruned}`.
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
         decode("pool_info.lua", value, |value| {
             let mut items = Items::of_pool(value)?;
@@ -272,6 +272,7 @@ impl PoolInfoReply {
                 abandoned: items.optional_count()?.unwrap_or(0),
                 tripped: items.optional_count()?.unwrap_or(0),
                 recovered: items.optional_count()?.unwrap_or(0),
+                pruned: items.optional_count()?.unwrap_or(0),
             };
             items.end()?;
             Ok(Self {
@@ -414,6 +415,7 @@ fn member_views(page: Value, state: MemberState) -> Read<Vec<MemberView>> {
         .transpose()?;
     let mut checks = column(page.field("checks")?, size)?;
     let mut labels = column(page.field("labels")?, size)?;
+    let mut origins = column(page.field("origins")?, size)?;
     page.end()?;
     let mut views = Vec::with_capacity(size);
     let mut pairs = pairs.into_iter();
@@ -431,6 +433,13 @@ fn member_views(page: Value, state: MemberState) -> Read<Vec<MemberView>> {
         };
         views.push(MemberView {
             member: MemberId::from_stored(string(member)?),
+            origin: match next(&mut origins) {
+                Value::Nil => Origin::Manual,
+                text => match string(text)? {
+                    text if text == "import" => Origin::Import,
+                    url => Origin::Source(url),
+                },
+            },
             state,
             assignments: count(&assignments)?,
             in_flight: optional_count(&next(&mut in_flight))?.unwrap_or(0),
@@ -779,6 +788,147 @@ impl ClaimCheckReply {
             };
             items.end()?;
             Ok(Self { round, next_round })
+        })
+    }
+}
+
+/// `claim_sources.lua`: the sources this replica claimed, and the pool's earliest next
+/// fetch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ClaimSourcesReply {
+    /// The sources claimed.
+    pub(super) claimed: Vec<ClaimedSource>,
+    /// The earliest next fetch among the pool's sources (ms, Redis clock; none without
+    /// sources).
+    pub(super) next: Option<u64>,
+}
+
+impl ClaimSourcesReply {
+    /// Decodes `{-1}` or `{1, next, {url, failures, successes, id, ...}}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("claim_sources.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let next = items.due_time()?;
+            let flat = array(items.next()?)?;
+            if flat.len() % 4 != 0 {
+                return Err("claimed sources come in fours".into());
+            }
+            let mut claimed = Vec::with_capacity(flat.len() / 4);
+            let mut flat = flat.into_iter();
+            while let (Some(url), Some(failures), Some(successes), Some(id)) =
+                (flat.next(), flat.next(), flat.next(), flat.next())
+            {
+                claimed.push(ClaimedSource {
+                    url: string(url)?,
+                    failures: count(&failures)?,
+                    successes: count(&successes)?,
+                    id: count(&id)?,
+                });
+            }
+            items.end()?;
+            Ok(Self { claimed, next })
+        })
+    }
+}
+
+/// `record_source.lua`: the source's next fetch, or `None` when it is no longer kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct RecordSourceReply(pub(super) Option<u64>);
+
+impl RecordSourceReply {
+    /// Decodes `{-1}`, `{0}` or `{1, next}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("record_source.lua", value, |value| {
+            let mut items = Items::new(value)?;
+            let next = match items.int()? {
+                -1 => return Err(Problem::NoPool),
+                0 => None,
+                1 => Some(items.count()?),
+                _ => return Err("unknown status".into()),
+            };
+            items.end()?;
+            Ok(Self(next))
+        })
+    }
+}
+
+/// `source_states.lua`: what is kept about each source, by URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct SourceStatesReply(pub(super) std::collections::HashMap<String, SourceState>);
+
+impl SourceStatesReply {
+    /// Decodes `{-1}` or `{1, {field, value, ...}}`, the fields being `n:<url>` (schedule
+    /// and counts) and `l:<url>` (last fetch), see `keys.rs`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("source_states.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let flat = array(items.next()?)?;
+            items.end()?;
+            let mut states = std::collections::HashMap::new();
+            let mut lasts = Vec::new();
+            let mut flat = flat.into_iter();
+            while let (Some(field), Some(text)) = (flat.next(), flat.next()) {
+                let (field, text) = (string(field)?, string(text)?);
+                if let Some(url) = field.strip_prefix("n:") {
+                    let numbers: Vec<u64> = text
+                        .split(' ')
+                        .map(|n| n.parse().map_err(|_| "a source's numbers"))
+                        .collect::<Result<_, _>>()?;
+                    let [next, failures, successes, _id] = numbers[..] else {
+                        return Err("a source's numbers are four".into());
+                    };
+                    states.insert(
+                        url.to_owned(),
+                        SourceState {
+                            next_fetch_at: Timestamp(next),
+                            failures,
+                            successes,
+                            last_fetch: None,
+                        },
+                    );
+                } else if let Some(url) = field.strip_prefix("l:") {
+                    let (at, json) = text.split_once(' ').ok_or("a last fetch has a time")?;
+                    let at = at.parse().map_err(|_| "a last fetch's time")?;
+                    let outcome: FetchOutcome =
+                        serde_json::from_str(json).map_err(|_| "a last fetch's outcome")?;
+                    lasts.push((
+                        url.to_owned(),
+                        SourceFetch {
+                            at: Timestamp(at),
+                            outcome,
+                        },
+                    ));
+                } else if !field.starts_with("u:") {
+                    return Err("an unknown source field".into());
+                }
+            }
+            for (url, last) in lasts {
+                if let Some(state) = states.get_mut(&url) {
+                    state.last_fetch = Some(last);
+                }
+            }
+            Ok(Self(states))
+        })
+    }
+}
+
+/// `prune.lua`: the members removed, and whether a batch was full.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct PruneReply(pub(super) Pruned);
+
+impl PruneReply {
+    /// Decodes `{-1}` or `{1, {member, ...}, more}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("prune.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let removed = members(items.next()?)?;
+            let more = match items.int()? {
+                0 => false,
+                1 => true,
+                _ => return Err("more is 0 or 1".into()),
+            };
+            items.end()?;
+            Ok(Self(Pruned { removed, more }))
         })
     }
 }

@@ -20,9 +20,10 @@ mod redis_server;
 
 use self::redis_server::RedisServer;
 use super::reply::{
-    AssignReply, ClaimCheckReply, ClaimDueReply, DeletePoolReply, DisableOutcome, DisableReply,
-    EnableOutcome, EnableReply, MembersReply, OutcomesReply, PoolInfoReply, ReleaseReply,
-    RemoveReply, RenewReply, Renewal, SeedOutcome, SeedReply, SweepReply, WalkReply,
+    AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply, DeletePoolReply,
+    DisableOutcome, DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply,
+    PoolInfoReply, PruneReply, RecordSourceReply, ReleaseReply, RemoveReply, RenewReply, Renewal,
+    SeedOutcome, SeedReply, SourceStatesReply, SweepReply, WalkReply,
 };
 use super::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
@@ -30,8 +31,9 @@ use crate::domain::{
     RestorePolicy, Timestamp,
 };
 use crate::store::{
-    CheckRound, Effect, LastCheck, MemberState, MemberView, PoolStats, PutPool, Report,
-    ReportSource, Seed, Store, StoreError, Swept,
+    CheckRound, ClaimedSource, Effect, FetchOutcome, ImportCounts, LastCheck, MemberState,
+    MemberView, Origin, PoolStats, Pruned, PutPool, Report, ReportSource, Seed, SourceFetch,
+    SourceState, Store, StoreError, Swept,
 };
 
 const PREFIX: &str = "replies";
@@ -197,6 +199,10 @@ async fn every_script_s_replies_decode_from_a_real_redis() {
             "outcomes" => outcomes(&redis).await,
             "claim_check" => claim_check(&redis).await,
             "claim_due" => claim_due(&redis).await,
+            "claim_sources" => claim_sources(&redis).await,
+            "record_source" => record_source(&redis).await,
+            "source_states" => source_states(&redis).await,
+            "prune" => prune(&redis).await,
             "walk" => walk(&redis).await,
             other => panic!("{other}.lua has no reply test: add its case to this match"),
         }
@@ -247,6 +253,8 @@ async fn assign(redis: &TestRedis) {
                 "0",
                 "0",
                 "1",
+                "",
+                "",
                 "x",
                 "country=de",
                 "y",
@@ -384,6 +392,7 @@ async fn pool_info(redis: &TestRedis) {
                 abandoned: 0,
                 tripped: 0,
                 recovered: 0,
+                pruned: 0,
             },
         }
     );
@@ -408,6 +417,8 @@ async fn pool_info(redis: &TestRedis) {
             "5",
             "recovered",
             "6",
+            "pruned",
+            "7",
         ])
         .await;
     let expiry = TestRedis::key(&id, "lease_expiry");
@@ -430,6 +441,7 @@ async fn pool_info(redis: &TestRedis) {
                 abandoned: 4,
                 tripped: 5,
                 recovered: 6,
+                pruned: 7,
             },
         }
     );
@@ -475,13 +487,16 @@ async fn seed(redis: &TestRedis) {
     let id = pool("seed");
     let run = |args: &'static [&'static str]| redis.eval("seed", &id, args);
     assert_pool_not_found(SeedReply::decode(
-        run(&["", "0", "0", "0", "0", "a"]).await,
+        run(&["", "0", "0", "0", "0", "", "", "a"]).await,
         1,
     ));
     let mut config = PoolConfig::default();
     config.rules.max_members = Some(2);
     redis.create(&id, config).await;
-    let first = SeedReply::decode(run(&["", "0", "0", "0", "0", "a", "b", "c"]).await, 3);
+    let first = SeedReply::decode(
+        run(&["", "0", "0", "0", "0", "", "", "a", "b", "c"]).await,
+        3,
+    );
     assert_eq!(
         first.expect("decodes"),
         SeedReply {
@@ -489,7 +504,7 @@ async fn seed(redis: &TestRedis) {
             outcomes: vec![SeedOutcome::Added, SeedOutcome::Added, SeedOutcome::Full],
         }
     );
-    let second = SeedReply::decode(run(&["4", "0", "0", "0", "0", "a", "d"]).await, 2);
+    let second = SeedReply::decode(run(&["4", "0", "0", "0", "0", "", "", "a", "d"]).await, 2);
     assert_eq!(
         second.expect("decodes"),
         SeedReply {
@@ -498,7 +513,20 @@ async fn seed(redis: &TestRedis) {
         }
     );
     // Labels follow each member: replaced on `a`, kept (`~`) on `b`.
-    let labelled = run(&["", "0", "0", "0", "1", "a", "country=de\ntier=a", "b", "~"]).await;
+    let labelled = run(&[
+        "",
+        "0",
+        "0",
+        "0",
+        "1",
+        "",
+        "",
+        "a",
+        "country=de\ntier=a",
+        "b",
+        "~",
+    ])
+    .await;
     assert_eq!(
         SeedReply::decode(labelled, 2).expect("decodes"),
         SeedReply {
@@ -531,6 +559,13 @@ async fn members(redis: &TestRedis) {
         .await;
     redis.seed(&id, &["a"], 0).await;
     redis.seed(&id, &["b", "c", "d"], 3).await;
+    // Origins: `b` imported, `d` from the source with id 4 (whose URL the sources hash keeps).
+    let () = redis
+        .side(&["HSET", &TestRedis::key(&id, "origins"), "b", "i", "d", "s4"])
+        .await;
+    let () = redis
+        .side(&["HSET", &TestRedis::key(&id, "sources"), "u:4", LIST_A])
+        .await;
     let before = redis.now_ms().await;
     run_assign(redis, &id, "lease-1", "").await;
     redis
@@ -572,6 +607,7 @@ async fn members(redis: &TestRedis) {
     assert_eq!(d_returns, Timestamp(d_since.0 + 60_000));
     let view = |member_id: &str, state, assignments| MemberView {
         member: member(member_id),
+        origin: Origin::Manual,
         state,
         assignments,
         in_flight: 0,
@@ -599,6 +635,7 @@ async fn members(redis: &TestRedis) {
                 },
                 MemberView {
                     consecutive_failures: 1,
+                    origin: Origin::Import,
                     ..view("b", MemberState::Eligible, 3)
                 },
             ],
@@ -614,6 +651,7 @@ async fn members(redis: &TestRedis) {
                     consecutive_failures: 2,
                     last_cooldown_ms: Some(60_000),
                     returns_at: Some(d_returns),
+                    origin: Origin::Source(LIST_A.to_owned()),
                     ..view("d", MemberState::Ineligible, 3)
                 },
             ],
@@ -629,7 +667,7 @@ async fn members(redis: &TestRedis) {
         .eval(
             "seed",
             &id,
-            &["", "0", "0", "0", "1", "a", "tier=a", "c", "tier=a"],
+            &["", "0", "0", "0", "1", "", "", "a", "tier=a", "c", "tier=a"],
         )
         .await;
     let filtered = MembersReply::decode(page(&["0", "0", "1", "1", "1", "100", "tier a"]).await)
@@ -892,6 +930,143 @@ async fn claim_check(redis: &TestRedis) {
         "{} against {}",
         taken.next_round,
         claimed.next_round
+    );
+}
+
+const LIST_A: &str = "http://lists.example/a";
+const LIST_B: &str = "http://lists.example/b";
+
+async fn claim_sources(redis: &TestRedis) {
+    let id = pool("claim-sources");
+    let run = || redis.eval("claim_sources", &id, &["60000", LIST_A, LIST_B]);
+    assert_pool_not_found(ClaimSourcesReply::decode(run().await));
+    redis.create(&id, PoolConfig::default()).await;
+    let before = redis.now_ms().await;
+    let first = ClaimSourcesReply::decode(run().await).expect("decodes");
+    let after = redis.now_ms().await;
+    let fresh = |url: &str, id| ClaimedSource {
+        url: url.to_owned(),
+        failures: 0,
+        successes: 0,
+        id,
+    };
+    assert_eq!(first.claimed, [fresh(LIST_A, 1), fresh(LIST_B, 2)]);
+    let next = first.next.expect("a next fetch");
+    assert!((before + 60_000..=after + 60_000).contains(&next), "{next}");
+    let held = ClaimSourcesReply::decode(run().await).expect("decodes");
+    assert_eq!((held.claimed, held.next), (vec![], Some(next)));
+    let none = ClaimSourcesReply::decode(redis.eval("claim_sources", &id, &["60000"]).await)
+        .expect("decodes");
+    assert_eq!((none.claimed, none.next), (vec![], None));
+}
+
+async fn record_source(redis: &TestRedis) {
+    let id = pool("record-source");
+    let ok = serde_json::to_string(&FetchOutcome::Ok {
+        counts: ImportCounts::default(),
+    })
+    .expect("serialises");
+    let args = [LIST_A, "1", "5000", ok.as_str()];
+    let run = || redis.eval("record_source", &id, &args);
+    assert_pool_not_found(RecordSourceReply::decode(run().await));
+    redis.create(&id, PoolConfig::default()).await;
+    assert_eq!(
+        RecordSourceReply::decode(run().await).expect("decodes"),
+        RecordSourceReply(None)
+    );
+    redis.eval("claim_sources", &id, &["60000", LIST_A]).await;
+    let before = redis.now_ms().await;
+    let RecordSourceReply(next) = RecordSourceReply::decode(run().await).expect("decodes");
+    let after = redis.now_ms().await;
+    let next = next.expect("a next fetch");
+    assert!((before + 5_000..=after + 5_000).contains(&next), "{next}");
+}
+
+async fn source_states(redis: &TestRedis) {
+    let id = pool("source-states");
+    let run = || redis.eval("source_states", &id, &[]);
+    assert_pool_not_found(SourceStatesReply::decode(run().await));
+    redis.create(&id, PoolConfig::default()).await;
+    let SourceStatesReply(empty) = SourceStatesReply::decode(run().await).expect("decodes");
+    assert!(empty.is_empty());
+    redis
+        .eval("claim_sources", &id, &["60000", LIST_A, LIST_B])
+        .await;
+    let failed = FetchOutcome::Failed {
+        error: "status 404".to_owned(),
+    };
+    let json = serde_json::to_string(&failed).expect("serialises");
+    redis
+        .eval("record_source", &id, &[LIST_A, "0", "1000", &json])
+        .await;
+    let SourceStatesReply(states) = SourceStatesReply::decode(run().await).expect("decodes");
+    let a = states.get(LIST_A).expect("a is kept").clone();
+    let last = a.last_fetch.clone().expect("a was fetched");
+    assert_eq!(
+        a,
+        SourceState {
+            next_fetch_at: Timestamp(last.at.0 + 1_000),
+            failures: 1,
+            successes: 0,
+            last_fetch: Some(SourceFetch {
+                at: last.at,
+                outcome: failed,
+            }),
+        }
+    );
+    assert_eq!(
+        states.get(LIST_B).map(|b| b.last_fetch.is_none()),
+        Some(true)
+    );
+}
+
+async fn prune(redis: &TestRedis) {
+    let id = pool("prune");
+    let run = |args: &'static [&'static str]| redis.eval("prune", &id, args);
+    assert_pool_not_found(PruneReply::decode(run(&["2", "", ""]).await));
+    let config = PoolConfig {
+        prune: Some(crate::domain::PruneConfig {
+            after_failed_checks: None,
+            absent_from_source_fetches: Some(1),
+            manual: false,
+        }),
+        ..PoolConfig::default()
+    };
+    redis.create(&id, config).await;
+    assert_eq!(
+        PruneReply::decode(run(&["2", "", ""]).await).expect("decodes"),
+        PruneReply(Pruned::default())
+    );
+    // Three members of source 1, last seen at fetches 1, 1 and 2: the first two are stale
+    // up to fetch 1, and a batch of 2 is full, so more may follow.
+    redis.seed(&id, &["a", "b", "c"], 0).await;
+    let origins = TestRedis::key(&id, "origins");
+    let () = redis
+        .side(&["HSET", &origins, "a", "s1", "b", "s1", "c", "s1"])
+        .await;
+    let span: u64 = 1 << 32;
+    let (one, two) = ((span + 1).to_string(), (span + 2).to_string());
+    let () = redis
+        .side(&[
+            "ZADD",
+            &TestRedis::key(&id, "seen"),
+            &one,
+            "a",
+            &one,
+            "b",
+            &two,
+            "c",
+        ])
+        .await;
+    let (low, high) = (span.to_string(), (span + 1).to_string());
+    let args = ["2", low.as_str(), high.as_str()];
+    let value = redis.eval("prune", &id, &args).await;
+    assert_eq!(
+        PruneReply::decode(value).expect("decodes"),
+        PruneReply(Pruned {
+            removed: vec![member("a"), member("b")],
+            more: true,
+        })
     );
 }
 

@@ -14,8 +14,8 @@
 -- {member, count, ...} pairs, then one entry per member of the page in each of
 -- `taken_out` (ineligible only) "<since_ms> <reason>", `in_flight` the live leases,
 -- `health` "<streak> <trips> <cooldown_ms>", `returns` (ineligible only) the ms it comes
--- back at, `checks` "<at_ms> <result>[/<latency_ms>] <detail>", `labels` its labels (each
--- nil when none).
+-- back at, `checks` "<at_ms> <result>[/<latency_ms>] <detail>", `labels` its labels,
+-- `origins` 'import' or the URL of the source that added it (each nil when none).
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
@@ -101,6 +101,22 @@ local function lookup(command, key, fields)
     end
     return redis.call(command, key, unpack(fields))
 end
+-- Origins as listed: 'import', or the URL the source id stands for (kept for every id ever
+-- given, see claim_sources.lua); nil for members added by hand.
+local function origins(members)
+    local out = lookup('HMGET', KEYS[17], members)
+    local urls = {}
+    for n, code in ipairs(out) do
+        if code == 'i' then
+            out[n] = 'import'
+        elseif code then
+            local id = string.sub(code, 2)
+            urls[id] = urls[id] or redis.call('HGET', KEYS[16], 'u:' .. id) or code
+            out[n] = urls[id]
+        end
+    end
+    return out
+end
 local e, i = names(eligible), names(ineligible)
 local reply = {
     status,
@@ -110,6 +126,7 @@ local reply = {
         'health', lookup('HMGET', KEYS[9], e),
         'checks', lookup('HMGET', KEYS[11], e),
         'labels', lookup('HMGET', KEYS[13], e),
+        'origins', origins(e),
     },
     'ineligible', {
         'members', ineligible,
@@ -119,6 +136,7 @@ local reply = {
         'returns', lookup('ZMSCORE', KEYS[10], i),
         'checks', lookup('HMGET', KEYS[11], i),
         'labels', lookup('HMGET', KEYS[13], i),
+        'origins', origins(i),
     },
 }
 if next_offset then

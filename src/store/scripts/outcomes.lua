@@ -4,6 +4,7 @@
 -- cooling down: worker reports are ignored (they may describe requests from before the
 --   trip); a check that passes brings the member back now, one that fails trips it again.
 -- taken out by an operator: ignored.
+-- Checks also count the member's failed checks in a row, for pruning (see prune.lua).
 -- KEYS as in leases.lua and health.lua.
 -- ARGV[1] 'worker' or 'check', ARGV[2] jitter draw in [-1, 1], then per report
 -- member, result (ok | failed | blocked), detail (checks: what the probe saw), latency in
@@ -19,6 +20,7 @@ local check = ARGV[1] == 'check'
 local draw = tonumber(ARGV[2])
 local cfg = health_config()
 local lif = least_in_flight()
+local prune = prune_config()
 local out = {}
 for i = 3, #ARGV, 4 do
     local member, result = ARGV[i], ARGV[i + 1]
@@ -56,6 +58,17 @@ for i = 3, #ARGV, 4 do
         local latency = ARGV[i + 3] ~= '' and ('/' .. ARGV[i + 3]) or ''
         redis.call('HSET', KEYS[11], member,
             ms_text(now) .. ' ' .. result .. latency .. ' ' .. ARGV[i + 2])
+        -- Checks failed in a row, for `prune.after_failed_checks`: reaching it makes the
+        -- member due for removal (prune.lua removes it once it has no live lease).
+        if result == 'ok' then
+            redis.call('HDEL', KEYS[19], member)
+        else
+            local fails = redis.call('HINCRBY', KEYS[19], member, 1)
+            if prune.checks > 0 and fails >= prune.checks
+                and (prune.manual or redis.call('HEXISTS', KEYS[17], member) == 1) then
+                redis.call('ZADD', KEYS[20], 'NX', now, member)
+            end
+        end
     end
     out[#out + 1] = effect
     out[#out + 1] = streak

@@ -3,12 +3,12 @@
 -- 2 (eligible), 3 (ineligible) and 8 (lease_expiry).
 -- Returns {-1} when the pool does not exist, else {1, config, created_ms, total_assignments,
 -- eligible, ineligible, min_assignments, max_assignments, in_flight, abandoned, tripped,
--- recovered}. Positional, unlike the other replies read by an operator: a page of the pool
--- listing reads a thousand of them, and names doubled each reply's items.
+-- recovered, pruned}. Positional, unlike the other replies read by an operator: a page of the
+-- pool listing reads a thousand of them, and names doubled each reply's items.
 -- min_assignments and max_assignments are nil when no member is eligible; total_assignments,
--- abandoned, tripped and recovered nil when they never happened.
+-- abandoned, tripped, recovered and pruned nil when they never happened.
 local meta = redis.call('HMGET', KEYS[1], 'config', 'created_ms', 'total_assignments', 'abandoned',
-    'tripped', 'recovered')
+    'tripped', 'recovered', 'pruned')
 if not meta[1] then
     return {-1}
 end
@@ -27,4 +27,5 @@ return {
     meta[4],
     meta[5],
     meta[6],
+    meta[7],
 }
