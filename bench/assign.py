@@ -25,11 +25,11 @@ from datetime import date
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BINARY = os.path.join(ROOT, "target", "release", "proxy-allocator")
 SCRIPTS = os.path.join(ROOT, "src", "store", "scripts")
-# The service sends the shared helpers in front of the assign script (`with_helpers` in
-# src/store/redis/scripts.rs) with every key of the pool (`POOL_KEY_PARTS` in
-# src/store/redis/keys.rs); redis-benchmark must run exactly that script with exactly those
-# keys to be a fair yardstick.
-SCRIPT_PARTS = ["labels.lua", "leases.lua", "health.lua", "assign.lua"]
+# The service sends the fast path and the shared helpers in front of the assign script
+# (`fast_path_then_helpers` in src/store/redis/scripts.rs) with every key of the pool
+# (`POOL_KEY_PARTS` in src/store/redis/keys.rs); redis-benchmark must run exactly that
+# script with exactly those keys to be a fair yardstick.
+SCRIPT_PARTS = ["assign_fast.lua", "labels.lua", "leases.lua", "health.lua", "assign.lua"]
 KEY_PARTS = ["meta", "eligible", "ineligible", "taken_out", "by_in_flight", "in_flight",
              "leases", "lease_expiry", "health", "returns", "checks", "check_round", "labels",
              "by_label", "label_members"]
