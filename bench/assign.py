@@ -153,6 +153,35 @@ def with_ratios(figure, runs, yardstick):
     return figure
 
 
+def alternating(sides, run):
+    """Runs `run(side)` ROUNDS times for each of `sides`, the sides taking turns and the
+    first of each round alternating, so that a slow minute of the machine slows every side.
+    Returns side -> its runs, round by round."""
+    runs = {side: [] for side in sides}
+    for round_ in range(ROUNDS):
+        for side in sides if round_ % 2 == 0 else sides[::-1]:
+            runs[side].append(run(side))
+    return runs
+
+
+def compared(runs, base, other):
+    """`other` against `base` from `alternating`'s runs, as text: each side's median rate
+    and p99, and the median and range of the other/base ratios of the same rounds."""
+    ratios = sorted(o["rps"] / b["rps"] for o, b in zip(runs[other], runs[base]))
+    medians = {side: median(runs[side]) for side in (base, other)}
+    return (
+        f"{base} {medians[base]['rps']:9,.0f}/s p99 {medians[base]['p99']:.2f} ms  "
+        f"{other} {medians[other]['rps']:9,.0f}/s p99 {medians[other]['p99']:.2f} ms  "
+        f"{other}/{base} {ratios[len(ratios) // 2]:.3f} ({ratios[0]:.3f}-{ratios[-1]:.3f})  "
+        f"non-2xx {medians[base]['non2xx']}+{medians[other]['non2xx']}"
+    )
+
+
+def load_average():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
 def peak_rss_mb(pid):
     with open(f"/proc/{pid}/status") as status:
         for line in status:
