@@ -200,6 +200,10 @@ pub fn members(members: &[Value]) -> String {
     }
     // The labels column only when some member has labels: pools without keep their table.
     let labelled = members.iter().any(|member| member.get("labels").is_some());
+    // The bans column only for a listing that named a target.
+    let targeted = members
+        .iter()
+        .any(|member| member.get("banned_until").is_some());
     let rows: Vec<Vec<String>> = members
         .iter()
         .map(|member| {
@@ -214,6 +218,9 @@ pub fn members(members: &[Value]) -> String {
             if labelled {
                 row.push(labels_cell(&member["labels"]));
             }
+            if targeted {
+                row.push(cell(&member["banned_until"]));
+            }
             row
         })
         .collect();
@@ -227,6 +234,9 @@ pub fn members(members: &[Value]) -> String {
     ];
     if labelled {
         headers.push("LABELS");
+    }
+    if targeted {
+        headers.push("BANNED_UNTIL");
     }
     table(&headers, &rows)
 }

@@ -4,7 +4,7 @@ use std::num::NonZeroU64;
 
 use serde::{Deserialize, Serialize};
 
-use super::{HealthConfig, LeaseTtl, PruneConfig, Source};
+use super::{HealthConfig, LeaseTtl, Pacing, PruneConfig, Source};
 
 /// How assign chooses among a pool's eligible members. A pool's policy can only change
 /// while it has no members: the two policies keep different state, and a member's state
@@ -124,6 +124,10 @@ pub struct PoolConfig {
     /// When members are removed by the pool itself (none: never; shown only when set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prune: Option<PruneConfig>,
+    /// How soon a member may be handed out again (`null`, the default: no pacing; shown
+    /// only when set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pacing: Option<Pacing>,
 }
 
 #[cfg(test)]

@@ -169,8 +169,10 @@ end
 -- candidate checks. With one group it reads the first entry of each value's range. With
 -- several it walks the ranges of the group with the fewest entries (ZLEXCOUNT) in order,
 -- checking the other groups on each member's labels, and stops at the first that passes
--- in each range: the cost is the members skipped, at most `budget`.
-local function pick_labelled(groups, budget, lif)
+-- in each range: the cost is the members skipped, at most `budget`. With `held_until` (see
+-- assign.lua), members banned for the request's target or resting are skipped too, each a
+-- check, and the earliest time one of those that pass the groups is free comes second.
+local function pick_labelled(groups, budget, lif, held_until)
     local smallest, fewest = 1, nil
     if #groups > 1 then
         for i, group in ipairs(groups) do
@@ -185,6 +187,7 @@ local function pick_labelled(groups, budget, lif)
         end
     end
     local best = nil
+    local earliest = nil
     local checked = 0
     local walk = groups[smallest]
     for _, value in ipairs(walk.values) do
@@ -192,14 +195,15 @@ local function pick_labelled(groups, budget, lif)
         local offset = 0
         local found = nil
         while not found do
-            local chunk = #groups == 1 and 1 or 64
+            local first_is_choice = #groups == 1 and not held_until
+            local chunk = first_is_choice and 1 or 64
             local entries = redis.call('ZRANGE', KEYS[14], low, high, 'BYLEX', 'LIMIT', offset, chunk)
             if #entries == 0 then
                 break
             end
             for _, e in ipairs(entries) do
                 local order = string.sub(e, skip)
-                if #groups == 1 then
+                if first_is_choice then
                     found = order
                     break
                 end
@@ -209,8 +213,12 @@ local function pick_labelled(groups, budget, lif)
                 end
                 local member = order_member(order, lif)
                 if passes(labels_table(redis.call('HGET', KEYS[13], member)), groups, smallest) then
-                    found = order
-                    break
+                    local banned = held_until and held_until(member)
+                    if not banned then
+                        found = order
+                        break
+                    end
+                    earliest = math.min(earliest or banned, banned)
                 end
             end
             offset = offset + #entries
@@ -219,5 +227,5 @@ local function pick_labelled(groups, budget, lif)
             best = found
         end
     end
-    return best
+    return best, earliest
 end
