@@ -124,10 +124,12 @@ async fn pools_on_every_primary_seed_assign_disable_enable_and_lease() {
     expected.sort_unstable();
     assert_eq!(listed, expected);
 
-    // Primaries that lost their script cache (a restart, SCRIPT FLUSH) load it again.
+    // Primaries that lost their script cache (a restart, SCRIPT FLUSH) load it again, for
+    // a page of the listing (one call per pool, each on its pool's primary) as for assigns.
     for port in cluster.primaries() {
         redis_cli(&cluster.url(port), &["SCRIPT", "FLUSH"]);
     }
+    assert_eq!(app.get("/pools").await, (StatusCode::OK, body));
     for (pool, _) in &used {
         assert_eq!(app.assigned(pool).await, ("b".to_owned(), 2));
     }

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use redis::{Script, Value};
 
 use super::RedisStore;
-use super::keys::POOL_KEY_PARTS;
+use super::keys::{POOL_INFO_KEY_PARTS, POOL_KEY_PARTS};
 use super::reply::{
     self, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply, DeletePoolReply,
     DisableOutcome, DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply,
@@ -736,14 +736,10 @@ impl Store for RedisStore {
     }
 
     async fn pool(&self, pool: &PoolId) -> Result<PoolInfo, StoreError> {
-        let value = self.eval(&self.scripts.pool_info, pool, &[]).await?;
-        let info = PoolInfoReply::decode(value)?;
-        Ok(PoolInfo {
-            pool: pool.clone(),
-            config: info.config,
-            created_at: info.created_at,
-            stats: info.stats,
-        })
+        let reply = self
+            .eval_parts(&self.scripts.pool_info, pool, POOL_INFO_KEY_PARTS, &[])
+            .await?;
+        PoolInfoReply::decode(reply).map(|info| info.of(pool.clone()))
     }
 
     async fn pool_page(
@@ -758,12 +754,13 @@ impl Store for RedisStore {
             .await?;
         let more = ids.len() > limit;
         ids.truncate(limit);
-        // Issued together so that they travel pipelined on the shared connection.
-        let infos = futures_util::future::join_all(ids.iter().map(|id| self.pool(id))).await;
-        let mut pools = Vec::with_capacity(infos.len());
-        for info in infos {
-            match info {
-                Ok(info) => pools.push(info),
+        let replies = self
+            .eval_each(&self.scripts.pool_info, POOL_INFO_KEY_PARTS, &ids)
+            .await?;
+        let mut pools = Vec::with_capacity(replies.len());
+        for (id, reply) in ids.iter().zip(replies) {
+            match PoolInfoReply::decode(reply) {
+                Ok(info) => pools.push(info.of(id.clone())),
                 // Deleted between the listing and the read.
                 Err(StoreError::PoolNotFound) => {}
                 Err(e) => return Err(e),

@@ -6,9 +6,10 @@
 //! the members asked about), so a script that changes shape fails loudly, naming itself,
 //! instead of being read a place off. Every pool script answers `{-1}` when the pool does
 //! not exist, and puts `1` first otherwise (`assign.lua` has statuses of its own). The
-//! replies read in one piece by an operator or a page (`pool_info.lua`, `members.lua`) name
-//! each of their values, and the decoders check the names; the others are short and
-//! positional, and `assign.lua` stays positional because every assign carries it.
+//! replies read in one piece by an operator or a page (`members.lua`) name each of their
+//! values, and the decoders check the names; the others are short and positional,
+//! `assign.lua` because every assign carries it and `pool_info.lua` because a page of the
+//! pool listing reads a thousand of its replies.
 //! `tests.rs` runs every script on a real Redis and decodes each shape of its reply.
 
 use std::borrow::Cow;
@@ -21,7 +22,7 @@ use crate::domain::{
 };
 use crate::store::{
     CheckRound, ClaimedSource, Effect, FetchOutcome, Health, LastCheck, MemberState, MemberView,
-    Origin, PoolStats, Pruned, SourceFetch, SourceState, StoreError, Swept,
+    Origin, PoolInfo, PoolStats, Pruned, SourceFetch, SourceState, StoreError, Swept,
 };
 
 /// A reply of a shape its script never returns: the script and this decoder disagree.
@@ -109,6 +110,10 @@ impl Items {
 
     fn count(&mut self) -> Read<u64> {
         count(&self.next()?)
+    }
+
+    fn optional_count(&mut self) -> Read<Option<u64>> {
+        optional_count(&self.next()?)
     }
 
     /// A time in ms on Redis's clock, `0` standing for none.
@@ -238,25 +243,36 @@ pub(super) struct PoolInfoReply {
 }
 
 impl PoolInfoReply {
-    /// Decodes `{-1}` or `{1, 'config', json, 'created_ms', ms, ...}`, every value named.
+    /// The pool's info as the store answers it.
+    pub(super) fn of(self, pool: PoolId) -> PoolInfo {
+        PoolInfo {
+            pool,
+            config: self.config,
+            created_at: self.created_at,
+            stats: self.stats,
+        }
+    }
+
+    /// Decodes `{-1}` or `{1, config, created_ms, total_assignments, eligible, ineligible,
+    /// min_assignments, max_assignments, in_flight, abandoned, tripped, recovered, pruned}`.
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
         decode("pool_info.lua", value, |value| {
             let mut items = Items::of_pool(value)?;
-            let config = serde_json::from_str(&string(items.field("config")?)?)
+            let config = serde_json::from_str(&string(items.next()?)?)
                 .map_err(|_| "pool configuration is not valid JSON")?;
-            let created_ms = optional_count(&items.field("created_ms")?)?.unwrap_or(0);
-            let total_assignments = optional_count(&items.field("total_assignments")?)?;
+            let created_ms = items.optional_count()?.unwrap_or(0);
+            let total_assignments = items.optional_count()?.unwrap_or(0);
             let stats = PoolStats {
-                total_assignments: total_assignments.unwrap_or(0),
-                eligible: count(&items.field("eligible")?)?,
-                ineligible: count(&items.field("ineligible")?)?,
-                min_assignments: optional_count(&items.field("min_assignments")?)?,
-                max_assignments: optional_count(&items.field("max_assignments")?)?,
-                in_flight: count(&items.field("in_flight")?)?,
-                abandoned: optional_count(&items.field("abandoned")?)?.unwrap_or(0),
-                tripped: optional_count(&items.field("tripped")?)?.unwrap_or(0),
-                recovered: optional_count(&items.field("recovered")?)?.unwrap_or(0),
-                pruned: optional_count(&items.field("pruned")?)?.unwrap_or(0),
+                total_assignments,
+                eligible: items.count()?,
+                ineligible: items.count()?,
+                min_assignments: items.optional_count()?,
+                max_assignments: items.optional_count()?,
+                in_flight: items.count()?,
+                abandoned: items.optional_count()?.unwrap_or(0),
+                tripped: items.optional_count()?.unwrap_or(0),
+                recovered: items.optional_count()?.unwrap_or(0),
+                pruned: items.optional_count()?.unwrap_or(0),
             };
             items.end()?;
             Ok(Self {

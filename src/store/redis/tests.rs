@@ -1312,10 +1312,10 @@ fn a_reply_longer_or_shorter_than_its_script_s_is_refused_naming_the_script() {
 
 #[test]
 fn a_named_reply_with_another_name_in_its_place_is_refused() {
-    let renamed = Value::Array(vec![Value::Int(1), text("configuration"), text("{}")]);
+    let renamed = Value::Array(vec![Value::Int(1), text("eligibles"), Value::Array(vec![])]);
     assert_eq!(
-        refusal(PoolInfoReply::decode(renamed)),
-        "unexpected reply to pool_info.lua: expected the name `config`"
+        refusal(MembersReply::decode(renamed, false)),
+        "unexpected reply to members.lua: expected the name `eligible`"
     );
 }
 
