@@ -7,6 +7,7 @@ mod health;
 mod labels;
 mod lease;
 mod member_id;
+mod object;
 mod pacing;
 mod pool_config;
 mod pool_id;

@@ -11,7 +11,7 @@ pub const MAX_PACING_INTERVAL_MS: u64 = 3_600_000;
 /// `t + min_interval_ms`: by any assign when `per_target` is false, by assigns naming the
 /// same target when it is true (assigns without a target are then not paced).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "RawPacing")]
+#[serde(try_from = "super::object::Object<RawPacing>")]
 pub struct Pacing {
     /// The interval, in milliseconds (1 to 3,600,000).
     pub min_interval_ms: u64,
@@ -39,10 +39,12 @@ struct RawPacing {
 #[error("pacing: min_interval_ms is 1 to 3600000")]
 pub struct InvalidPacing;
 
-impl TryFrom<RawPacing> for Pacing {
+impl TryFrom<super::object::Object<RawPacing>> for Pacing {
     type Error = InvalidPacing;
 
-    fn try_from(raw: RawPacing) -> Result<Self, InvalidPacing> {
+    fn try_from(
+        super::object::Object(raw): super::object::Object<RawPacing>,
+    ) -> Result<Self, InvalidPacing> {
         if !(1..=MAX_PACING_INTERVAL_MS).contains(&raw.min_interval_ms) {
             return Err(InvalidPacing);
         }
@@ -56,6 +58,12 @@ impl TryFrom<RawPacing> for Pacing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pacing_written_as_an_array_is_refused_rather_than_read_by_position() {
+        assert!(serde_json::from_str::<Pacing>("[2000, true]").is_err());
+        assert!(serde_json::from_str::<Pacing>("[2000]").is_err());
+    }
 
     #[test]
     fn pacing_takes_an_interval_of_up_to_an_hour_and_is_pool_wide_by_default() {

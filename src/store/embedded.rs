@@ -417,7 +417,7 @@ impl Pool {
                     .urls
                     .get(&id)
                     .cloned()
-                    .unwrap_or_else(|| format!("s{id}")),
+                    .unwrap_or_else(|| format!("removed source #{id}")),
             ),
         }
     }
@@ -1585,6 +1585,13 @@ impl Store for EmbeddedStore {
                         p.book.last_id += 1;
                         let id = p.book.last_id;
                         p.book.urls.insert(id, url.clone());
+                        // The URLs of the last 256 ids only (and of the configured sources),
+                        // as on Redis (claim_sources.lua).
+                        if let Some(old) = id.checked_sub(256)
+                            && !p.book.successes.contains_key(&old)
+                        {
+                            p.book.urls.remove(&old);
+                        }
                         p.book.successes.insert(id, 0);
                         p.changes.pool = true;
                         id
@@ -2357,6 +2364,29 @@ mod tests {
         }
         drop(first);
         EmbeddedStore::open(dir.options(4096)).expect("opened once the first is gone");
+    }
+
+    #[tokio::test]
+    async fn a_pool_keeps_the_urls_of_its_last_256_source_ids_and_of_its_configured_ones() {
+        let store = EmbeddedStore::new();
+        let id = pool("p");
+        store
+            .put_pool(&id, &PoolConfig::default())
+            .await
+            .expect("created");
+        let kept = "http://a.example/p".to_owned();
+        for i in 0..300 {
+            let urls = [kept.clone(), format!("http://lists.example/{i}")];
+            store
+                .claim_sources(&id, &urls, Duration::from_secs(60))
+                .await
+                .expect("claimed");
+        }
+        let inner = store.inner.lock().expect("not poisoned");
+        let book = &inner.pools[&id].book;
+        assert_eq!(book.urls.len(), 257);
+        assert_eq!(book.urls.get(&1), Some(&kept));
+        assert_eq!(book.successes.keys().copied().collect::<Vec<_>>(), [1, 301]);
     }
 
     #[tokio::test]

@@ -1082,6 +1082,20 @@ async fn claim_sources(redis: &TestRedis) {
     let none = ClaimSourcesReply::decode(redis.eval("claim_sources", &id, &["60000"]).await)
         .expect("decodes");
     assert_eq!((none.claimed, none.next), (vec![], None));
+    // Three hundred URLs one after another beside LIST_A (id 3): the hash keeps the URLs of
+    // the last 256 ids and of LIST_A, however old its id, and the current state only.
+    for i in 0..300 {
+        let url = format!("http://lists.example/{i}");
+        redis
+            .eval("claim_sources", &id, &["60000", LIST_A, &url])
+            .await;
+    }
+    let sources = TestRedis::key(&id, "sources");
+    let fields: Vec<String> = redis.side(&["HKEYS", &sources]).await;
+    let urls = fields.iter().filter(|f| f.starts_with("u:")).count();
+    assert_eq!((urls, fields.len()), (257, 259), "{fields:?}");
+    let kept: Option<String> = redis.side(&["HGET", &sources, "u:3"]).await;
+    assert_eq!(kept.as_deref(), Some(LIST_A));
 }
 
 async fn record_source(redis: &TestRedis) {

@@ -33,13 +33,8 @@
 -- {1, member, assignments} on a least-used pool,
 -- {2, member, assignments, in_flight, expires_ms, ttl_ms, due hint} on a least-in-flight
 -- pool, the hint being the pool's new earliest due time, or 0 (see `due_by` in leases.lua).
-local meta = redis.call('HMGET', KEYS[1], 'created_ms', 'policy', 'lease_ttl_ms', 'max_in_flight',
-    'labelled', 'pacing')
-if not meta[1] then
-    return {-1}
-end
+-- `meta` and `first_due` come from assign_fast.lua, which also answers the common assign.
 local now = false
-local first_due = redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')[2]
 if first_due then
     now = now_ms()
     if tonumber(first_due) <= now then
@@ -157,9 +152,10 @@ local function nothing_eligible(banned_until)
     return {0}
 end
 if meta[2] ~= 'least-in-flight' then
-    local chosen
+    local chosen, order
     if groups then
-        local order, banned_until = pick_labelled(groups, tonumber(ARGV[5]), false, held_until)
+        local banned_until
+        order, banned_until = pick_labelled(groups, tonumber(ARGV[5]), false, held_until)
         if order == false then
             return {-2}
         end
@@ -173,17 +169,21 @@ if meta[2] ~= 'least-in-flight' then
         if not chosen then
             return nothing_eligible(banned_until)
         end
+        order = order_of(score, chosen)
     else
-        chosen = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+        local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+        chosen = first[1]
+        order = chosen and order_of(first[2], chosen)
     end
     if not chosen then
         return nothing_eligible()
     end
-    -- A pool where no member ever had labels skips the label index: no call at all.
-    local labels = meta[5] and unlabel(chosen, false)
+    -- A pool where no member ever had labels skips the label index: no call at all. The
+    -- order texts are known here, so the index upkeep reads no numbers again.
+    local labels = meta[5] and unlabel(chosen, false, order)
     local assignments = redis.call('ZINCRBY', KEYS[2], 1, chosen)
     if labels then
-        label(chosen, false, labels)
+        label(chosen, false, labels, order_of(assignments, chosen))
     end
     redis.call('HINCRBY', KEYS[1], 'total_assignments', 1)
     if rests then
@@ -193,7 +193,8 @@ if meta[2] ~= 'least-in-flight' then
 end
 now = now or now_ms()
 reclaim_expired(now, tonumber(ARGV[3]))
-local first
+-- The first entry of the choosing order (see `entry` in leases.lua) and its live leases.
+local first, live
 local banned_until = nil
 if groups then
     local order
@@ -201,34 +202,33 @@ if groups then
     if order == false then
         return {-2}
     end
-    first = {}
-    if order then
-        local member = order_member(order, true)
-        first = {entry(redis.call('ZSCORE', KEYS[2], member), member), tonumber(string.sub(order, 1, 20))}
-    end
+    -- An order text is the live leases (20 digits) in front of the entry.
+    first = order and string.sub(order, 21)
+    live = order and tonumber(string.sub(order, 1, 20))
 elseif held_until then
-    local entry, live
-    entry, live, banned_until = first_free(KEYS[5], tonumber(ARGV[5]), true)
-    first = {entry, live}
+    first, live, banned_until = first_free(KEYS[5], tonumber(ARGV[5]), true)
+    live = live and tonumber(live)
 else
-    first = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+    local head = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+    first, live = head[1], tonumber(head[2])
 end
-if not first[1] then
+if not first then
     return nothing_eligible(banned_until)
 end
 -- The first entry has the fewest live leases of all (the first not banned: of all those not
 -- banned): if it is at the cap, so is every other; a banned one may come back below it.
-if meta[4] and tonumber(first[2]) >= tonumber(meta[4]) then
+if meta[4] and live >= tonumber(meta[4]) then
     return banned_until and {0, banned_until - now} or {0}
 end
-local member = string.sub(first[1], 21)
-local labels = meta[5] and unlabel(member, true)
-redis.call('ZREM', KEYS[5], first[1])
+local member = string.sub(first, 21)
+local labels = meta[5] and unlabel(member, true, string.format('%020d', live) .. first)
+redis.call('ZREM', KEYS[5], first)
 local assignments = redis.call('ZINCRBY', KEYS[2], 1, member)
-redis.call('HINCRBY', KEYS[6], member, 1)
-place(member)
+live = redis.call('HINCRBY', KEYS[6], member, 1)
+-- `place` with the numbers in hand.
+redis.call('ZADD', KEYS[5], live, entry(assignments, member))
 if labels then
-    label(member, true, labels)
+    label(member, true, labels, order_of(assignments, member, live))
 end
 redis.call('HINCRBY', KEYS[1], 'total_assignments', 1)
 if rests then
@@ -239,5 +239,4 @@ local expires = now + ttl
 redis.call('HSET', KEYS[7], ARGV[1], member)
 redis.call('ZADD', KEYS[8], expires, ARGV[1])
 due_by(expires)
-return {2, member, tonumber(assignments), redis.call('HGET', KEYS[6], member), expires, ttl,
-    due_hint or 0}
+return {2, member, tonumber(assignments), live, expires, ttl, due_hint or 0}

@@ -12,20 +12,25 @@
 -- eligible member carrying that label: one O(log N) ZRANGE BYLEX, whatever the pool's size.
 -- Keys and values never hold '=', NUL or a newline (LabelFilter in the service).
 
--- An eligible member's place in the choosing order: on least-used pools its assignments as
--- 20 digits, then its id; on least-in-flight pools its live leases as 20 digits in front
--- (the order of `by_in_flight`, leases.lua). nil when the member is not eligible.
+-- A member's place in the choosing order, its order text: on least-used pools its
+-- assignments as 20 digits, then its id; on least-in-flight pools its live leases as 20
+-- digits in front (the order of `by_in_flight`, leases.lua). `live` is nil on least-used
+-- pools.
+local function order_of(assignments, member, live)
+    local text = string.format('%020d', tonumber(assignments)) .. member
+    if live then
+        text = string.format('%020d', tonumber(live)) .. text
+    end
+    return text
+end
+
+-- An eligible member's order text from its current numbers; nil when it is not eligible.
 local function order_text(member, lif)
     local assignments = redis.call('ZSCORE', KEYS[2], member)
     if not assignments then
         return nil
     end
-    local text = string.format('%020d', tonumber(assignments)) .. member
-    if lif then
-        local live = tonumber(redis.call('HGET', KEYS[6], member) or 0)
-        text = string.format('%020d', live) .. text
-    end
-    return text
+    return order_of(assignments, member, lif and (redis.call('HGET', KEYS[6], member) or 0))
 end
 
 -- The id inside an order text.
@@ -42,13 +47,15 @@ local function label_entries(text, tail)
 end
 
 -- Takes an eligible member's entries out of by_label; call it before its numbers or its
--- eligibility change. Returns its labels text (nil when it has none) for `label`.
-local function unlabel(member, lif)
+-- eligibility change. `order` is its order text when the caller has it already (an assign
+-- just read it), nil to read it here. Returns its labels text (nil when it has none) for
+-- `label`.
+local function unlabel(member, lif, order)
     local text = redis.call('HGET', KEYS[13], member)
     if not text then
         return nil
     end
-    local order = order_text(member, lif)
+    order = order or order_text(member, lif)
     if order then
         redis.call('ZREM', KEYS[14], unpack(label_entries(text, order)))
     end
@@ -56,15 +63,16 @@ local function unlabel(member, lif)
 end
 
 -- Puts an eligible member's entries into by_label with its current numbers; `text` is
--- what `unlabel` returned (false to read it here).
-local function label(member, lif, text)
+-- what `unlabel` returned (false to read it here), `order` its new order text when the
+-- caller knows it (an assign has the new counts in hand), nil to read it here.
+local function label(member, lif, text, order)
     if text == false then
         text = redis.call('HGET', KEYS[13], member)
     end
     if not text then
         return
     end
-    local order = order_text(member, lif)
+    order = order or order_text(member, lif)
     if order then
         local args = {}
         for _, e in ipairs(label_entries(text, order)) do

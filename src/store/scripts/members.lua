@@ -104,8 +104,8 @@ local function lookup(command, key, fields)
     end
     return redis.call(command, key, unpack(fields))
 end
--- Origins as listed: 'import', or the URL the source id stands for (kept for every id ever
--- given, see claim_sources.lua); nil for members added by hand.
+-- Origins as listed: 'import', or the URL the source id stands for (kept for the last 256
+-- ids given, see claim_sources.lua); nil for members added by hand.
 local function origins(members)
     local out = lookup('HMGET', KEYS[17], members)
     local urls = {}
@@ -114,7 +114,8 @@ local function origins(members)
             out[n] = 'import'
         elseif code then
             local id = string.sub(code, 2)
-            urls[id] = urls[id] or redis.call('HGET', KEYS[16], 'u:' .. id) or code
+            urls[id] = urls[id] or redis.call('HGET', KEYS[16], 'u:' .. id)
+                or ('removed source #' .. id)
             out[n] = urls[id]
         end
     end
