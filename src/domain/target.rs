@@ -2,9 +2,7 @@
 //! outcome reports so that a site's block applies to that site only.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv6Addr};
-
-use super::candidate::{Host, parse_host};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// The longest target accepted, in bytes (the longest DNS name).
 pub const MAX_TARGET_LEN: usize = 253;
@@ -52,10 +50,26 @@ impl Target {
                 .map(|v6| Self(v6.to_string()))
                 .map_err(|_| invalid());
         }
-        match parse_host(text, false).map_err(|_| invalid())? {
-            Host::Ip(IpAddr::V4(v4)) => Ok(Self(v4.to_string())),
-            Host::Ip(IpAddr::V6(v6)) => Ok(Self(v6.to_string())),
-            Host::Name(name) => Ok(Self(name)),
+        if let Ok(v4) = text.parse::<Ipv4Addr>() {
+            return Ok(Self(v4.to_string()));
+        }
+        // Unlike a member's host, a target is never dialled by the service, only named in
+        // bans and pacing: a name whose last label is a number (`127.1`) is kept as the
+        // name it is rather than refused as another notation of an address. So the set of
+        // targets is exactly what the contract's pattern describes.
+        let name = text.to_ascii_lowercase();
+        let labels_ok = name.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
+        });
+        if labels_ok {
+            Ok(Self(name))
+        } else {
+            Err(invalid())
         }
     }
 
@@ -111,6 +125,9 @@ mod tests {
             Ok("shop_1.example-site.de".to_owned())
         );
         assert_eq!(parsed("localhost"), Ok("localhost".to_owned()));
+        // Never dialled, so not read as another notation of an address: a name as written.
+        assert_eq!(parsed("127.1"), Ok("127.1".to_owned()));
+        assert_eq!(parsed("0"), Ok("0".to_owned()));
     }
 
     #[test]
@@ -147,7 +164,10 @@ mod tests {
             "-example.com",
             "{pool}.com",
             "exämple.com",
-            "127.1",
+            "exa:mple.com",
+            "1.2.3.4:80",
+            "[::1",
+            ":::",
             "[example.com]",
         ] {
             assert_eq!(

@@ -147,3 +147,59 @@ fn every_operation_that_reads_a_body_documents_its_408_as_well_as_its_413() {
     }
     assert!(checked >= 9, "only {checked} operations with a body");
 }
+
+/// The contract's `Target` pattern and length bound accept exactly the texts the service
+/// takes as targets, so that a client validating against the contract and the service never
+/// disagree (schemathesis sends both sides of the pattern).
+#[test]
+fn the_target_pattern_accepts_exactly_what_the_service_takes_as_a_target() {
+    let spec = spec();
+    let schema = &spec["components"]["schemas"]["Target"];
+    let pattern =
+        regex::Regex::new(schema["pattern"].as_str().expect("a pattern")).expect("a regex");
+    let max = schema["maxLength"].as_u64().expect("a maxLength") as usize;
+    let label = "a".repeat(63);
+    let longest = format!("{label}.{label}.{label}.{}", "b".repeat(61));
+    for text in [
+        "example.com",
+        "Example.COM.",
+        "shop_1.example-site.de",
+        "localhost",
+        "127.1",
+        "0",
+        "192.0.2.7",
+        "01.2.3.4",
+        "2001:db8::1",
+        "[2001:db8::1]",
+        "::",
+        "::ffff:1.2.3.4",
+        "1:2:3:4:5:6:7::",
+        "1::2:3:4:5:6:7",
+        longest.as_str(),
+        "",
+        ".",
+        "a..b",
+        "-a.com",
+        "a-.com",
+        "exa mple.com",
+        "example.com:443",
+        "https://example.com",
+        "example.com/path",
+        "exämple.com",
+        "{pool}.com",
+        ":::",
+        "1:2:3:4:5:6:7:8:9",
+        "[::1",
+        "::1]",
+        "[example.com]",
+        "::1.2.3.04",
+        &format!("{}.com", "c".repeat(64)),
+    ] {
+        let in_contract = text.chars().count() <= max && pattern.is_match(text);
+        let taken = proxy_allocator::domain::Target::parse("target", text).is_ok();
+        assert_eq!(
+            in_contract, taken,
+            "{text:?}: contract {in_contract}, service {taken}"
+        );
+    }
+}
