@@ -43,9 +43,8 @@ use super::{
     Effect, EnableReport, FetchOutcome, Health, LastCheck, Lease, MAX_PROBES_PER_ROUND, MemberPage,
     MemberState, MemberView, Origin, PRUNE_BATCH, PoolInfo, PoolPage, PoolStats, Pruned, PutPool,
     RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
-    ReportSummary, Restored, SOURCE_CLAIM_HOLD, SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed,
-    SeedOrigin, SeedReport, SourceFetch, SourceState, StateFilter, Store, StoreError, StoreStatus,
-    Swept,
+    ReportSummary, Restored, SOURCE_CLAIM_HOLD, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport,
+    SourceFetch, SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 use crate::domain::{
     LabelFilter, LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId,
@@ -1250,13 +1249,24 @@ impl Store for EmbeddedStore {
         let due = self.lock()?.sweep_due.take_due(now, SWEEP_POOLS_PER_CALL);
         let mut swept = Swept::default();
         let mut end = None;
-        // One pool at a time, at most SWEEP_BATCH leases and returns per turn of the lock,
+        // One pool at a time, in steps sized by their measured cost per turn of the lock,
         // as on Redis: a pool with a large backlog never holds the lock for long.
+        let sizer = &self.chunks.sweep;
         for id in &due {
             loop {
-                let step = match self.with_pool(id, |p, _| Swept {
-                    reclaimed: p.reclaim_expired(now, SWEEP_BATCH),
-                    returned: p.return_due(now, SWEEP_BATCH),
+                let batch = sizer.size() as u64;
+                let step = match self.with_pool(id, |p, _| {
+                    let started = std::time::Instant::now();
+                    let step = Swept {
+                        reclaimed: p.reclaim_expired(now, batch),
+                        returned: p.return_due(now, batch),
+                    };
+                    let done = step.reclaimed + step.returned;
+                    sizer.record(
+                        usize::try_from(done).unwrap_or(usize::MAX),
+                        started.elapsed(),
+                    );
+                    step
                 }) {
                     Ok((step, step_end)) => {
                         end = step_end.or(end);
@@ -1267,7 +1277,7 @@ impl Store for EmbeddedStore {
                     Err(error) => return Err(error),
                 };
                 swept = swept + step;
-                if step.reclaimed < SWEEP_BATCH && step.returned < SWEEP_BATCH {
+                if step.reclaimed < batch && step.returned < batch {
                     break;
                 }
                 tokio::task::yield_now().await;
