@@ -1765,15 +1765,19 @@ impl Store for EmbeddedStore {
         let mut report = RemoveReport::default();
         let end = self
             .in_chunks(pool, &self.chunks.remove, members, |p, chunk| {
-                let removed: std::collections::HashSet<&MemberId> = chunk.iter().collect();
-                let ended: Vec<LeaseId> = p
-                    .leases
-                    .iter()
-                    .filter(|(_, (member, _))| removed.contains(member))
-                    .map(|(id, _)| id.clone())
-                    .collect();
-                for id in &ended {
-                    p.end_lease(id);
+                // Leases are kept by id: the pool's are looked through only for a chunk
+                // whose members hold some.
+                if chunk.iter().any(|member| p.in_flight_of(member) > 0) {
+                    let removed: std::collections::HashSet<&MemberId> = chunk.iter().collect();
+                    let ended: Vec<LeaseId> = p
+                        .leases
+                        .iter()
+                        .filter(|(_, (member, _))| removed.contains(member))
+                        .map(|(id, _)| id.clone())
+                        .collect();
+                    for id in &ended {
+                        p.end_lease(id);
+                    }
                 }
                 for member in chunk {
                     if p.forget(member) {
