@@ -1,4 +1,5 @@
-"""The worker client: assign, leases with release and renewal, outcome reports."""
+"""The worker client: assign, leases with release and renewal, outcome reports; and, with
+the admin token, a pool's sources."""
 
 import http.client
 import json
@@ -12,7 +13,18 @@ import urllib.parse
 import weakref
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple, Type, Union
+from typing import (
+    Any,
+    Dict,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+)
 
 from .errors import (
     Forbidden,
@@ -84,6 +96,63 @@ class Assignment:
             in_flight=None if data.get("in_flight") is None else int(data["in_flight"]),
             lease=None if lease is None else Lease.from_json(lease),
         )
+
+
+@dataclass
+class SourceFetch:
+    """The last fetch of a pool's source: when it ended (RFC 3339, the store's clock), its
+    ``outcome`` (``ok`` or ``failed``), on ``ok`` the counts of the import it made (lines
+    ``accepted`` = ``added`` + ``existing``, ``duplicates``, ``rejected``), on ``failed``
+    the ``error`` (``timed out``, ``private address refused``, ``status 404``, ...)."""
+
+    at: str
+    outcome: str
+    accepted: Optional[int] = None
+    added: Optional[int] = None
+    existing: Optional[int] = None
+    duplicates: Optional[int] = None
+    rejected: Optional[int] = None
+    error: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "SourceFetch":
+        """The fetch as the service writes it."""
+        counts = data.get("counts") or {}
+
+        def count(name: str) -> Optional[int]:
+            return None if counts.get(name) is None else int(counts[name])
+
+        return cls(at=data["at"], outcome=data["outcome"], accepted=count("accepted"),
+                   added=count("added"), existing=count("existing"),
+                   duplicates=count("duplicates"), rejected=count("rejected"),
+                   error=data.get("error"))
+
+
+@dataclass
+class Source:
+    """One of a pool's sources (its ``sources`` configuration: ``url``, ``interval_ms``,
+    ``format``, ``default_scheme``) with its schedule: ``next_fetch_at`` (``None`` before
+    the service first saw it), ``failures`` in a row, ``successes`` so far and the
+    ``last_fetch`` (``None`` before the first)."""
+
+    url: str
+    interval_ms: int
+    format: str
+    default_scheme: str
+    next_fetch_at: Optional[str]
+    failures: int
+    successes: int
+    last_fetch: Optional[SourceFetch]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Source":
+        """The source as ``GET /pools/{pool}/sources`` lists it."""
+        last = data.get("last_fetch")
+        return cls(url=data["url"], interval_ms=int(data["interval_ms"]),
+                   format=data["format"], default_scheme=data["default_scheme"],
+                   next_fetch_at=data.get("next_fetch_at"),
+                   failures=int(data["failures"]), successes=int(data["successes"]),
+                   last_fetch=None if last is None else SourceFetch.from_json(last))
 
 
 @dataclass
@@ -324,6 +393,13 @@ class Client:
         _, data, _ = self._call("POST", "/pools/{}/outcomes".format(_segment(pool)),
                                 _report_body(proxy, result, status))
         return Outcome.from_answer(result, _expect(data))
+
+    def sources(self, pool: str) -> List[Source]:
+        """The pool's sources in configuration order, each with its last fetch
+        (``GET /pools/{pool}/sources``; needs the admin token). Raises :class:`NotFound`
+        (``pool_not_found``), :class:`Forbidden` with the worker token."""
+        _, data, _ = self._call("GET", "/pools/{}/sources".format(_segment(pool)))
+        return [Source.from_json(source) for source in _expect(data)["sources"]]
 
     def lease(self, pool: str, ttl_ms: Optional[int] = None, renew: bool = False,
               report: bool = False) -> "LeaseScope":
