@@ -17,7 +17,10 @@ Redis, the service, wrk and whatever else the machine runs) is logged for as lon
 waited. With `PIN=1` (the default on a machine of two cores or more) Redis runs on a core
 of its own, the last one, and this driver, the service and wrk on the others (`taskset`,
 `sched_setaffinity`): nothing this benchmark starts then takes Redis's core, though other
-processes of the machine still may. `PIN=0` runs everything anywhere, as before.
+processes of the machine still may. `PIN=0` runs everything anywhere, as before. For each
+operation it also prints how long Redis ran on a core meanwhile and how long it was
+runnable but waited for one (`/proc/<pid>/schedstat`): the share of the logged time that
+was the machine's, not the script's.
 
 A measurement, not a test: nothing passes or fails on a number.
 """
@@ -160,11 +163,19 @@ def to_ms(text):
     raise ValueError(text)
 
 
+def schedstat(pid):
+    """Seconds the process has run on a core, and seconds it waited runnable for one
+    (`/proc/<pid>/schedstat`)."""
+    with open(f"/proc/{pid}/schedstat") as stat:
+        ran, waited = stat.read().split()[:2]
+    return int(ran) / 1e9, int(waited) / 1e9
+
+
 def measure(redis, wrk, name, operation):
     """Runs `operation` with wrk on the other pool, right after a window of wrk alone (the
     machine's noise moves the idle p99 from one minute to the next, so each operation is
     compared with its neighbour); returns the row for `name`."""
-    idle = window(redis, wrk, lambda: time.sleep(WINDOW))[-2]
+    idle = window(redis, wrk, lambda: time.sleep(WINDOW))[-2]  # its p99
     return (name, *window(redis, wrk, operation), idle)
 
 
@@ -173,8 +184,10 @@ def window(redis, wrk, operation):
     redis.call("SLOWLOG", "RESET")
     wrk.start()
     started = time.monotonic()
+    ran_before, waited_before = schedstat(redis.pid)
     operation()
     seconds = time.monotonic() - started
+    ran_after, waited_after = schedstat(redis.pid)
     p99, maximum = wrk.stop()
     entries = redis.call("SLOWLOG", "GET", "-1")
     # Only the calls of the operation: the other pool's assigns run meanwhile and, on a busy
@@ -187,7 +200,8 @@ def window(redis, wrk, operation):
         if micros / 1000 > longest:
             longest, command = micros / 1000, args[0].lower()
     over_5 = sum(1 for entry in own if entry[2] > 5000)
-    return longest, command, len(own), over_5, seconds, p99, maximum
+    return (longest, command, len(own), over_5, seconds, ran_after - ran_before,
+            waited_after - waited_before, p99, maximum)
 
 
 def repeat(window, step):
@@ -233,6 +247,7 @@ def main():
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         wait_for(lambda: Redis(redis_port).call("PING") == "PONG", "redis-server")
         redis = Redis(redis_port)
+        redis.pid = processes[0].pid
         env = dict(os.environ, REDIS_URL=f"redis://127.0.0.1:{redis_port}",
                    LISTEN_ADDR=f"127.0.0.1:{app_port}", ADMIN_TOKEN=TOKEN, RUST_LOG="warn",
                    LOG_FORMAT="json", SWEEP_INTERVAL_MS=str(SWEEP_INTERVAL_MS),
@@ -344,12 +359,16 @@ def main():
               f"{open('/proc/loadavg').read().split()[0]} at the end; {placement}; "
               f"wrk -t1 -c{CONNECTIONS} on a 100-member pool")
         print()
-        print("| operation | its longest Redis call | its calls > 1 ms | > 5 ms | took | assign p99 on another pool | its max | p99 idle just before | p99 ÷ idle |")
-        print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-        for name, longest, command, slow, over_5, seconds, p99, maximum, idle in rows:
+        print("| operation | its longest Redis call | its calls > 1 ms | > 5 ms | took | "
+              "Redis ran | Redis waited for a core | assign p99 on another pool | its max | "
+              "p99 idle just before | p99 ÷ idle |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for (name, longest, command, slow, over_5, seconds, ran, waited, p99, maximum,
+             idle) in rows:
             longest_text = f"{longest:.1f} ms ({command})" if slow else "< 1 ms"
             print(f"| {name} | {longest_text} | {slow} | {over_5} | {seconds:.2f} s | "
-                  f"{p99:.2f} ms | {maximum:.1f} ms | {idle:.2f} ms | {p99 / idle:.2f} |")
+                  f"{ran:.2f} s | {waited:.2f} s | {p99:.2f} ms | {maximum:.1f} ms | "
+                  f"{idle:.2f} ms | {p99 / idle:.2f} |")
     finally:
         for process in reversed(processes):
             process.terminate()
