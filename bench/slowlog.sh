@@ -7,7 +7,7 @@
 #   bash bench/slowlog.sh                          # builds the release binary first
 #   BIN=/path/to/proxy-allocator bash bench/slowlog.sh   # another build (e.g. before a change)
 #   MEMBERS=100000 WINDOW=2 bash bench/slowlog.sh  # a smaller pool, shorter windows
-#   PIN=0 bash bench/slowlog.sh                    # Redis not pinned to a core of its own
+#   PIN=1 bash bench/slowlog.sh                    # Redis pinned to a core of its own
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
