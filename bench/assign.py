@@ -25,11 +25,11 @@ from datetime import date
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BINARY = os.path.join(ROOT, "target", "release", "proxy-allocator")
 SCRIPTS = os.path.join(ROOT, "src", "store", "scripts")
-# The service sends the shared helpers in front of the assign script (`with_helpers` in
-# src/store/redis/scripts.rs) with every key of the pool (`POOL_KEY_PARTS` in
-# src/store/redis/keys.rs); redis-benchmark must run exactly that script with exactly those
-# keys to be a fair yardstick.
-SCRIPT_PARTS = ["labels.lua", "leases.lua", "health.lua", "assign.lua"]
+# The service sends the fast path and the shared helpers in front of the assign script
+# (`fast_path_then_helpers` in src/store/redis/scripts.rs) with every key of the pool
+# (`POOL_KEY_PARTS` in src/store/redis/keys.rs); redis-benchmark must run exactly that
+# script with exactly those keys to be a fair yardstick.
+SCRIPT_PARTS = ["assign_fast.lua", "labels.lua", "leases.lua", "health.lua", "assign.lua"]
 KEY_PARTS = ["meta", "eligible", "ineligible", "taken_out", "by_in_flight", "in_flight",
              "leases", "lease_expiry", "health", "returns", "checks", "check_round", "labels",
              "by_label", "label_members"]
@@ -151,6 +151,35 @@ def with_ratios(figure, runs, yardstick):
     figure["vs_bench"] = ratios[len(ratios) // 2]
     figure["vs_bench_range"] = (ratios[0], ratios[-1])
     return figure
+
+
+def alternating(sides, run):
+    """Runs `run(side)` ROUNDS times for each of `sides`, the sides taking turns and the
+    first of each round alternating, so that a slow minute of the machine slows every side.
+    Returns side -> its runs, round by round."""
+    runs = {side: [] for side in sides}
+    for round_ in range(ROUNDS):
+        for side in sides if round_ % 2 == 0 else sides[::-1]:
+            runs[side].append(run(side))
+    return runs
+
+
+def compared(runs, base, other):
+    """`other` against `base` from `alternating`'s runs, as text: each side's median rate
+    and p99, and the median and range of the other/base ratios of the same rounds."""
+    ratios = sorted(o["rps"] / b["rps"] for o, b in zip(runs[other], runs[base]))
+    medians = {side: median(runs[side]) for side in (base, other)}
+    return (
+        f"{base} {medians[base]['rps']:9,.0f}/s p99 {medians[base]['p99']:.2f} ms  "
+        f"{other} {medians[other]['rps']:9,.0f}/s p99 {medians[other]['p99']:.2f} ms  "
+        f"{other}/{base} {ratios[len(ratios) // 2]:.3f} ({ratios[0]:.3f}-{ratios[-1]:.3f})  "
+        f"non-2xx {medians[base]['non2xx']}+{medians[other]['non2xx']}"
+    )
+
+
+def load_average():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
 
 
 def peak_rss_mb(pid):

@@ -39,23 +39,13 @@ def main():
                 bench.seed(base, f"p-{name}", POOL_SIZE)
             try:
                 for route, method in [("/pools/p-{name}/assign", "POST"), ("/livez", "GET")]:
-                    runs = {"before": [], "after": []}
-                    for round_ in range(bench.ROUNDS):
-                        order = ["before", "after"] if round_ % 2 == 0 else ["after", "before"]
-                        for name in order:
-                            base = sides[name][1]
-                            runs[name].append(
-                                bench.wrk(base + route.format(name=name), method=method))
-                    ratios = sorted(a["rps"] / b["rps"] for a, b in zip(runs["after"], runs["before"]))
-                    medians = {name: bench.median(r) for name, r in runs.items()}
-                    print(
-                        f"{store:8} {method} {route.replace('p-{name}', '{pool}'):22} "
-                        f"before {medians['before']['rps']:9,.0f}/s p99 {medians['before']['p99']:.2f} ms  "
-                        f"after {medians['after']['rps']:9,.0f}/s p99 {medians['after']['p99']:.2f} ms  "
-                        f"after/before {ratios[len(ratios) // 2]:.3f} ({ratios[0]:.3f}-{ratios[-1]:.3f})  "
-                        f"non-2xx {medians['before']['non2xx']}+{medians['after']['non2xx']}",
-                        flush=True,
-                    )
+                    runs = bench.alternating(
+                        ["before", "after"],
+                        lambda name: bench.wrk(sides[name][1] + route.format(name=name),
+                                               method=method))
+                    print(f"{store:8} {method} {route.replace('p-{name}', '{pool}'):22} "
+                          f"{bench.compared(runs, 'before', 'after')}  "
+                          f"load {bench.load_average()}", flush=True)
             finally:
                 for proc, _ in sides.values():
                     proc.terminate()

@@ -7,6 +7,11 @@ percent however busy the machine is, where requests per second on a shared machi
 Each binary runs on the embedded store under callgrind twice, answering FEW and then MANY
 assigns sent one after another on one keep-alive connection; the difference of the two
 totals divided by MANY - FEW is the cost of one assign, start-up and shutdown excluded.
+
+    STORE=redis python3 bench/instructions.py BINARY [BINARY ...]
+
+runs each binary on a Redis of its own, itself under callgrind, and counts the service's
+and Redis's instructions apart: the Redis side is the assign script with its call.
 """
 
 import os
@@ -33,16 +38,43 @@ def read_answer(sock, pending):
     return head, rest[length:]
 
 
-def instructions(binary, assigns):
-    port = bench.free_port()
+REDIS = os.environ.get("STORE", "embedded") == "redis"
+
+
+def under_callgrind(command, env=None):
+    """Starts `command` under callgrind; returns the process and its output file."""
     out = tempfile.NamedTemporaryFile(suffix=".callgrind", delete=False).name
+    proc = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *command],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, out
+
+
+def total(out):
+    with open(out) as data:
+        counted = next(int(line.split()[1]) for line in data
+                       if line.startswith(("summary:", "totals:")))
+    os.unlink(out)
+    return counted
+
+
+def instructions(binary, assigns):
+    """Instructions of the service, and of Redis (0 on the embedded store), after
+    answering `assigns` assigns."""
+    port = bench.free_port()
     env = dict(os.environ, ADMIN_TOKEN=bench.TOKEN, LISTEN_ADDR=f"127.0.0.1:{port}",
                LOG_FORMAT="json", RUST_LOG="warn")
     for name in ["REDIS_URL", "REDIS_CLUSTER_URLS", "REDIS_SENTINEL_URLS"]:
         env.pop(name, None)
-    proc = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", binary],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    redis = None
+    if REDIS:
+        redis_port = bench.free_port()
+        redis, redis_out = under_callgrind(
+            ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"])
+        bench.wait_port(redis_port, timeout=120)
+        env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}"
+    proc, out = under_callgrind([binary], env)
     try:
         bench.wait_port(port, timeout=120)
         base = f"http://127.0.0.1:{port}"
@@ -58,21 +90,24 @@ def instructions(binary, assigns):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
-    with open(out) as data:
-        total = next(int(line.split()[1]) for line in data
-                     if line.startswith(("summary:", "totals:")))
-    os.unlink(out)
-    return total
+        if redis:
+            redis.send_signal(signal.SIGTERM)
+            redis.wait(timeout=120)
+    return total(out), total(redis_out) if redis else 0
 
 
 def main():
     results = []
     for binary in sys.argv[1:]:
-        per_assign = (instructions(binary, MANY) - instructions(binary, FEW)) / (MANY - FEW)
-        results.append(per_assign)
-        print(f"{per_assign:10,.0f} instructions per assign  {binary}", flush=True)
-    if len(results) > 1:
-        print(f"ratio to the first: " + ", ".join(f"{r / results[0]:.4f}" for r in results[1:]))
+        many, few = instructions(binary, MANY), instructions(binary, FEW)
+        service, redis = ((m - f) / (MANY - FEW) for m, f in zip(many, few))
+        results.append((service, redis, service + redis))
+        print(f"{service:10,.0f} instructions per assign in the service"
+              + (f", {redis:10,.0f} in Redis" if REDIS else "") + f"  {binary}", flush=True)
+    for i, what in enumerate(["service", "Redis", "both"][: 3 if REDIS else 1]):
+        if len(results) > 1:
+            print(f"ratio to the first ({what}): "
+                  + ", ".join(f"{r[i] / results[0][i]:.4f}" for r in results[1:]))
 
 
 if __name__ == "__main__":

@@ -46,22 +46,12 @@ def main():
             try:
                 seed(base, "p")
                 target = base + "/pools/p/assign"
-                runs = {"plain": [], "labelled": []}
-                for round_ in range(bench.ROUNDS):
-                    order = ["plain", "labelled"] if round_ % 2 == 0 else ["labelled", "plain"]
-                    for side in order:
-                        body = FILTER if side == "labelled" else None
-                        runs[side].append(bench.wrk(target, body=body))
-                ratios = sorted(l["rps"] / p["rps"] for l, p in zip(runs["labelled"], runs["plain"]))
-                medians = {side: bench.median(r) for side, r in runs.items()}
-                print(
-                    f"{store:8} {SIZE:>9,} members, 1% labelled  "
-                    f"plain {medians['plain']['rps']:9,.0f}/s p99 {medians['plain']['p99']:.2f} ms  "
-                    f"labelled {medians['labelled']['rps']:9,.0f}/s p99 {medians['labelled']['p99']:.2f} ms  "
-                    f"labelled/plain {ratios[len(ratios) // 2]:.3f} ({ratios[0]:.3f}-{ratios[-1]:.3f})  "
-                    f"non-2xx {medians['plain']['non2xx']}+{medians['labelled']['non2xx']}",
-                    flush=True,
-                )
+                runs = bench.alternating(
+                    ["plain", "labelled"],
+                    lambda side: bench.wrk(target, body=FILTER if side == "labelled" else None))
+                print(f"{store:8} {SIZE:>9,} members, 1% labelled  "
+                      f"{bench.compared(runs, 'plain', 'labelled')}  "
+                      f"load {bench.load_average()}", flush=True)
             finally:
                 proc.terminate()
                 proc.wait()

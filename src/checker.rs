@@ -151,6 +151,7 @@ async fn run_round(
                 result: probed.result,
                 detail: probed.detail,
                 latency_ms: probed.latency_ms,
+                target: None,
             }
         })
     }))
@@ -165,14 +166,15 @@ async fn run_round(
                 .await
             {
                 Ok(summary) => {
-                    for (_, result, effect, _) in &summary.applied {
-                        match effect {
+                    for applied in &summary.applied {
+                        let result = applied.result;
+                        match applied.effect {
                             Effect::Tripped => tracing::info!(pool = pool.as_str(), %proxy,
                                 result = result.as_str(), detail = report.detail.as_str(),
                                 "member cooling down after a failed check"),
                             Effect::Returned => tracing::info!(pool = pool.as_str(), %proxy,
                                 "member back after a passing check"),
-                            Effect::Counted | Effect::Ignored => {}
+                            Effect::Counted | Effect::Ignored | Effect::Banned => {}
                         }
                     }
                 }

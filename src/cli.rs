@@ -329,6 +329,9 @@ pub enum MembersCommand {
         /// value).
         #[arg(long = "label", value_name = "KEY=VALUE")]
         labels: Vec<String>,
+        /// Show each member's ban for this host (`BANNED_UNTIL`, `-` when none).
+        #[arg(long, value_name = "HOST")]
+        target: Option<String>,
     },
     /// Take members out of the eligible set; they keep their counts.
     Disable {
@@ -600,8 +603,11 @@ async fn run_members(remote: &Remote, command: MembersCommand) -> Result<(), Fai
             pool,
             state,
             labels,
+            target,
         } => {
-            let members = service.all_members(&pool, &state, &labels).await?;
+            let members = service
+                .all_members(&pool, &state, &labels, target.as_deref())
+                .await?;
             let text = render::members(&members);
             let answer = json!({ "pool": pool.as_str(), "members": members });
             print(remote, &answer, Report::done(text))

@@ -53,7 +53,7 @@ pub use self::embedded::{DataDirOptions, EmbeddedStore, OpenError};
 pub use self::redis::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
     LabelFilter, Labels, LeaseId, LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId,
-    RestorePolicy, Timestamp,
+    RestorePolicy, Target, Timestamp,
 };
 
 /// How many expired leases an assign reclaims before it chooses, at most. It keeps the
@@ -96,6 +96,18 @@ pub const MAX_PROBES_PER_ROUND: u64 = 10_000;
 /// refused.
 pub const MAX_LABEL_CHECKS: u64 = 2_000;
 
+/// Most targets one pool keeps bans for at once. A ban for a further target is not
+/// recorded (its report answers `ignored`) until the bans of some target are forgotten;
+/// each target's bans are at most one per member. Together they bound a pool's ban memory
+/// by what is live: a target's bans are forgotten, with no sweep, once its last ban ended
+/// as long ago as it lasted.
+pub const MAX_BAN_TARGETS: u64 = 100_000;
+
+/// Most expired targets one ban report clears from a pool's index of targets: ending each
+/// costs a step, and since every ban adds at most one target, clearing a few on each keeps
+/// the index as small as what is live without ever reading all of it.
+pub const BAN_CLEANUP: u64 = 16;
+
 /// Most label-index entries one page of a listing with a label filter reads. A page may
 /// then hold fewer members than asked for while a next cursor is given.
 pub const MAX_LISTING_SCAN: u64 = 2_000;
@@ -107,6 +119,9 @@ pub struct AssignRequest {
     pub ttl: Option<LeaseTtl>,
     /// Only members whose labels pass this filter are candidates.
     pub labels: LabelFilter,
+    /// The host the worker will contact: members banned for it are skipped (at most
+    /// [`MAX_LABEL_CHECKS`] of them; see [`Store::assign`]).
+    pub target: Option<Target>,
 }
 
 /// What went wrong in a store. Each variant maps to one documented HTTP answer.
@@ -430,6 +445,10 @@ pub struct MemberView {
     /// Its labels (left out when it has none).
     #[serde(skip_serializing_if = "Labels::is_empty")]
     pub labels: Labels,
+    /// For a listing that names a target: until when the member is banned for it (`null`
+    /// when it is not). Left out of listings without a target.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub banned_until: Option<Option<Timestamp>>,
 }
 
 /// A member's health numbers as a store keeps them.
@@ -491,6 +510,9 @@ pub struct Report {
     pub detail: String,
     /// For checks that got an answer: how long the probe took, in milliseconds.
     pub latency_ms: Option<u64>,
+    /// The host the request went to. A `blocked` report with a target bans the member for
+    /// that target only and leaves its failure streak alone; other results ignore it.
+    pub target: Option<Target>,
 }
 
 /// What one report did.
@@ -505,14 +527,31 @@ pub enum Effect {
     Ignored,
     /// A passing check brought a cooling-down member back.
     Returned,
+    /// A `blocked` report with a target banned the member for that target (or, banned
+    /// already, for longer).
+    Banned,
+}
+
+/// What one report about a known member did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// The member.
+    pub member: MemberId,
+    /// Its result.
+    pub result: OutcomeResult,
+    /// What it did.
+    pub effect: Effect,
+    /// The member's failure streak afterwards.
+    pub streak: u64,
+    /// For [`Effect::Banned`]: until when the member is banned for the report's target.
+    pub banned_until: Option<Timestamp>,
 }
 
 /// What a report call did, in request order; unknown members are listed apart.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ReportSummary {
-    /// Each report about a known member: the member, its result, what it did and the
-    /// member's failure streak afterwards.
-    pub applied: Vec<(MemberId, OutcomeResult, Effect, u64)>,
+    /// Each report about a known member, in order.
+    pub applied: Vec<Applied>,
     /// Members the pool does not have (each listed once per report).
     pub unknown: Vec<MemberId>,
 }
@@ -701,7 +740,10 @@ pub trait Store: Send + Sync + 'static {
     async fn status(&self) -> Result<StoreStatus, StoreError>;
 
     /// Picks a member under the pool's policy, among those that pass the request's label
-    /// filter, and counts one more assignment for it. On a least-in-flight pool it first
+    /// filter and are not banned for its target, and counts one more assignment for it.
+    /// Banned members are skipped in the choosing order, each costing one check: after
+    /// [`MAX_LABEL_CHECKS`] banned members the answer is [`Assignment::Empty`] with the
+    /// wait until the first of their bans ends, even if a member further down is free. On a least-in-flight pool it first
     /// reclaims up to [`RECLAIM_ON_ASSIGN`] expired leases of the pool, then leases the
     /// member for the request's ttl (the pool's `lease_ttl_ms` when `None`).
     ///
@@ -840,7 +882,8 @@ pub trait Store: Send + Sync + 'static {
     /// Adds members; see [`Seed`] for how their starting count is chosen.
     async fn add_members(&self, pool: &PoolId, seed: &Seed) -> Result<SeedReport, StoreError>;
 
-    /// One page of the pool's members. With a label filter, the page walks the members
+    /// One page of the pool's members; with a target, each with its ban for that target
+    /// ([`MemberView::banned_until`]). With a label filter, the page walks the members
     /// carrying the filter's first key, value by value in the filter's order and by id
     /// within a value, keeping those that pass the whole filter; `cursor.eligible` then
     /// counts the entries earlier pages passed, and a page reads at most
@@ -850,6 +893,7 @@ pub trait Store: Send + Sync + 'static {
         pool: &PoolId,
         filter: StateFilter,
         labels: &LabelFilter,
+        target: Option<&Target>,
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError>;

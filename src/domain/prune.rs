@@ -8,7 +8,7 @@ pub const MAX_PRUNE_COUNT: u64 = 1_000;
 /// When members are removed by the pool itself. A member with live leases is removed once
 /// they have ended, never before.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(try_from = "RawPrune")]
+#[serde(try_from = "super::object::Object<RawPrune>")]
 pub struct PruneConfig {
     /// Removes a member whose last `n` active checks all failed (1 to 1,000; none: never).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -38,10 +38,12 @@ struct RawPrune {
 #[error("prune.after_failed_checks and prune.absent_from_source_fetches are 1 to 1000")]
 pub struct InvalidPrune;
 
-impl TryFrom<RawPrune> for PruneConfig {
+impl TryFrom<super::object::Object<RawPrune>> for PruneConfig {
     type Error = InvalidPrune;
 
-    fn try_from(raw: RawPrune) -> Result<Self, InvalidPrune> {
+    fn try_from(
+        super::object::Object(raw): super::object::Object<RawPrune>,
+    ) -> Result<Self, InvalidPrune> {
         let in_range = |n: Option<u64>| n.is_none_or(|n| (1..=MAX_PRUNE_COUNT).contains(&n));
         if !in_range(raw.after_failed_checks) || !in_range(raw.absent_from_source_fetches) {
             return Err(InvalidPrune);
@@ -87,6 +89,8 @@ mod tests {
             r#"{"after_failed_checks": 0}"#,
             r#"{"absent_from_source_fetches": 1001}"#,
             r#"{"after": 3}"#,
+            // An array is not read into the fields by position.
+            "[3, null, false]",
         ] {
             assert!(serde_json::from_str::<PruneConfig>(bad).is_err(), "{bad}");
         }

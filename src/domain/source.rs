@@ -47,7 +47,7 @@ impl SourceFormat {
 
 /// One list a pool fetches every `interval_ms`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "RawSource")]
+#[serde(try_from = "super::object::Object<RawSource>")]
 pub struct Source {
     /// The `http://` or `https://` URL of the list (at most 2,048 bytes). It must resolve to
     /// a public address unless the pool's `rules.allow_private_sources` is set.
@@ -77,10 +77,12 @@ struct RawSource {
 #[error("{0}")]
 pub struct InvalidSource(&'static str);
 
-impl TryFrom<RawSource> for Source {
+impl TryFrom<super::object::Object<RawSource>> for Source {
     type Error = InvalidSource;
 
-    fn try_from(raw: RawSource) -> Result<Self, InvalidSource> {
+    fn try_from(
+        super::object::Object(raw): super::object::Object<RawSource>,
+    ) -> Result<Self, InvalidSource> {
         if !is_target_url(&raw.url) {
             return Err(InvalidSource(
                 "sources[].url is an http:// or https:// URL with a host, of at most 2048 bytes",
@@ -160,6 +162,7 @@ mod tests {
     fn bad_urls_intervals_repeats_and_too_many_sources_are_refused() {
         let one = |url: &str, interval: u64| json!({"url": url, "interval_ms": interval});
         assert!(parse(json!([one("ftp://lists.example/p", 60000)])).is_err());
+        assert!(parse(json!([["https://lists.example/p", 60000, "lines", "http"]])).is_err());
         assert!(parse(json!([one("https:///p", 60000)])).is_err());
         assert!(parse(json!([one("https://lists.example/p", 999)])).is_err());
         assert!(

@@ -22,12 +22,14 @@
 //! it; it needs no clock or randomness, since the records hold every time, lease id and
 //! jitter draw the operations used.
 
+mod bans;
 mod codec;
 mod due;
 mod files;
 mod journal;
 mod labelled;
 mod recovery;
+mod rests;
 mod snapshot;
 
 use std::borrow::Cow;
@@ -39,16 +41,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AssignRequest, Assignment, CHECK_CLAIM_HOLD, CheckRound, ClaimedSource, Cursor, DisableReport,
-    Effect, EnableReport, FetchOutcome, Health, LastCheck, Lease, MAX_PROBES_PER_ROUND, MemberPage,
-    MemberState, MemberView, Origin, PRUNE_BATCH, PoolInfo, PoolPage, PoolStats, Pruned, PutPool,
-    RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
-    ReportSummary, Restored, SOURCE_CLAIM_HOLD, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport,
-    SourceFetch, SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
+    Applied, AssignRequest, Assignment, CHECK_CLAIM_HOLD, CheckRound, ClaimedSource, Cursor,
+    DisableReport, Effect, EnableReport, FetchOutcome, Health, LastCheck, Lease, MAX_LABEL_CHECKS,
+    MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, Origin, PRUNE_BATCH, PoolInfo,
+    PoolPage, PoolStats, Pruned, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport,
+    Renewed, Report, ReportSource, ReportSummary, Restored, SOURCE_CLAIM_HOLD,
+    SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport, SourceFetch, SourceState, StateFilter,
+    Store, StoreError, StoreStatus, Swept,
 };
 use crate::domain::{
     LabelFilter, LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId,
-    RestorePolicy, Timestamp,
+    RestorePolicy, Target, Timestamp,
 };
 
 use self::codec::{MemberImage, PoolImage, Provenance, SourceBook};
@@ -204,6 +207,10 @@ struct Pool {
     checks: HashMap<MemberId, LastCheck>,
     /// Members' labels and the indexes over them.
     labels: labelled::LabelIndex,
+    /// Bans per target (in memory only: see `bans.rs`).
+    bans: bans::Bans,
+    /// Resting members of a paced pool (in memory only: see `rests.rs`).
+    rests: rests::Rests,
     tripped: u64,
     recovered: u64,
     /// Until when the last check round holds the pool.
@@ -366,6 +373,8 @@ impl Pool {
             return_at: HashMap::new(),
             checks: HashMap::new(),
             labels: labelled::LabelIndex::default(),
+            bans: bans::Bans::default(),
+            rests: rests::Rests::default(),
             tripped: 0,
             recovered: 0,
             check_round_until: None,
@@ -454,7 +463,7 @@ impl Pool {
                     .urls
                     .get(&id)
                     .cloned()
-                    .unwrap_or_else(|| format!("s{id}")),
+                    .unwrap_or_else(|| format!("removed source #{id}")),
             ),
         }
     }
@@ -634,12 +643,27 @@ impl Pool {
         report: &Report,
         now: Timestamp,
         draw: f64,
-    ) -> Option<(Effect, u64)> {
+    ) -> Option<(Effect, u64, Option<Timestamp>)> {
         let member = &report.member;
         let mut health = self.health_of(member);
         let eligible = self.eligible.get(member).is_some();
         let cooling = !eligible && self.return_at.contains_key(member);
         let check = source == ReportSource::Check;
+        if let Some(target) = &report.target
+            && report.result == OutcomeResult::Blocked
+            && !check
+        {
+            if !eligible {
+                self.ineligible.get(member)?;
+            }
+            return Some(
+                match self.bans.ban(target, member, now, &self.config.health) {
+                    bans::Banned::Now(until) => (Effect::Banned, health.streak, Some(until)),
+                    bans::Banned::Already(until) => (Effect::Ignored, health.streak, Some(until)),
+                    bans::Banned::Full => (Effect::Ignored, health.streak, None),
+                },
+            );
+        }
         let effect = if !eligible && !cooling {
             self.ineligible.get(member)?;
             Effect::Ignored
@@ -684,7 +708,7 @@ impl Pool {
                 },
             );
         }
-        Some((effect, health.streak))
+        Some((effect, health.streak, None))
     }
 
     /// Counts a check's result in the member's failed checks in a row, making it due for
@@ -878,24 +902,122 @@ impl Pool {
         reclaimed
     }
 
-    /// How long until the earliest return, for an assign that found nothing: none with a
-    /// label filter, since that member may not carry the labels (as in assign.lua).
+    /// How long until the earliest return, for an assign that found nothing. With a label
+    /// filter, the first of the [`RETURNS_CHECKED`] soonest returns whose member carries
+    /// the labels; when none of them does, the last of them, which no member carrying the
+    /// labels can beat; none when fewer are cooling down (as `nothing_eligible` in
+    /// assign.lua).
     fn wait_for(&self, labels: &LabelFilter, now: Timestamp) -> Option<Duration> {
         if labels.is_empty() {
-            self.next_return(now)
-        } else {
-            None
+            return self.next_return(now);
         }
+        let soonest: Vec<&(Timestamp, MemberId)> =
+            self.returns.iter().take(RETURNS_CHECKED).collect();
+        let carrying = soonest.iter().find(|(_, member)| {
+            self.labels
+                .of
+                .get(member)
+                .is_some_and(|carried| carried.matches(labels))
+        });
+        let due = match carrying {
+            Some((at, _)) => Some(*at),
+            None if soonest.len() == RETURNS_CHECKED => soonest.last().map(|(at, _)| *at),
+            None => None,
+        };
+        bans::wait_until(due, now)
+    }
+
+    /// The first entry of a choosing order whose member is free for the request (not
+    /// banned for its target, not resting), checking at most [`MAX_LABEL_CHECKS`] held
+    /// members (as `first_free` in `scripts/assign.lua`). `Err` with the earliest time one
+    /// of the members skipped is free again when there is none within that budget.
+    fn first_free<'a, T: 'a>(
+        &self,
+        order: impl Iterator<Item = &'a T>,
+        member: impl Fn(&T) -> &MemberId,
+        holds: &Holds<'_>,
+    ) -> Result<&'a T, Option<Timestamp>> {
+        let mut earliest: Option<Timestamp> = None;
+        for (skipped, entry) in order.enumerate() {
+            if skipped as u64 >= MAX_LABEL_CHECKS {
+                break;
+            }
+            match self.held_until(holds, member(entry)) {
+                Some(until) => earliest = Some(earliest.map_or(until, |e| e.min(until))),
+                None => return Ok(entry),
+            }
+        }
+        Err(earliest)
+    }
+
+    /// What may hold members back for this request: the bans of its target, when it has
+    /// live ones, and the pacing scope that applies. `None` when nothing does: an assign
+    /// then takes the plain path.
+    fn holds<'a>(&self, request: &'a AssignRequest, now: Timestamp) -> Option<Holds<'a>> {
+        let bans = request
+            .target
+            .as_ref()
+            .filter(|target| self.bans.has_live(target, now));
+        let rests = self.config.pacing.and_then(|pacing| {
+            if pacing.per_target {
+                request
+                    .target
+                    .as_ref()
+                    .map(|target| (Some(target), pacing.min_interval_ms))
+            } else {
+                Some((None, pacing.min_interval_ms))
+            }
+        });
+        (bans.is_some() || rests.is_some()).then_some(Holds { bans, rests, now })
+    }
+
+    /// Until when `member` is held back for the request, `None` when it is free.
+    pub(super) fn held_until(&self, holds: &Holds<'_>, member: &MemberId) -> Option<Timestamp> {
+        let banned = holds
+            .bans
+            .and_then(|target| self.bans.banned_until(target, member, holds.now));
+        let resting = holds
+            .rests
+            .and_then(|(scope, _)| self.rests.resting_until(scope, member, holds.now));
+        banned.max(resting)
+    }
+
+    /// Rests the member just handed out, when the request is paced.
+    fn rest(&mut self, holds: Option<&Holds<'_>>, member: &MemberId) {
+        if let Some(Holds {
+            rests: Some((scope, interval)),
+            now,
+            ..
+        }) = holds
+        {
+            let until = Timestamp(now.0.saturating_add(*interval));
+            self.rests.rest(*scope, member, until, *now);
+        }
+    }
+
+    /// How long until the first of the cooling-down members or of `banned_until` comes
+    /// back, for an assign that found nothing.
+    fn wait_with_bans(
+        &self,
+        labels: &LabelFilter,
+        banned_until: Option<Timestamp>,
+        now: Timestamp,
+    ) -> Option<Duration> {
+        let cooling = self.wait_for(labels, now);
+        let banned = bans::wait_until(banned_until, now);
+        cooling.into_iter().chain(banned).min()
     }
 
     fn assign_least_used(
         &mut self,
-        labels: &LabelFilter,
+        request: &AssignRequest,
         now: Timestamp,
     ) -> Result<Assignment, StoreError> {
+        let labels = &request.labels;
+        let holds = self.holds(request, now);
         let chosen = if labels.is_empty() {
-            if self.labels.of.is_empty() {
-                // No labels anywhere: the plain path, one pop and one insert.
+            if self.labels.of.is_empty() && holds.is_none() {
+                // No labels anywhere and no bans: the plain path, one pop and one insert.
                 return Ok(match self.eligible.add_one_to_first() {
                     Some((member, assignments)) => {
                         self.total_assignments += 1;
@@ -909,12 +1031,31 @@ impl Pool {
                     },
                 });
             }
-            self.eligible
-                .order
-                .first()
-                .map(|(_, member)| member.clone())
+            match &holds {
+                Some(holds) => match self.first_free(self.eligible.order.iter(), |e| &e.1, holds) {
+                    Ok((_, member)) => Some(member.clone()),
+                    Err(banned_until) => {
+                        return Ok(Assignment::Empty {
+                            next_return: self.wait_with_bans(labels, banned_until, now),
+                        });
+                    }
+                },
+                None => self
+                    .eligible
+                    .order
+                    .first()
+                    .map(|(_, member)| member.clone()),
+            }
         } else {
-            self.pick_labelled(labels)?.map(|(_, _, member)| member)
+            let (first, banned_until) = self.pick_labelled(labels, holds.as_ref())?;
+            match first {
+                Some((_, _, member)) => Some(member),
+                None => {
+                    return Ok(Assignment::Empty {
+                        next_return: self.wait_with_bans(labels, banned_until, now),
+                    });
+                }
+            }
         };
         let Some(member) = chosen else {
             return Ok(Assignment::Empty {
@@ -926,6 +1067,7 @@ impl Pool {
         self.eligible.set(member.clone(), assignments);
         self.place(&member);
         self.total_assignments += 1;
+        self.rest(holds.as_ref(), &member);
         Ok(Assignment::Assigned {
             member,
             assignments,
@@ -938,24 +1080,33 @@ impl Pool {
         now: Timestamp,
     ) -> Result<Assignment, StoreError> {
         self.reclaim_expired(now, RECLAIM_ON_ASSIGN);
-        let first = if request.labels.is_empty() {
-            self.order.first().cloned()
+        let holds = self.holds(request, now);
+        let (first, banned_until) = if !request.labels.is_empty() {
+            self.pick_labelled(&request.labels, holds.as_ref())?
+        } else if let Some(holds) = &holds {
+            match self.first_free(self.order.iter(), |e| &e.2, holds) {
+                Ok(entry) => (Some(entry.clone()), None),
+                Err(banned_until) => (None, banned_until),
+            }
         } else {
-            self.pick_labelled(&request.labels)?
+            (self.order.first().cloned(), None)
         };
         let Some((in_flight, _, member)) = first else {
             return Ok(Assignment::Empty {
-                next_return: self.wait_for(&request.labels, now),
+                next_return: self.wait_with_bans(&request.labels, banned_until, now),
             });
         };
-        // The first entry has the fewest live leases of all: if it is at the cap, so is
-        // every other member.
+        // The first entry has the fewest live leases of all (the first not banned: of all
+        // those not banned): if it is at the cap, so is every other; a banned one may come
+        // back below it.
         if self
             .config
             .max_in_flight
             .is_some_and(|cap| in_flight >= cap.get())
         {
-            return Ok(Assignment::Empty { next_return: None });
+            return Ok(Assignment::Empty {
+                next_return: bans::wait_until(banned_until, now),
+            });
         }
         self.unplace(&member);
         let assignments = self.eligible.get(&member).unwrap_or(0) + 1;
@@ -963,6 +1114,7 @@ impl Pool {
         self.in_flight.insert(member.clone(), in_flight + 1);
         self.place(&member);
         self.total_assignments += 1;
+        self.rest(holds.as_ref(), &member);
         let ttl = request.ttl.unwrap_or(self.config.lease_ttl_ms);
         let lease = self.lease_for(&member, now, ttl);
         Ok(Assignment::Leased {
@@ -993,6 +1145,41 @@ impl Pool {
         }
     }
 
+    /// One page of a listing, bans left out (see `Store::members`).
+    /// A page of the listing; without a label filter each set's page begins at its `starts`
+    /// (where the cursor's offsets were walked to, see [`walk_on`]).
+    fn listing_page(
+        &self,
+        filter: StateFilter,
+        labels: &LabelFilter,
+        limit: usize,
+        cursor: Cursor,
+        (eligible_start, ineligible_start): (&PageStart, &PageStart),
+    ) -> MemberPage {
+        if !labels.is_empty() {
+            return self.labelled_page(filter, labels, limit, cursor);
+        }
+        // Take one more than a page from each set so that the merge knows whether
+        // anything is left after this page.
+        let eligible: Vec<MemberView> = match (filter, eligible_start) {
+            (StateFilter::Ineligible, _) | (_, None) => Vec::new(),
+            (_, Some((from, left))) => self
+                .eligible
+                .page(from.as_ref(), *left, limit + 1)
+                .map(|(count, member)| self.view_eligible(member, *count))
+                .collect(),
+        };
+        let ineligible: Vec<MemberView> = match (filter, ineligible_start) {
+            (StateFilter::Eligible, _) | (_, None) => Vec::new(),
+            (_, Some((from, left))) => self
+                .ineligible
+                .page(from.as_ref(), *left, limit + 1)
+                .map(|(count, member)| self.view_ineligible(member, *count))
+                .collect(),
+        };
+        super::merge_page(eligible, ineligible, limit, cursor)
+    }
+
     fn view_eligible(&self, member: &MemberId, assignments: u64) -> MemberView {
         self.with_health(MemberView {
             member: member.clone(),
@@ -1007,6 +1194,7 @@ impl Pool {
             returns_at: None,
             last_check: None,
             labels: crate::domain::Labels::default(),
+            banned_until: None,
         })
     }
 
@@ -1029,9 +1217,26 @@ impl Pool {
             returns_at: None,
             last_check: None,
             labels: crate::domain::Labels::default(),
+            banned_until: None,
         })
     }
 }
+
+/// What may hold members back for one assign (see `Pool::holds`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Holds<'a> {
+    /// The request's target, when it has live bans.
+    bans: Option<&'a Target>,
+    /// When the request is paced: its scope (`None` pool-wide, else the target) and the
+    /// interval in milliseconds.
+    rests: Option<(Option<&'a Target>, u64)>,
+    /// The time of the assign.
+    now: Timestamp,
+}
+
+/// How many of the soonest returns an assign with a label filter that found nothing looks
+/// at for one carrying the labels (see `Pool::wait_for`).
+const RETURNS_CHECKED: usize = 16;
 
 /// The labels of a member that has none, for images that borrow.
 static NO_LABELS: std::sync::LazyLock<crate::domain::Labels> =
@@ -1217,7 +1422,7 @@ impl Store for EmbeddedStore {
             let assignment = if p.config.policy == Policy::LeastInFlight {
                 p.assign_least_in_flight(request, now)
             } else {
-                p.assign_least_used(&request.labels, now)
+                p.assign_least_used(request, now)
             };
             let assignment = assignment?;
             if let (
@@ -1344,11 +1549,13 @@ impl Store for EmbeddedStore {
             let mut summary = ReportSummary::default();
             for report in reports {
                 match p.apply(source, report, now, draw) {
-                    Some((effect, streak)) => {
-                        summary
-                            .applied
-                            .push((report.member.clone(), report.result, effect, streak))
-                    }
+                    Some((effect, streak, banned_until)) => summary.applied.push(Applied {
+                        member: report.member.clone(),
+                        result: report.result,
+                        effect,
+                        streak,
+                        banned_until,
+                    }),
                     None => summary.unknown.push(report.member.clone()),
                 }
             }
@@ -1438,6 +1645,13 @@ impl Store for EmbeddedStore {
                         p.book.last_id += 1;
                         let id = p.book.last_id;
                         p.book.urls.insert(id, url.clone());
+                        // The URLs of the last 256 ids only (and of the configured sources),
+                        // as on Redis (claim_sources.lua).
+                        if let Some(old) = id.checked_sub(256)
+                            && !p.book.successes.contains_key(&old)
+                        {
+                            p.book.urls.remove(&old);
+                        }
                         p.book.successes.insert(id, 0);
                         p.changes.pool = true;
                         id
@@ -1707,6 +1921,7 @@ impl Store for EmbeddedStore {
         pool: &PoolId,
         filter: StateFilter,
         labels: &LabelFilter,
+        target: Option<&Target>,
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
@@ -1729,28 +1944,20 @@ impl Store for EmbeddedStore {
             tokio::task::yield_now().await;
         }
         let (page, _) = self.with_pool(pool, |p, _| {
-            if !labels.is_empty() {
-                return p.labelled_page(filter, labels, limit, cursor);
+            let mut page = p.listing_page(
+                filter,
+                labels,
+                limit,
+                cursor,
+                (&eligible_start, &ineligible_start),
+            );
+            if let Some(target) = target {
+                let now = Timestamp::now();
+                for view in &mut page.members {
+                    view.banned_until = Some(p.bans.banned_until(target, &view.member, now));
+                }
             }
-            // Take one more than a page from each set so that the merge knows whether
-            // anything is left after this page.
-            let eligible: Vec<MemberView> = match (filter, &eligible_start) {
-                (StateFilter::Ineligible, _) | (_, None) => Vec::new(),
-                (_, Some((from, left))) => p
-                    .eligible
-                    .page(from.as_ref(), *left, limit + 1)
-                    .map(|(count, member)| p.view_eligible(member, *count))
-                    .collect(),
-            };
-            let ineligible: Vec<MemberView> = match (filter, &ineligible_start) {
-                (StateFilter::Eligible, _) | (_, None) => Vec::new(),
-                (_, Some((from, left))) => p
-                    .ineligible
-                    .page(from.as_ref(), *left, limit + 1)
-                    .map(|(count, member)| p.view_ineligible(member, *count))
-                    .collect(),
-            };
-            super::merge_page(eligible, ineligible, limit, cursor)
+            page
         })?;
         Ok(page)
     }
@@ -1995,6 +2202,7 @@ mod tests {
                         ][rng.random_range(0..3)],
                         detail: "status 200".to_owned(),
                         latency_ms: rng.random_bool(0.5).then(|| rng.random_range(0..5000)),
+                        target: None,
                     })
                     .collect();
                 let source = if rng.random_bool(0.5) {
@@ -2244,6 +2452,29 @@ mod tests {
         }
         drop(first);
         EmbeddedStore::open(dir.options(4096)).expect("opened once the first is gone");
+    }
+
+    #[tokio::test]
+    async fn a_pool_keeps_the_urls_of_its_last_256_source_ids_and_of_its_configured_ones() {
+        let store = EmbeddedStore::new();
+        let id = pool("p");
+        store
+            .put_pool(&id, &PoolConfig::default())
+            .await
+            .expect("created");
+        let kept = "http://a.example/p".to_owned();
+        for i in 0..300 {
+            let urls = [kept.clone(), format!("http://lists.example/{i}")];
+            store
+                .claim_sources(&id, &urls, Duration::from_secs(60))
+                .await
+                .expect("claimed");
+        }
+        let inner = store.inner.lock().expect("not poisoned");
+        let book = &inner.pools[&id].book;
+        assert_eq!(book.urls.len(), 257);
+        assert_eq!(book.urls.get(&1), Some(&kept));
+        assert_eq!(book.successes.keys().copied().collect::<Vec<_>>(), [1, 301]);
     }
 
     #[tokio::test]

@@ -9,7 +9,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
-use crate::helpers::{ADMIN, Backend, TestApp};
+use reqwest::{Method, StatusCode};
+
+use crate::helpers::{ADMIN, Backend, TestApp, read};
 
 /// What one run of the binary did.
 #[derive(Debug, PartialEq, Eq)]
@@ -88,6 +90,7 @@ async fn pools_create_show_list_and_delete_print_what_they_did_and_exit_zero() {
              health.jitter_percent            10\n\
              health.max_consecutive_failures  3\n\
              health.max_cooldown_ms           3600000\n\
+             health.target_ban_ms             600000\n\
              rules.allow_credentials          true\n\
              rules.allow_hostnames            true\n\
              rules.allow_private              false\n\
@@ -124,6 +127,7 @@ async fn pools_create_show_list_and_delete_print_what_they_did_and_exit_zero() {
              health.jitter_percent            10\n\
              health.max_consecutive_failures  3\n\
              health.max_cooldown_ms           3600000\n\
+             health.target_ban_ms             600000\n\
              rules.allow_credentials          true\n\
              rules.allow_hostnames            true\n\
              rules.allow_private              false\n\
@@ -152,6 +156,7 @@ async fn pools_create_show_list_and_delete_print_what_they_did_and_exit_zero() {
              health.jitter_percent            10\n\
              health.max_consecutive_failures  3\n\
              health.max_cooldown_ms           3600000\n\
+             health.target_ban_ms             600000\n\
              rules.allow_credentials          true\n\
              rules.allow_hostnames            true\n\
              rules.allow_private              false\n\
@@ -227,6 +232,39 @@ async fn members_add_and_list_take_labels_and_the_listing_shows_them() {
         &["members", "add", "web", P3, "--label", "Country=de"],
     )
     .await;
+    assert_ne!(refused.code, 0, "{refused:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_list_with_a_target_shows_each_member_s_ban_for_it() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    app.create_pool("web", json!({})).await;
+    app.seed("web", &[P1, P2], Some(0)).await;
+    let (status, body) = read(
+        app.anonymous(Method::POST, "/pools/web/outcomes")
+            .json(&json!({"proxy": P2, "result": "blocked", "target": "shop.example.com"}))
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let until = body["outcomes"][0]["banned_until"]
+        .as_str()
+        .expect("banned");
+    assert_eq!(
+        run(
+            &app,
+            &["members", "list", "web", "--target", "shop.example.com"]
+        )
+        .await,
+        Run::ok(&format!(
+            "MEMBER                      STATE     ASSIGNMENTS  IN_FLIGHT  REASON  SINCE  BANNED_UNTIL\n\
+             {P1}  eligible            0          0       -      -  -\n\
+             {P2}  eligible            0          0       -      -  {until}\n"
+        ))
+    );
+    let refused = run(&app, &["members", "list", "web", "--target", "a b"]).await;
     assert_ne!(refused.code, 0, "{refused:?}");
 }
 

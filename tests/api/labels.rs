@@ -134,6 +134,47 @@ async fn an_assign_with_a_label_takes_the_least_used_member_carrying_it(app: Tes
     assert_eq!(app.assigned("p").await, ("fr-1".to_owned(), 1));
 }
 
+/// Plain assigns and `country=de` assigns in turn, three of each: the plain ones move
+/// labelled members too, and the labelled ones must see it.
+async fn plain_and_labelled_assigns_in_turn(app: &TestApp) -> Vec<String> {
+    let mut picks = Vec::new();
+    for _ in 0..3 {
+        let (status, body) = app.assign("p").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        picks.push(body["proxy"].as_str().expect("proxy").to_owned());
+        let (status, body) = assign_with(app, "p", json!({"labels": {"country": "de"}})).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        picks.push(body["proxy"].as_str().expect("proxy").to_owned());
+    }
+    picks
+}
+
+async fn a_plain_assign_of_a_labelled_member_moves_it_in_the_labelled_choice(app: TestApp) {
+    mixed_pool(&app, json!({})).await;
+    // de-1 goes first to the plain assign, so the labelled one takes de-2; then fr-1 and
+    // de-1 (both de at 1, ties by id), then fr-2 and de-2.
+    assert_eq!(
+        plain_and_labelled_assigns_in_turn(&app).await,
+        ["de-1", "de-2", "fr-1", "de-1", "fr-2", "de-2"]
+    );
+}
+
+async fn a_plain_lease_of_a_labelled_member_moves_it_in_the_labelled_choice(app: TestApp) {
+    mixed_pool(&app, json!({"policy": "least-in-flight"})).await;
+    app.post_json(
+        "/pools/p/members",
+        json!({"members": ["de-2"], "assignments": 3, "reset": true}),
+    )
+    .await;
+    // Every lease stays live. The plain assign leases de-1, so the labelled one takes de-2
+    // for its lack of leases, though it has more assignments; then de-1 and de-2 have one
+    // lease each and de-1 fewer assignments.
+    assert_eq!(
+        plain_and_labelled_assigns_in_turn(&app).await,
+        ["de-1", "de-2", "fr-1", "de-1", "fr-2", "de-2"]
+    );
+}
+
 async fn a_list_of_values_takes_the_least_used_member_carrying_any_of_them(app: TestApp) {
     mixed_pool(&app, json!({})).await;
     let mut picks = Vec::new();
@@ -529,6 +570,8 @@ async fn concurrent_assigns_with_the_same_labels_keep_members_of_that_label_with
 for_each_store!(
     seeded_labels_come_from_the_entry_or_else_the_call_and_the_listing_shows_them,
     an_assign_with_a_label_takes_the_least_used_member_carrying_it,
+    a_plain_assign_of_a_labelled_member_moves_it_in_the_labelled_choice,
+    a_plain_lease_of_a_labelled_member_moves_it_in_the_labelled_choice,
     a_list_of_values_takes_the_least_used_member_carrying_any_of_them,
     a_filter_over_several_keys_needs_every_one_of_them,
     a_labelled_assign_answers_204_when_no_eligible_member_carries_the_labels,

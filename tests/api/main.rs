@@ -25,6 +25,7 @@ mod leases;
 mod logs;
 mod members;
 mod metrics;
+mod pacing;
 mod pools;
 #[expect(dead_code, reason = "shared with tests/faults, which sends it signals")]
 mod process;
@@ -35,4 +36,5 @@ mod requests;
 mod round_trips;
 mod sources;
 mod spy;
+mod targets;
 mod ui;

@@ -12,13 +12,18 @@ use crate::helpers::{
 
 #[tokio::test]
 async fn assign_recovers_after_the_script_cache_is_flushed() {
-    let app = TestApp::spawn(crate::helpers::Backend::Redis).await;
-    let url = app.redis_url.clone().expect("on Redis");
+    // A Redis of its own: on the shared one, other tests load the script again between the
+    // flush and the check.
+    let redis = RedisServer::start();
+    let app = TestApp::spawn_with(test_config(Some(redis.url()))).await;
+    let url = redis.url();
     app.create_pool("p", json!({})).await;
     app.seed("p", &["a", "b"], Some(0)).await;
     assert_eq!(app.assigned("p").await, ("a".to_owned(), 1));
-    // The service puts the shared helpers in front of the script (`with_helpers!`).
+    // The service puts the fast path, then the shared helpers in front of the script
+    // (`fast_path_then_helpers` in scripts.rs).
     let sha = redis::Script::new(concat!(
+        include_str!("../../src/store/scripts/assign_fast.lua"),
         include_str!("../../src/store/scripts/labels.lua"),
         include_str!("../../src/store/scripts/leases.lua"),
         include_str!("../../src/store/scripts/health.lua"),

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use proxy_allocator::config::Config;
 use proxy_allocator::domain::{
-    LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy,
+    LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy, Target,
 };
 use proxy_allocator::store::{
     AssignRequest, Assignment, CheckRound, ClaimedSource, Cursor, DisableReport, EnableReport,
@@ -294,11 +294,12 @@ impl Store for Spy {
         pool: &PoolId,
         filter: StateFilter,
         labels: &LabelFilter,
+        target: Option<&Target>,
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
         self.inner
-            .members(pool, filter, labels, limit, cursor)
+            .members(pool, filter, labels, target, limit, cursor)
             .await
     }
 

@@ -82,6 +82,27 @@ class ClientBehaviour(unittest.TestCase):
             client.assign(pool, labels={"country": "d e"})
         self.assertEqual(raised.exception.code, "invalid_request")
 
+    def test_a_blocked_report_with_a_target_bans_the_proxy_for_that_target_only(self) -> None:
+        pool = self.service.create_pool()
+        self.service.seed(pool, [P1, P2])
+        client = self.service.client()
+        outcome = client.report(pool, P1, "blocked", 403, target="Shop.Example.com")
+        self.assertEqual((outcome.effect, outcome.consecutive_failures), ("banned", 0))
+        assert outcome.banned_until is not None
+        for count in (1, 2):
+            self.assertEqual(client.assign(pool, target="shop.example.com"),
+                             Assignment(pool=pool, proxy=P2, assignments=count))
+        self.assertEqual(client.assign(pool, target="other.example.org"),
+                         Assignment(pool=pool, proxy=P1, assignments=1))
+        listing = self.service.admin(
+            "GET", "/pools/{}/members?target=shop.example.com".format(pool))
+        assert listing is not None
+        self.assertEqual({m["member"]: m["banned_until"] for m in listing["members"]},
+                         {P1: outcome.banned_until, P2: None})
+        with self.assertRaises(ProxyAllocatorError) as raised:
+            client.assign(pool, target="https://shop.example.com/")
+        self.assertEqual(raised.exception.code, "invalid_request")
+
     def test_assign_returns_none_when_every_member_is_disabled(self) -> None:
         pool = self.service.create_pool()
         self.service.seed(pool, [P1])

@@ -54,13 +54,14 @@ pub(super) struct Provenance {
     pub prune_due: Option<Timestamp>,
 }
 
-/// What a pool keeps about its sources beyond a restart: the ids it gave (with their URLs,
-/// for the origins of members) and the successful fetches of the current ones, by id.
+/// What a pool keeps about its sources beyond a restart: the ids it gave (with the URLs of
+/// the last 256, for the origins of members) and the successful fetches of the current
+/// ones, by id.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(super) struct SourceBook {
     /// The last id given (ids start at 1).
     pub last_id: u64,
-    /// Every id ever given, with its URL.
+    /// The last 256 ids given, with their URLs.
     pub urls: std::collections::BTreeMap<u64, String>,
     /// The current sources' successful fetches, by id.
     pub successes: std::collections::BTreeMap<u64, u64>,

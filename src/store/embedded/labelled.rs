@@ -9,11 +9,14 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::Pool;
-use crate::domain::{LabelFilter, Labels, MemberId, Policy};
+use super::{Holds, Pool};
+use crate::domain::{LabelFilter, Labels, MemberId, Policy, Timestamp};
 use crate::store::{
     Cursor, MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MemberPage, StateFilter, StoreError,
 };
+
+/// A place in the choosing order: `(live leases or 0, assignments, member)`.
+pub(super) type OrderEntry = (u64, u64, MemberId);
 
 /// Each member's labels and the indexes over them.
 #[derive(Debug, Default)]
@@ -105,11 +108,17 @@ impl Pool {
     /// The first eligible member in the choosing order that passes `filter`, by the rule
     /// of `pick_labelled` in `scripts/labels.lua`: with one key, the first entry of each
     /// value's set; with several, a walk over the key with the fewest entries that checks
-    /// at most [`MAX_LABEL_CHECKS`] candidates.
+    /// at most [`MAX_LABEL_CHECKS`] candidates. With `holds`, members banned for the
+    /// request's target or resting are skipped, each counting as a check; the earliest
+    /// time one of those that pass the filter is free again comes second.
     pub(super) fn pick_labelled(
         &self,
         filter: &LabelFilter,
-    ) -> Result<Option<(u64, u64, MemberId)>, StoreError> {
+        holds: Option<&Holds<'_>>,
+    ) -> Result<(Option<OrderEntry>, Option<Timestamp>), StoreError> {
+        let banned_until =
+            |member: &MemberId| holds.and_then(|holds| self.held_until(holds, member));
+        let mut earliest: Option<Timestamp> = None;
         let groups: Vec<(&str, &[String])> = filter.groups().collect();
         let set = |key: &str, value: &str| self.labels.eligible.get(&format!("{key}={value}"));
         let size = |(key, values): &(&str, &[String])| -> usize {
@@ -119,7 +128,7 @@ impl Pool {
                 .sum()
         };
         let Some(walk) = (0..groups.len()).min_by_key(|&i| size(&groups[i])) else {
-            return Ok(None);
+            return Ok((None, None));
         };
         let (key, values) = groups[walk];
         let mut best: Option<&(u64, u64, MemberId)> = None;
@@ -130,7 +139,7 @@ impl Pool {
             };
             let mut found = None;
             for entry in entries {
-                if groups.len() == 1 {
+                if groups.len() == 1 && holds.is_none() {
                     found = Some(entry);
                     break;
                 }
@@ -144,8 +153,13 @@ impl Pool {
                     .get(&entry.2)
                     .is_some_and(|labels| labels.matches(filter))
                 {
-                    found = Some(entry);
-                    break;
+                    match banned_until(&entry.2) {
+                        Some(until) => earliest = Some(earliest.map_or(until, |e| e.min(until))),
+                        None => {
+                            found = Some(entry);
+                            break;
+                        }
+                    }
                 }
             }
             if let Some(found) = found
@@ -154,7 +168,7 @@ impl Pool {
                 best = Some(found);
             }
         }
-        Ok(best.cloned())
+        Ok((best.cloned(), earliest))
     }
 
     /// A page of a listing with a label filter (see `Store::members`).

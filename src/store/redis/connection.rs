@@ -228,11 +228,9 @@ pub(super) struct SharedConnectionManager {
     disconnects: Arc<AtomicU64>,
 }
 
-impl managed::Manager for SharedConnectionManager {
-    type Type = SharedConnection;
-    type Error = RedisError;
-
-    async fn create(&self) -> Result<SharedConnection, RedisError> {
+impl SharedConnectionManager {
+    /// Opens a connection to the topology's primary (or the cluster).
+    async fn dial(&self) -> Result<SharedConnection, RedisError> {
         let verified_at = self.disconnects.load(Ordering::Acquire);
         let connection = match &self.dial {
             Dialer::Standalone(manager) => {
@@ -263,6 +261,19 @@ impl managed::Manager for SharedConnectionManager {
             broken: Arc::new(AtomicBool::new(false)),
             verified_at,
         })
+    }
+}
+
+impl managed::Manager for SharedConnectionManager {
+    type Type = SharedConnection;
+    type Error = RedisError;
+
+    async fn create(&self) -> Result<SharedConnection, RedisError> {
+        // Dialling (standalone, cluster or Sentinel) is a future of several kilobytes, and
+        // the pool's checkout future holds this one inline: every command's future would
+        // carry that space, copied whole each time a store call is boxed. Boxed here, the
+        // space is taken only when a connection is made.
+        Box::pin(self.dial()).await
     }
 
     async fn recycle(&self, conn: &mut SharedConnection, _: &Metrics) -> RecycleResult<RedisError> {

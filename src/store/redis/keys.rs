@@ -25,7 +25,11 @@
 //! | `<prefix>:{<pool>}:seen` | sorted set | member added by a source -> `id * 2^32 + n`, n the source's last fetch that listed it (see `prune.lua`) |
 //! | `<prefix>:{<pool>}:check_fails` | hash | member -> active checks failed in a row (absent when 0) |
 //! | `<prefix>:{<pool>}:prune` | sorted set | member due for removal -> when it was last looked at (ms, Redis clock) |
-//! | `<prefix>:{<pool>}:sources` | hash | per source URL: `n:<url>` -> `"<next_ms> <failures> <successes> <id>"`, `l:<url>` -> `"<at_ms> <outcome JSON>"`, its last fetch; per id ever given, `u:<id>` -> its URL (kept for the origins of its members) |
+//! | `<prefix>:{<pool>}:sources` | hash | per source URL: `n:<url>` -> `"<next_ms> <failures> <successes> <id>"`, `l:<url>` -> `"<at_ms> <outcome JSON>"`, its last fetch; for the last 256 ids given, `u:<id>` -> its URL (for the origins of its members) |
+//! | `<prefix>:{<pool>}:bans` | sorted set with ttl | the ban index: targets the pool has bans for -> when they are all forgotten (ms, Redis clock); expires with the last |
+//! | `<prefix>:{<pool>}:paced` | sorted set with ttl | pools paced pool-wide: member -> until when it rests (ms, Redis clock); expires with its last entry |
+//! | `<prefix>:{<pool>}:paced:<target>` | sorted set with ttl | pools paced per target: member -> until when it rests for that target; expires with its last entry; passed, after the pool's keys and the target's ban hash, only to assigns that name the target |
+//! | `<prefix>:{<pool>}:bans:<target>` | hash with ttl | one target's bans, member -> `"<until_ms> <ban_ms> <bans in a row>"`; expires when they are all forgotten. Not one of the pool's fixed keys: passed, after them, only to the calls that name the target. Valid only while the index lists the target, so a deleted pool's hashes (left to expire, see `delete_pool.lua`) are never read |
 //! | `<prefix>:{<pool>}:gone:<token>:<part>` | as its part | a deleted pool's key, renamed out of the way by `delete_pool.lua` and unlinked right after (see `operations.rs`) |
 //! | `<prefix>:pool_ids` | sorted set | the registry: pool ids, all at score 0 so that they sort by id (listing pages, prefix search, the safety net's walk); updated outside the pool scripts because it lives in another slot |
 //! | `<prefix>:pools` | set | the registry of earlier versions: copied into `pool_ids` and removed when a replica starts |
@@ -77,11 +81,11 @@
 use redis::{RedisWrite, ToRedisArgs};
 
 use super::RedisStore;
-use crate::domain::PoolId;
+use crate::domain::{PoolId, Target};
 
 /// Every key of a pool, in the order of `KEYS` in every pool script (see `labels.lua`,
 /// `leases.lua` and `health.lua`).
-pub(super) const POOL_KEY_PARTS: [&str; 20] = [
+pub(super) const POOL_KEY_PARTS: [&str; 22] = [
     "meta",
     "eligible",
     "ineligible",
@@ -102,6 +106,8 @@ pub(super) const POOL_KEY_PARTS: [&str; 20] = [
     "seen",
     "check_fails",
     "prune",
+    "bans",
+    "paced",
 ];
 
 /// The keys `pool_info.lua` is given: the first eight of [`POOL_KEY_PARTS`], which hold the
@@ -182,6 +188,26 @@ impl ToRedisArgs for PoolKeys<'_> {
 }
 
 impl RedisStore {
+    /// The ban hash of each target: the keys a script that reads or writes those bans
+    /// takes after the pool's own. A target never holds a brace (see [`Target`]), so the
+    /// key stays in the pool's hash slot.
+    pub(super) fn ban_keys(&self, pool: &PoolId, targets: &[&Target]) -> Vec<String> {
+        targets
+            .iter()
+            .map(|t| format!("{}:{{{}}}:bans:{t}", self.prefix, pool.as_str()))
+            .collect()
+    }
+
+    /// The keys an assign naming `target` takes after the pool's own: its ban hash, then
+    /// its pacing set (used when the pool is paced per target).
+    pub(super) fn target_keys(&self, pool: &PoolId, target: &Target) -> Vec<String> {
+        let head = format!("{}:{{{}}}", self.prefix, pool.as_str());
+        vec![
+            format!("{head}:bans:{target}"),
+            format!("{head}:paced:{target}"),
+        ]
+    }
+
     /// The registry of pool ids.
     pub(super) fn registry_key(&self) -> String {
         format!("{}:pool_ids", self.prefix)

@@ -7,21 +7,23 @@ use async_trait::async_trait;
 use redis::{Script, Value};
 
 use super::RedisStore;
-use super::keys::POOL_INFO_KEY_PARTS;
+use super::keys::{POOL_INFO_KEY_PARTS, POOL_KEY_PARTS};
 use super::reply::{
     self, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply, DeletePoolReply,
     DisableOutcome, DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply,
     PoolInfoReply, PruneReply, PutPoolReply, RecordSourceReply, ReleaseReply, RemoveReply,
     RenewReply, SeedOutcome, SeedReply, SourceStatesReply, SweepReply, WalkReply,
 };
-use crate::domain::{LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy};
+use crate::domain::{
+    LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy, Target,
+};
 use crate::store::{
-    AssignRequest, Assignment, CheckRound, ClaimedSource, Cursor, DisableReport, EnableReport,
-    FetchOutcome, Lease, MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage,
-    PRUNE_BATCH, PoolInfo, PoolPage, Pruned, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN,
-    RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored,
-    SAFETY_NET_POOLS_PER_SWEEP, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport, SourceState,
-    StateFilter, Store, StoreError, StoreStatus, Swept,
+    Applied, AssignRequest, Assignment, BAN_CLEANUP, CheckRound, ClaimedSource, Cursor,
+    DisableReport, EnableReport, FetchOutcome, Lease, MAX_BAN_TARGETS, MAX_LABEL_CHECKS,
+    MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PRUNE_BATCH, PoolInfo, PoolPage, Pruned,
+    PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
+    ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin,
+    SeedReport, SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
@@ -33,6 +35,11 @@ static ASSIGN_BATCHES: std::sync::LazyLock<[String; 3]> = std::sync::LazyLock::n
         MAX_LABEL_CHECKS.to_string(),
     ]
 });
+
+/// The ban bounds every outcome report passes to its script: [`MAX_BAN_TARGETS`] and
+/// [`BAN_CLEANUP`].
+static BAN_LIMITS: std::sync::LazyLock<[String; 2]> =
+    std::sync::LazyLock::new(|| [MAX_BAN_TARGETS.to_string(), BAN_CLEANUP.to_string()]);
 
 /// Most members of each set one call of `members.lua` reads: a page of a listing takes as
 /// many calls as it needs.
@@ -234,12 +241,14 @@ impl RedisStore {
         Ok(swept)
     }
 
-    /// A page of a listing with a label filter (see [`Store::members`]).
+    /// A page of a listing with a label filter (see [`Store::members`]), with bans when
+    /// `ban_keys` holds a target's.
     async fn labelled_members(
         &self,
         pool: &PoolId,
         filter: StateFilter,
         labels: &LabelFilter,
+        ban_keys: &[String],
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
@@ -257,8 +266,10 @@ impl RedisStore {
             scan.as_bytes(),
         ];
         args.extend(groups.iter().map(|group| group.as_bytes()));
-        let value = self.eval(&self.scripts.members, pool, &args).await?;
-        let page = MembersReply::decode(value)?;
+        let value = self
+            .eval_keyed(&self.scripts.members, pool, None, ban_keys, &args)
+            .await?;
+        let page = MembersReply::decode(value, !ban_keys.is_empty())?;
         Ok(crate::store::labelled_page(
             page.eligible,
             page.ineligible,
@@ -383,7 +394,13 @@ impl Store for RedisStore {
             checks.as_bytes(),
         ]);
         args.extend(groups.iter().map(|group| group.as_bytes()));
-        let value = self.eval(&self.scripts.assign, pool, &args).await?;
+        let extra = match &request.target {
+            Some(target) => self.target_keys(pool, target),
+            None => Vec::new(),
+        };
+        let value = self
+            .eval_keyed(&self.scripts.assign, pool, None, &extra, &args)
+            .await?;
         Ok(match AssignReply::decode(value)? {
             AssignReply::TooCostly => return Err(StoreError::FilterTooCostly),
             AssignReply::Empty { next_return } => Assignment::Empty { next_return },
@@ -507,26 +524,56 @@ impl Store for RedisStore {
                     .unwrap_or_default()
             })
             .collect();
-        let mut args: Vec<&[u8]> = Vec::with_capacity(reports.len() * 4 + 2);
+        // Each distinct target's ban hash is passed once, after the pool's keys; a report
+        // names its target by the key's slot in KEYS (counted from 1).
+        let mut targets: Vec<&Target> = Vec::new();
+        let mut places: std::collections::HashMap<&Target, usize> =
+            std::collections::HashMap::new();
+        let slots: Vec<String> = reports
+            .iter()
+            .map(|report| {
+                report
+                    .target
+                    .as_ref()
+                    .map(|target| {
+                        let at = *places.entry(target).or_insert_with(|| {
+                            targets.push(target);
+                            targets.len() - 1
+                        });
+                        (POOL_KEY_PARTS.len() + 1 + at).to_string()
+                    })
+                    .unwrap_or_default()
+            })
+            .collect();
+        let extra = self.ban_keys(pool, &targets);
+        let [max_targets, cleanup] = &*BAN_LIMITS;
+        let mut args: Vec<&[u8]> = Vec::with_capacity(reports.len() * 5 + 4);
         args.push(source.as_str().as_bytes());
         args.push(draw.as_bytes());
-        for (report, latency) in reports.iter().zip(&latencies) {
+        args.push(max_targets.as_bytes());
+        args.push(cleanup.as_bytes());
+        for ((report, latency), slot) in reports.iter().zip(&latencies).zip(&slots) {
             args.push(report.member.as_str().as_bytes());
             args.push(report.result.as_str().as_bytes());
             args.push(report.detail.as_bytes());
             args.push(latency.as_bytes());
+            args.push(slot.as_bytes());
         }
-        let value = self.eval(&self.scripts.outcomes, pool, &args).await?;
+        let value = self
+            .eval_keyed(&self.scripts.outcomes, pool, None, &extra, &args)
+            .await?;
         let OutcomesReply { outcomes, due_hint } = OutcomesReply::decode(value, reports.len())?;
         self.hint_due(pool, due_hint).await?;
         let mut summary = ReportSummary::default();
         for (report, outcome) in reports.iter().zip(outcomes) {
             match outcome {
-                Some((effect, streak)) => {
-                    summary
-                        .applied
-                        .push((report.member.clone(), report.result, effect, streak));
-                }
+                Some((effect, streak, banned_until)) => summary.applied.push(Applied {
+                    member: report.member.clone(),
+                    result: report.result,
+                    effect,
+                    streak,
+                    banned_until,
+                }),
                 None => summary.unknown.push(report.member.clone()),
             }
         }
@@ -649,7 +696,12 @@ impl Store for RedisStore {
             .prune
             .map(|prune| prune.script_arg())
             .unwrap_or_default();
-        let args: [&[u8]; 9] = [
+        let ban = config.health.target_ban_ms.to_string();
+        let pacing = config
+            .pacing
+            .map(|pacing| pacing.script_arg())
+            .unwrap_or_default();
+        let args: [&[u8]; 11] = [
             &json,
             config.restore.as_str().as_bytes(),
             start.as_bytes(),
@@ -659,6 +711,8 @@ impl Store for RedisStore {
             max.as_bytes(),
             health.as_bytes(),
             prune.as_bytes(),
+            ban.as_bytes(),
+            pacing.as_bytes(),
         ];
         let value = self.eval(&self.scripts.put_pool, pool, &args).await?;
         let created = match PutPoolReply::decode(value)? {
@@ -795,12 +849,17 @@ impl Store for RedisStore {
         pool: &PoolId,
         filter: StateFilter,
         labels: &LabelFilter,
+        target: Option<&Target>,
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
+        let extra = match target {
+            Some(target) => self.ban_keys(pool, &[target]),
+            None => Vec::new(),
+        };
         if !labels.is_empty() {
             return self
-                .labelled_members(pool, filter, labels, limit, cursor)
+                .labelled_members(pool, filter, labels, &extra, limit, cursor)
                 .await;
         }
         // One more than a page from each set tells the merge whether more pages follow.
@@ -826,8 +885,10 @@ impl Store for RedisStore {
                 ineligible_count.to_string(),
             ];
             let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-            let value = self.eval(&self.scripts.members, pool, &args).await?;
-            let piece = MembersReply::decode(value)?;
+            let value = self
+                .eval_keyed(&self.scripts.members, pool, None, &extra, &args)
+                .await?;
+            let piece = MembersReply::decode(value, target.is_some())?;
             // A set that gave fewer than asked has nothing more.
             eligible_left = if piece.eligible.len() < eligible_count {
                 0

@@ -369,7 +369,8 @@ impl MembersReply {
     /// Decodes `{-1}`, `{1, 'eligible', {...}, 'ineligible', {...}}` or, with a label
     /// filter, `{2, ..., 'next', offset | -1}`, where each set's page names its lists (see
     /// `members.lua`).
-    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+    /// With `banned` (a listing for a target), each page also has its `banned_until`.
+    pub(super) fn decode(value: Value, banned: bool) -> Result<Self, StoreError> {
         decode("members.lua", value, |value| {
             let mut items = Items::new(value)?;
             let filtered = match items.int()? {
@@ -378,8 +379,9 @@ impl MembersReply {
                 -1 => return Err(Problem::NoPool),
                 _ => return Err("unknown status".into()),
             };
-            let eligible = member_views(items.field("eligible")?, MemberState::Eligible)?;
-            let ineligible = member_views(items.field("ineligible")?, MemberState::Ineligible)?;
+            let eligible = member_views(items.field("eligible")?, MemberState::Eligible, banned)?;
+            let ineligible =
+                member_views(items.field("ineligible")?, MemberState::Ineligible, banned)?;
             let next = if filtered {
                 u64::try_from(int(&items.field("next")?)?).ok()
             } else {
@@ -396,8 +398,9 @@ impl MembersReply {
 }
 
 /// One set's page: `members` as `(member, count)` pairs, then one list per member
-/// property, each entry belonging to the member of the same place.
-fn member_views(page: Value, state: MemberState) -> Read<Vec<MemberView>> {
+/// property, each entry belonging to the member of the same place; with `banned`, the
+/// last is `banned_until` (ms, 0 when not banned).
+fn member_views(page: Value, state: MemberState, banned: bool) -> Read<Vec<MemberView>> {
     let mut page = Items::new(page)?;
     let pairs = array(page.field("members")?)?;
     if pairs.len() % 2 != 0 {
@@ -416,6 +419,9 @@ fn member_views(page: Value, state: MemberState) -> Read<Vec<MemberView>> {
     let mut checks = column(page.field("checks")?, size)?;
     let mut labels = column(page.field("labels")?, size)?;
     let mut origins = column(page.field("origins")?, size)?;
+    let mut bans = banned
+        .then(|| column(page.field("banned_until")?, size))
+        .transpose()?;
     page.end()?;
     let mut views = Vec::with_capacity(size);
     let mut pairs = pairs.into_iter();
@@ -452,6 +458,14 @@ fn member_views(page: Value, state: MemberState) -> Read<Vec<MemberView>> {
             labels: match next(&mut labels) {
                 Value::Nil => Labels::default(),
                 text => Labels::from_script_text(&string(text)?),
+            },
+            banned_until: match bans.as_mut() {
+                Some(bans) => Some(
+                    Some(count(&next(bans))?)
+                        .filter(|&ms| ms > 0)
+                        .map(Timestamp),
+                ),
+                None => None,
             },
         });
     }
@@ -714,34 +728,35 @@ impl SweepReply {
     }
 }
 
-/// `outcomes.lua`: per report, in request order, what it did and the member's failure
-/// streak after it; `None` for a member the pool does not have. With the pool's new earliest
+/// `outcomes.lua`: per report, in request order, what it did, the member's failure
+/// streak after it and the end of its ban for the report's target; `None` for a member
+/// the pool does not have. With the pool's new earliest
 /// due time when a trip moved it earlier (the hint for the due index, see `keys.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct OutcomesReply {
     /// Per report, what it did.
-    pub(super) outcomes: Vec<Option<(Effect, u64)>>,
+    pub(super) outcomes: Vec<Option<(Effect, u64, Option<Timestamp>)>>,
     /// The due index's hint.
     pub(super) due_hint: Option<u64>,
 }
 
 impl OutcomesReply {
-    /// Decodes `{-1}` or `{1, {effect, streak, ...}, due hint or 0}` with effect
-    /// 0 = unknown, 1 = counted, 2 = tripped, 3 = ignored, 4 = returned, for each of
-    /// `asked` reports.
+    /// Decodes `{-1}` or `{1, {effect, streak, banned_until, ...}, due hint or 0}` with
+    /// effect 0 = unknown, 1 = counted, 2 = tripped, 3 = ignored, 4 = returned, 5 = banned
+    /// and banned_until 0 for none, for each of `asked` reports.
     pub(super) fn decode(value: Value, asked: usize) -> Result<Self, StoreError> {
         decode("outcomes.lua", value, |value| {
             let mut items = Items::of_pool(value)?;
             let outcomes = array(items.next()?)?;
             let due_hint = items.due_time()?;
             items.end()?;
-            if outcomes.len() != asked * 2 {
+            if outcomes.len() != asked * 3 {
                 return Err(format!("{} values for {asked} reports", outcomes.len()).into());
             }
             let outcomes = outcomes
-                .chunks(2)
+                .chunks(3)
                 .map(|outcome| {
-                    let [effect, streak] = outcome else {
+                    let [effect, streak, banned_until] = outcome else {
                         return Err("outcome too short".into());
                     };
                     let effect = match int(effect)? {
@@ -750,9 +765,13 @@ impl OutcomesReply {
                         2 => Effect::Tripped,
                         3 => Effect::Ignored,
                         4 => Effect::Returned,
+                        5 => Effect::Banned,
                         _ => return Err("unknown effect".into()),
                     };
-                    Ok(Some((effect, count(streak)?)))
+                    let banned_until = Some(count(banned_until)?)
+                        .filter(|&ms| ms > 0)
+                        .map(Timestamp);
+                    Ok(Some((effect, count(streak)?, banned_until)))
                 })
                 .collect::<Read<_>>()?;
             Ok(Self { outcomes, due_hint })

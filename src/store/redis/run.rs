@@ -137,13 +137,26 @@ impl RedisStore {
         graveyard: Option<&str>,
         args: &[&[u8]],
     ) -> Result<Value, StoreError> {
+        self.eval_keyed(script, pool, graveyard, &[], args).await
+    }
+
+    /// [`RedisStore::eval_with`], with `extra` keys of the pool's hash slot after the
+    /// pool's own (a target's ban hash and pacing set, see `keys.rs`).
+    pub(super) async fn eval_keyed(
+        &self,
+        script: &Script,
+        pool: &PoolId,
+        graveyard: Option<&str>,
+        extra: &[String],
+        args: &[&[u8]],
+    ) -> Result<Value, StoreError> {
         let keys = PoolKeys {
             prefix: &self.prefix,
             pool,
             parts: &POOL_KEY_PARTS,
             graveyard,
         };
-        self.evalsha(script, &pool_evalsha(script, &keys, args))
+        self.evalsha(script, &pool_evalsha(script, &keys, extra, args))
             .await
     }
 
@@ -161,7 +174,7 @@ impl RedisStore {
             parts,
             graveyard: None,
         };
-        self.evalsha(script, &pool_evalsha(script, &keys, args))
+        self.evalsha(script, &pool_evalsha(script, &keys, &[], args))
             .await
     }
 
@@ -194,7 +207,7 @@ impl RedisStore {
                     parts,
                     graveyard: None,
                 };
-                pool_evalsha(script, &keys, &[])
+                pool_evalsha(script, &keys, &[], &[])
             })
             .collect();
         let calls = &calls;
@@ -266,16 +279,25 @@ impl RedisStore {
 }
 
 /// `EVALSHA` of `script` on one pool's `keys` with `args`, written in one buffer.
-fn pool_evalsha(script: &Script, keys: &PoolKeys<'_>, args: &[&[u8]]) -> redis::Cmd {
+fn pool_evalsha(
+    script: &Script,
+    keys: &PoolKeys<'_>,
+    extra: &[String],
+    args: &[&[u8]],
+) -> redis::Cmd {
     let mut evalsha = redis::Cmd::with_capacity(
-        3 + 2 * keys.parts.len() + args.len(),
-        script.get_hash().len() + keys.bytes() + args.iter().map(|a| a.len()).sum::<usize>(),
+        3 + 2 * keys.parts.len() + extra.len() + args.len(),
+        script.get_hash().len()
+            + keys.bytes()
+            + extra.iter().map(String::len).sum::<usize>()
+            + args.iter().map(|a| a.len()).sum::<usize>(),
     );
     evalsha
         .arg("EVALSHA")
         .arg(script.get_hash())
-        .arg(keys.num_of_args())
+        .arg(keys.num_of_args() + extra.len())
         .arg(keys)
+        .arg(extra)
         .arg(args);
     evalsha
 }

@@ -7,7 +7,9 @@
 use redis::Script;
 
 /// Declares [`Scripts`] from `name: source` lines, where the source is `plain` (the file
-/// alone) or `with_helpers` (the file with `labels.lua`, `leases.lua` and `health.lua` in front of it).
+/// alone), `with_helpers` (the file with `labels.lua`, `leases.lua` and `health.lua` in front
+/// of it) or `fast_path_then_helpers` (`<name>_fast.lua`, then the file with its helpers: a
+/// script that answers its common case before the helpers' closures are made).
 macro_rules! scripts {
     ($($name:ident: $source:ident,)*) => {
         /// Every script of the store.
@@ -34,6 +36,15 @@ macro_rules! scripts {
     (@plain $name:ident) => {
         Script::new(include_str!(concat!("../scripts/", stringify!($name), ".lua")))
     };
+    (@fast_path_then_helpers $name:ident) => {
+        Script::new(concat!(
+            include_str!(concat!("../scripts/", stringify!($name), "_fast.lua")),
+            include_str!("../scripts/labels.lua"),
+            include_str!("../scripts/leases.lua"),
+            include_str!("../scripts/health.lua"),
+            include_str!(concat!("../scripts/", stringify!($name), ".lua"))
+        ))
+    };
     (@with_helpers $name:ident) => {
         Script::new(concat!(
             include_str!("../scripts/labels.lua"),
@@ -45,7 +56,7 @@ macro_rules! scripts {
 }
 
 scripts! {
-    assign: with_helpers,
+    assign: fast_path_then_helpers,
     put_pool: plain,
     pool_info: plain,
     delete_pool: plain,

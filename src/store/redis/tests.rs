@@ -72,6 +72,17 @@ impl TestRedis {
 
     /// Runs the script `name` on `pool`'s keys with `args`.
     async fn eval(&self, name: &str, pool: &PoolId, args: &[&str]) -> Value {
+        self.eval_keyed(name, pool, &[], args).await
+    }
+
+    /// [`TestRedis::eval`] with `extra` keys after the pool's.
+    async fn eval_keyed(
+        &self,
+        name: &str,
+        pool: &PoolId,
+        extra: &[String],
+        args: &[&str],
+    ) -> Value {
         let (_, script) = self
             .store
             .scripts
@@ -80,7 +91,7 @@ impl TestRedis {
             .expect("a script of that name");
         let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
         self.store
-            .eval(script, pool, &args)
+            .eval_keyed(script, pool, None, extra, &args)
             .await
             .expect("the script runs")
     }
@@ -109,6 +120,7 @@ impl TestRedis {
                 result: *result,
                 detail: "HTTP 200".to_owned(),
                 latency_ms: Some(42),
+                target: None,
             })
             .collect();
         self.store
@@ -464,12 +476,29 @@ async fn delete_pool(redis: &TestRedis) {
     );
     redis.create(&id, PoolConfig::default()).await;
     redis.seed(&id, &["a"], 0).await;
+    redis
+        .store
+        .report(
+            &id,
+            ReportSource::Worker,
+            &[Report {
+                member: member("a"),
+                result: OutcomeResult::Blocked,
+                detail: String::new(),
+                latency_ms: None,
+                target: Some(
+                    crate::domain::Target::parse("target", "example.com").expect("a target"),
+                ),
+            }],
+        )
+        .await
+        .expect("reported");
     let deleted = DeletePoolReply::decode(delete().await);
     let grave = |part: &str| TestRedis::key(&id, &format!("gone:token:{part}"));
     assert_eq!(
         deleted.expect("decodes"),
         DeletePoolReply {
-            graveyard: Some(vec![grave("meta"), grave("eligible")])
+            graveyard: Some(vec![grave("meta"), grave("eligible"), grave("bans")])
         }
     );
     let eligible = TestRedis::key(&id, "eligible");
@@ -547,7 +576,10 @@ async fn seed(redis: &TestRedis) {
 async fn members(redis: &TestRedis) {
     let id = pool("members");
     let page = |counts: &'static [&'static str]| redis.eval("members", &id, counts);
-    assert_pool_not_found(MembersReply::decode(page(&["0", "0", "10", "10"]).await));
+    assert_pool_not_found(MembersReply::decode(
+        page(&["0", "0", "10", "10"]).await,
+        false,
+    ));
     redis
         .create(
             &id,
@@ -589,7 +621,8 @@ async fn members(redis: &TestRedis) {
         .expect("disabled");
     let after = redis.now_ms().await;
 
-    let decoded = MembersReply::decode(page(&["0", "0", "10", "10"]).await).expect("decodes");
+    let decoded =
+        MembersReply::decode(page(&["0", "0", "10", "10"]).await, false).expect("decodes");
     // The times are the store's; each must lie within the setup, and is then compared as
     // read back.
     let within = |time: Option<Timestamp>| {
@@ -618,6 +651,7 @@ async fn members(redis: &TestRedis) {
         returns_at: None,
         last_check: None,
         labels: Labels::default(),
+        banned_until: None,
     };
     assert_eq!(
         decoded,
@@ -658,7 +692,8 @@ async fn members(redis: &TestRedis) {
             next: None,
         }
     );
-    let eligible_only = MembersReply::decode(page(&["0", "0", "10", "0"]).await).expect("decodes");
+    let eligible_only =
+        MembersReply::decode(page(&["0", "0", "10", "0"]).await, false).expect("decodes");
     assert_eq!(eligible_only.eligible, decoded.eligible);
     assert_eq!(eligible_only.ineligible, []);
     // With a label filter: the walk's members, their labels, and where the next page starts
@@ -670,21 +705,69 @@ async fn members(redis: &TestRedis) {
             &["", "0", "0", "0", "1", "", "", "a", "tier=a", "c", "tier=a"],
         )
         .await;
-    let filtered = MembersReply::decode(page(&["0", "0", "1", "1", "1", "100", "tier a"]).await)
-        .expect("decodes");
+    let filtered = MembersReply::decode(
+        page(&["0", "0", "1", "1", "1", "100", "tier a"]).await,
+        false,
+    )
+    .expect("decodes");
     let tier_a = Labels::from_script_text("tier=a");
     assert_eq!(filtered.eligible.len(), 1);
     assert_eq!(filtered.eligible[0].member, member("a"));
     assert_eq!(filtered.eligible[0].labels, tier_a);
     assert_eq!(filtered.ineligible, []);
     assert_eq!(filtered.next, Some(1));
-    let rest = MembersReply::decode(page(&["1", "0", "1", "1", "1", "100", "tier a"]).await)
-        .expect("decodes");
+    let rest = MembersReply::decode(
+        page(&["1", "0", "1", "1", "1", "100", "tier a"]).await,
+        false,
+    )
+    .expect("decodes");
     assert_eq!(rest.eligible, []);
     assert_eq!(rest.ineligible.len(), 1);
     assert_eq!(rest.ineligible[0].member, member("c"));
     assert_eq!(rest.ineligible[0].labels, tier_a);
     assert_eq!(rest.next, None);
+    // For a target: each member's ban for it, 0 read as none.
+    let site = crate::domain::Target::parse("target", "example.com").expect("a target");
+    let blocked = Report {
+        member: member("c"),
+        result: OutcomeResult::Blocked,
+        detail: String::new(),
+        latency_ms: None,
+        target: Some(site.clone()),
+    };
+    let c_until = redis
+        .store
+        .report(&id, ReportSource::Worker, std::slice::from_ref(&blocked))
+        .await
+        .expect("reported")
+        .applied[0]
+        .banned_until;
+    let keys = redis.store.ban_keys(&id, &[&site]);
+    let banned = MembersReply::decode(
+        redis
+            .eval_keyed("members", &id, &keys, &["0", "0", "10", "10"])
+            .await,
+        true,
+    )
+    .expect("decodes");
+    let bans = |views: &[MemberView]| -> Vec<(String, Option<Option<Timestamp>>)> {
+        views
+            .iter()
+            .map(|v| (v.member.as_str().to_owned(), v.banned_until))
+            .collect()
+    };
+    assert!(c_until.is_some());
+    assert_eq!(
+        bans(&banned.eligible),
+        [("a".to_owned(), Some(None)), ("b".to_owned(), Some(None))]
+    );
+    assert_eq!(
+        bans(&banned.ineligible),
+        [
+            ("c".to_owned(), Some(c_until)),
+            ("d".to_owned(), Some(None))
+        ]
+    );
 }
 
 async fn disable(redis: &TestRedis) {
@@ -862,14 +945,14 @@ async fn outcomes(redis: &TestRedis) {
     let id = pool("outcomes");
     let run = |args: &'static [&'static str]| redis.eval("outcomes", &id, args);
     assert_pool_not_found(OutcomesReply::decode(
-        run(&["worker", "0", "a", "ok", "", ""]).await,
+        run(&["worker", "0", "10", "16", "a", "ok", "", "", ""]).await,
         1,
     ));
     redis.create(&id, tripping_after(2)).await;
     redis.seed(&id, &["a"], 0).await;
     let worker = &[
-        "worker", "0", "a", "failed", "", "", "a", "failed", "", "", "z", "ok", "", "", "a", "ok",
-        "", "",
+        "worker", "0", "10", "16", "a", "failed", "", "", "", "a", "failed", "", "", "", "z", "ok",
+        "", "", "", "a", "ok", "", "", "",
     ];
     let applied = OutcomesReply::decode(run(worker).await, 4);
     let returns_at: u64 = redis
@@ -879,19 +962,60 @@ async fn outcomes(redis: &TestRedis) {
         applied.expect("decodes"),
         OutcomesReply {
             outcomes: vec![
-                Some((Effect::Counted, 1)),
-                Some((Effect::Tripped, 2)),
+                Some((Effect::Counted, 1, None)),
+                Some((Effect::Tripped, 2, None)),
                 None,
-                Some((Effect::Ignored, 2)),
+                Some((Effect::Ignored, 2, None)),
             ],
             due_hint: Some(returns_at),
         }
     );
-    let check = OutcomesReply::decode(run(&["check", "0", "a", "ok", "HTTP 200", "17"]).await, 1);
+    let check = OutcomesReply::decode(
+        run(&["check", "0", "10", "16", "a", "ok", "HTTP 200", "17", ""]).await,
+        1,
+    );
     assert_eq!(
         check.expect("decodes"),
         OutcomesReply {
-            outcomes: vec![Some((Effect::Returned, 0))],
+            outcomes: vec![Some((Effect::Returned, 0, None))],
+            due_hint: None,
+        }
+    );
+    // A block on one target bans the member for it (default 600,000 ms) and leaves its
+    // streak; the same report again changes nothing; a pool at its bound of targets
+    // records no ban for a new one.
+    let site = crate::domain::Target::parse("target", "example.com").expect("a target");
+    let other = crate::domain::Target::parse("target", "example.org").expect("a target");
+    let keys = redis.store.ban_keys(&id, &[&site, &other]);
+    let before = redis.now_ms().await;
+    let banned = OutcomesReply::decode(
+        redis
+            .eval_keyed(
+                "outcomes",
+                &id,
+                &keys,
+                &[
+                    "worker", "0", "1", "16", "a", "blocked", "", "", "23", "a", "blocked", "", "",
+                    "23", "a", "blocked", "", "", "24",
+                ],
+            )
+            .await,
+        3,
+    )
+    .expect("decodes");
+    let after = redis.now_ms().await;
+    let Some((Effect::Banned, 0, Some(until))) = banned.outcomes[0] else {
+        panic!("banned: {banned:?}");
+    };
+    assert!((before + 600_000..=after + 600_000).contains(&until.0));
+    assert_eq!(
+        banned,
+        OutcomesReply {
+            outcomes: vec![
+                Some((Effect::Banned, 0, Some(until))),
+                Some((Effect::Ignored, 0, Some(until))),
+                Some((Effect::Ignored, 0, None)),
+            ],
             due_hint: None,
         }
     );
@@ -958,6 +1082,20 @@ async fn claim_sources(redis: &TestRedis) {
     let none = ClaimSourcesReply::decode(redis.eval("claim_sources", &id, &["60000"]).await)
         .expect("decodes");
     assert_eq!((none.claimed, none.next), (vec![], None));
+    // Three hundred URLs one after another beside LIST_A (id 3): the hash keeps the URLs of
+    // the last 256 ids and of LIST_A, however old its id, and the current state only.
+    for i in 0..300 {
+        let url = format!("http://lists.example/{i}");
+        redis
+            .eval("claim_sources", &id, &["60000", LIST_A, &url])
+            .await;
+    }
+    let sources = TestRedis::key(&id, "sources");
+    let fields: Vec<String> = redis.side(&["HKEYS", &sources]).await;
+    let urls = fields.iter().filter(|f| f.starts_with("u:")).count();
+    assert_eq!((urls, fields.len()), (257, 259), "{fields:?}");
+    let kept: Option<String> = redis.side(&["HGET", &sources, "u:3"]).await;
+    assert_eq!(kept.as_deref(), Some(LIST_A));
 }
 
 async fn record_source(redis: &TestRedis) {
@@ -1190,7 +1328,7 @@ fn a_reply_longer_or_shorter_than_its_script_s_is_refused_naming_the_script() {
 fn a_named_reply_with_another_name_in_its_place_is_refused() {
     let renamed = Value::Array(vec![Value::Int(1), text("eligibles"), Value::Array(vec![])]);
     assert_eq!(
-        refusal(MembersReply::decode(renamed)),
+        refusal(MembersReply::decode(renamed, false)),
         "unexpected reply to members.lua: expected the name `eligible`"
     );
 }
@@ -1208,7 +1346,7 @@ fn a_list_of_outcomes_for_other_members_than_asked_is_refused() {
 fn an_outcome_code_the_script_never_returns_is_refused() {
     let unknown = Value::Array(vec![
         Value::Int(1),
-        Value::Array(vec![Value::Int(5), Value::Int(0)]),
+        Value::Array(vec![Value::Int(6), Value::Int(0), Value::Int(0)]),
         Value::Int(0),
     ]);
     assert_eq!(

@@ -16,19 +16,25 @@
 -- the pool's, ARGV[3] how many expired leases to reclaim first, ARGV[4] how many due
 -- members to return first, ARGV[5] most candidates a label filter may check, ARGV[6..]
 -- label groups "key value value ...".
+-- With a target, KEYS[23] is its ban hash (see outcomes.lua) and KEYS[24] its pacing set:
+-- members banned for it are skipped in the choosing order, each costing one check of the
+-- ARGV[5] budget; when the budget is spent on skipped members the answer is {0, ms} until
+-- the first of them is free again. Without a target there is no KEYS[23] and bans cost
+-- nothing.
+-- Pacing (meta `pacing`, "<min_interval_ms> <per_target 0|1>"): the member handed out rests
+-- until now + min_interval_ms, in KEYS[22] (pool-wide) or KEYS[24] (per target; assigns
+-- without a target are then not paced), and resting members are skipped the same way.
+-- Since the choice and the rest are one script, no two assigns, whatever their replica,
+-- ever hand out a resting member.
 -- Returns {-1} when the pool does not exist, {-2} when the label filter would check more
 -- than ARGV[5] candidates, {0} when there is nothing to assign,
--- {0, ms} when nothing is eligible and the earliest cooldown ends in ms,
+-- {0, ms} when nothing is eligible and the earliest cooldown (or ban for the target) ends
+-- in ms,
 -- {1, member, assignments} on a least-used pool,
 -- {2, member, assignments, in_flight, expires_ms, ttl_ms, due hint} on a least-in-flight
 -- pool, the hint being the pool's new earliest due time, or 0 (see `due_by` in leases.lua).
-local meta = redis.call('HMGET', KEYS[1], 'created_ms', 'policy', 'lease_ttl_ms', 'max_in_flight',
-    'labelled')
-if not meta[1] then
-    return {-1}
-end
+-- `meta` and `first_due` come from assign_fast.lua, which also answers the common assign.
 local now = false
-local first_due = redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')[2]
 if first_due then
     now = now_ms()
     if tonumber(first_due) <= now then
@@ -36,78 +42,201 @@ if first_due then
     end
 end
 local groups = filter_groups(6)
--- Only on the empty path: how long until the earliest cooling-down member returns. With a
--- label filter that member may not carry the labels, so no wait is given.
-local function nothing_eligible()
-    if groups then
-        return {0}
+
+-- With a target the pool has live bans for: whether its ban hash is to be read. A hash the
+-- ban index does not list (or lists as forgotten) is a deleted pool's.
+local bans = false
+if #KEYS >= 23 then
+    local forget = redis.call('ZSCORE', KEYS[21], string.sub(KEYS[23], #KEYS[21] + 2))
+    now = now or now_ms()
+    bans = forget and tonumber(forget) > now
+end
+-- The pacing set this assign rests its member in and skips resting members by (nil when
+-- the pool is not paced for it), and the interval.
+local rests, interval = nil, nil
+if meta[6] then
+    local ms, per_target = string.match(meta[6], '^(%d+) ([01])$')
+    if per_target == '0' then
+        rests = KEYS[22]
+    elseif #KEYS >= 24 then
+        rests = KEYS[24]
     end
-    local due = redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')[2]
-    if due then
-        return {0, tonumber(due) - (now or now_ms())}
+    interval = tonumber(ms)
+    now = now or now_ms()
+end
+
+-- Until when a member is not to be handed out for this request (banned for its target, or
+-- resting), nil when it is free. nil as a whole when nothing is skipped.
+local held_until = nil
+if bans or rests then
+    held_until = function(member)
+        local ends = nil
+        if bans then
+            local text = redis.call('HGET', KEYS[23], member)
+            local banned = tonumber(string.match(text or '', '^(%d+)') or 0)
+            ends = banned > now and banned or nil
+        end
+        if rests then
+            local rest = tonumber(redis.call('ZSCORE', rests, member) or 0)
+            if rest > now then
+                ends = math.max(ends or rest, rest)
+            end
+        end
+        return ends
+    end
+end
+
+-- The first entry of the sorted set `key` (the choosing order) whose member is free, with
+-- its score; nil after `budget` held members or at the end of the order. Also the earliest
+-- time one of the members skipped is free again. The first chunk is small: usually the
+-- first member is free.
+local function first_free(key, budget, lif)
+    local earliest = nil
+    local offset = 0
+    while offset < budget do
+        local size = math.min(offset == 0 and 4 or 64, budget - offset)
+        local entries = redis.call('ZRANGE', key, offset, offset + size - 1, 'WITHSCORES')
+        if #entries == 0 then
+            break
+        end
+        for i = 1, #entries, 2 do
+            local ends = held_until(lif and string.sub(entries[i], 21) or entries[i])
+            if not ends then
+                return entries[i], entries[i + 1], earliest
+            end
+            earliest = math.min(earliest or ends, ends)
+        end
+        offset = offset + #entries / 2
+    end
+    return nil, nil, earliest
+end
+
+-- Rests the member handed out until now + interval. Its entry replaces its last; up to
+-- 16 entries already over are removed, and the set expires with its last entry, so the
+-- set holds no more than what rests now, give or take what the next assigns clear.
+local function rest(member)
+    local over = redis.call('ZRANGE', rests, '-inf', now, 'BYSCORE', 'LIMIT', 0, 16)
+    if #over > 0 then
+        redis.call('ZREM', rests, unpack(over))
+    end
+    redis.call('ZADD', rests, now + interval, member)
+    redis.call('PEXPIREAT', rests, now + interval)
+end
+
+-- Only on the empty path: how long until the earliest cooling-down member returns, or the
+-- earliest of `banned_until` (the bans skipped) ends. With a label filter, the first of the
+-- RETURNS_CHECKED soonest returns whose member carries the labels; when none of them does,
+-- the last of them, which no member carrying the labels can beat (a lower bound); none
+-- when fewer are cooling down.
+local RETURNS_CHECKED = 16
+local function nothing_eligible(banned_until)
+    local due
+    if groups then
+        local soonest = redis.call('ZRANGE', KEYS[10], 0, RETURNS_CHECKED - 1, 'WITHSCORES')
+        for i = 1, #soonest, 2 do
+            if passes(labels_table(redis.call('HGET', KEYS[13], soonest[i])), groups, 0) then
+                due = tonumber(soonest[i + 1])
+                break
+            end
+        end
+        if not due and #soonest == 2 * RETURNS_CHECKED then
+            due = tonumber(soonest[#soonest])
+        end
+    else
+        due = tonumber(redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')[2] or nil)
+    end
+    local first = due and banned_until and math.min(due, banned_until) or due or banned_until
+    if first then
+        return {0, first - (now or now_ms())}
     end
     return {0}
 end
 if meta[2] ~= 'least-in-flight' then
-    local chosen
+    local chosen, order
     if groups then
-        local order = pick_labelled(groups, tonumber(ARGV[5]), false)
+        local banned_until
+        order, banned_until = pick_labelled(groups, tonumber(ARGV[5]), false, held_until)
         if order == false then
             return {-2}
         end
-        chosen = order and order_member(order, false)
+        if not order then
+            return nothing_eligible(banned_until)
+        end
+        chosen = order_member(order, false)
+    elseif held_until then
+        local score, banned_until
+        chosen, score, banned_until = first_free(KEYS[2], tonumber(ARGV[5]), false)
+        if not chosen then
+            return nothing_eligible(banned_until)
+        end
+        order = order_of(score, chosen)
     else
-        chosen = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+        local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+        chosen = first[1]
+        order = chosen and order_of(first[2], chosen)
     end
     if not chosen then
         return nothing_eligible()
     end
-    -- A pool where no member ever had labels skips the label index: no call at all.
-    local labels = meta[5] and unlabel(chosen, false)
+    -- A pool where no member ever had labels skips the label index: no call at all. The
+    -- order texts are known here, so the index upkeep reads no numbers again.
+    local labels = meta[5] and unlabel(chosen, false, order)
     local assignments = redis.call('ZINCRBY', KEYS[2], 1, chosen)
     if labels then
-        label(chosen, false, labels)
+        label(chosen, false, labels, order_of(assignments, chosen))
     end
     redis.call('HINCRBY', KEYS[1], 'total_assignments', 1)
+    if rests then
+        rest(chosen)
+    end
     return {1, chosen, tonumber(assignments)}
 end
 now = now or now_ms()
 reclaim_expired(now, tonumber(ARGV[3]))
-local first
+-- The first entry of the choosing order (see `entry` in leases.lua) and its live leases.
+local first, live
+local banned_until = nil
 if groups then
-    local order = pick_labelled(groups, tonumber(ARGV[5]), true)
+    local order
+    order, banned_until = pick_labelled(groups, tonumber(ARGV[5]), true, held_until)
     if order == false then
         return {-2}
     end
-    first = {}
-    if order then
-        local member = order_member(order, true)
-        first = {entry(redis.call('ZSCORE', KEYS[2], member), member), tonumber(string.sub(order, 1, 20))}
-    end
+    -- An order text is the live leases (20 digits) in front of the entry.
+    first = order and string.sub(order, 21)
+    live = order and tonumber(string.sub(order, 1, 20))
+elseif held_until then
+    first, live, banned_until = first_free(KEYS[5], tonumber(ARGV[5]), true)
+    live = live and tonumber(live)
 else
-    first = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+    local head = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+    first, live = head[1], tonumber(head[2])
 end
-if not first[1] then
-    return nothing_eligible()
+if not first then
+    return nothing_eligible(banned_until)
 end
--- The first entry has the fewest live leases of all: if it is at the cap, every member is.
-if meta[4] and tonumber(first[2]) >= tonumber(meta[4]) then
-    return {0}
+-- The first entry has the fewest live leases of all (the first not banned: of all those not
+-- banned): if it is at the cap, so is every other; a banned one may come back below it.
+if meta[4] and live >= tonumber(meta[4]) then
+    return banned_until and {0, banned_until - now} or {0}
 end
-local member = string.sub(first[1], 21)
-local labels = meta[5] and unlabel(member, true)
-redis.call('ZREM', KEYS[5], first[1])
+local member = string.sub(first, 21)
+local labels = meta[5] and unlabel(member, true, string.format('%020d', live) .. first)
+redis.call('ZREM', KEYS[5], first)
 local assignments = redis.call('ZINCRBY', KEYS[2], 1, member)
-redis.call('HINCRBY', KEYS[6], member, 1)
-place(member)
+live = redis.call('HINCRBY', KEYS[6], member, 1)
+-- `place` with the numbers in hand.
+redis.call('ZADD', KEYS[5], live, entry(assignments, member))
 if labels then
-    label(member, true, labels)
+    label(member, true, labels, order_of(assignments, member, live))
 end
 redis.call('HINCRBY', KEYS[1], 'total_assignments', 1)
+if rests then
+    rest(member)
+end
 local ttl = tonumber(ARGV[2]) or tonumber(meta[3])
 local expires = now + ttl
 redis.call('HSET', KEYS[7], ARGV[1], member)
 redis.call('ZADD', KEYS[8], expires, ARGV[1])
 due_by(expires)
-return {2, member, tonumber(assignments), redis.call('HGET', KEYS[6], member), expires, ttl,
-    due_hint or 0}
+return {2, member, tonumber(assignments), live, expires, ttl, due_hint or 0}

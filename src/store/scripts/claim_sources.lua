@@ -6,8 +6,8 @@
 -- KEYS as in leases.lua; KEYS[1] meta, KEYS[16] the sources hash (redis/keys.rs).
 -- ARGV[1] hold in ms, ARGV[2..] the pool's configured source URLs.
 -- A source seen for the first time is given the pool's next source id (`source_ids` in
--- meta), which stays its own while it is configured; `u:<id>` keeps the URL of every id
--- ever given, for the origins of its members (at most one per distinct URL configured).
+-- meta), which stays its own while it is configured; `u:<id>` keeps the URL of the last
+-- 256 ids given, for the origins of their members.
 -- Returns {-1} when the pool does not exist, else
 -- {1, next, {url, failures, successes, id, ...}}: the sources claimed, and next the earliest next fetch of every configured source (ms,
 -- Redis clock), for the source index.
@@ -20,6 +20,8 @@ local hold = tonumber(ARGV[1])
 local configured = {}
 local claimed = {}
 local earliest = nil
+local current = {}
+local given = {}
 for i = 2, #ARGV do
     local url = ARGV[i]
     configured['n:' .. url] = true
@@ -32,6 +34,7 @@ for i = 2, #ARGV do
     else
         id = tostring(redis.call('HINCRBY', KEYS[1], 'source_ids', 1))
         redis.call('HSET', KEYS[16], 'u:' .. id, url)
+        given[#given + 1] = tonumber(id)
     end
     if next <= now then
         next = now + hold
@@ -44,6 +47,15 @@ for i = 2, #ARGV do
     end
     if not earliest or next < earliest then
         earliest = next
+    end
+    current[tonumber(id)] = true
+end
+-- The URLs of the last 256 ids only (and of every configured source), so that the hash
+-- stays bounded however many URLs a pool has had: the members of an older source list as
+-- a removed one.
+for _, id in ipairs(given) do
+    if not current[id - 256] then
+        redis.call('HDEL', KEYS[16], 'u:' .. (id - 256))
     end
 end
 local stale = {}

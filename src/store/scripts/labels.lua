@@ -12,20 +12,25 @@
 -- eligible member carrying that label: one O(log N) ZRANGE BYLEX, whatever the pool's size.
 -- Keys and values never hold '=', NUL or a newline (LabelFilter in the service).
 
--- An eligible member's place in the choosing order: on least-used pools its assignments as
--- 20 digits, then its id; on least-in-flight pools its live leases as 20 digits in front
--- (the order of `by_in_flight`, leases.lua). nil when the member is not eligible.
+-- A member's place in the choosing order, its order text: on least-used pools its
+-- assignments as 20 digits, then its id; on least-in-flight pools its live leases as 20
+-- digits in front (the order of `by_in_flight`, leases.lua). `live` is nil on least-used
+-- pools.
+local function order_of(assignments, member, live)
+    local text = string.format('%020d', tonumber(assignments)) .. member
+    if live then
+        text = string.format('%020d', tonumber(live)) .. text
+    end
+    return text
+end
+
+-- An eligible member's order text from its current numbers; nil when it is not eligible.
 local function order_text(member, lif)
     local assignments = redis.call('ZSCORE', KEYS[2], member)
     if not assignments then
         return nil
     end
-    local text = string.format('%020d', tonumber(assignments)) .. member
-    if lif then
-        local live = tonumber(redis.call('HGET', KEYS[6], member) or 0)
-        text = string.format('%020d', live) .. text
-    end
-    return text
+    return order_of(assignments, member, lif and (redis.call('HGET', KEYS[6], member) or 0))
 end
 
 -- The id inside an order text.
@@ -42,13 +47,15 @@ local function label_entries(text, tail)
 end
 
 -- Takes an eligible member's entries out of by_label; call it before its numbers or its
--- eligibility change. Returns its labels text (nil when it has none) for `label`.
-local function unlabel(member, lif)
+-- eligibility change. `order` is its order text when the caller has it already (an assign
+-- just read it), nil to read it here. Returns its labels text (nil when it has none) for
+-- `label`.
+local function unlabel(member, lif, order)
     local text = redis.call('HGET', KEYS[13], member)
     if not text then
         return nil
     end
-    local order = order_text(member, lif)
+    order = order or order_text(member, lif)
     if order then
         redis.call('ZREM', KEYS[14], unpack(label_entries(text, order)))
     end
@@ -56,15 +63,16 @@ local function unlabel(member, lif)
 end
 
 -- Puts an eligible member's entries into by_label with its current numbers; `text` is
--- what `unlabel` returned (false to read it here).
-local function label(member, lif, text)
+-- what `unlabel` returned (false to read it here), `order` its new order text when the
+-- caller knows it (an assign has the new counts in hand), nil to read it here.
+local function label(member, lif, text, order)
     if text == false then
         text = redis.call('HGET', KEYS[13], member)
     end
     if not text then
         return
     end
-    local order = order_text(member, lif)
+    order = order or order_text(member, lif)
     if order then
         local args = {}
         for _, e in ipairs(label_entries(text, order)) do
@@ -169,8 +177,10 @@ end
 -- candidate checks. With one group it reads the first entry of each value's range. With
 -- several it walks the ranges of the group with the fewest entries (ZLEXCOUNT) in order,
 -- checking the other groups on each member's labels, and stops at the first that passes
--- in each range: the cost is the members skipped, at most `budget`.
-local function pick_labelled(groups, budget, lif)
+-- in each range: the cost is the members skipped, at most `budget`. With `held_until` (see
+-- assign.lua), members banned for the request's target or resting are skipped too, each a
+-- check, and the earliest time one of those that pass the groups is free comes second.
+local function pick_labelled(groups, budget, lif, held_until)
     local smallest, fewest = 1, nil
     if #groups > 1 then
         for i, group in ipairs(groups) do
@@ -185,6 +195,7 @@ local function pick_labelled(groups, budget, lif)
         end
     end
     local best = nil
+    local earliest = nil
     local checked = 0
     local walk = groups[smallest]
     for _, value in ipairs(walk.values) do
@@ -192,14 +203,15 @@ local function pick_labelled(groups, budget, lif)
         local offset = 0
         local found = nil
         while not found do
-            local chunk = #groups == 1 and 1 or 64
+            local first_is_choice = #groups == 1 and not held_until
+            local chunk = first_is_choice and 1 or 64
             local entries = redis.call('ZRANGE', KEYS[14], low, high, 'BYLEX', 'LIMIT', offset, chunk)
             if #entries == 0 then
                 break
             end
             for _, e in ipairs(entries) do
                 local order = string.sub(e, skip)
-                if #groups == 1 then
+                if first_is_choice then
                     found = order
                     break
                 end
@@ -209,8 +221,12 @@ local function pick_labelled(groups, budget, lif)
                 end
                 local member = order_member(order, lif)
                 if passes(labels_table(redis.call('HGET', KEYS[13], member)), groups, smallest) then
-                    found = order
-                    break
+                    local banned = held_until and held_until(member)
+                    if not banned then
+                        found = order
+                        break
+                    end
+                    earliest = math.min(earliest or banned, banned)
                 end
             end
             offset = offset + #entries
@@ -219,5 +235,5 @@ local function pick_labelled(groups, budget, lif)
             best = found
         end
     end
-    return best
+    return best, earliest
 end

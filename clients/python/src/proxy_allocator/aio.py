@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 from types import TracebackType
-from typing import Any, Optional, Tuple, Type
+from typing import Any, List, Optional, Tuple, Type
 
 import aiohttp
 from yarl import URL
@@ -24,6 +24,7 @@ from .client import (
     Lease,
     Leased,
     Outcome,
+    Source,
     _Answer,
     _Scope,
     _answer,
@@ -95,12 +96,13 @@ class AsyncClient:
         return self._session
 
     async def assign(self, pool: str, ttl_ms: Optional[int] = None, *,
-                     labels: Optional[Labels] = None,
+                     labels: Optional[Labels] = None, target: Optional[str] = None,
                      raise_if_empty: bool = False) -> Optional[Assignment]:
-        """As :meth:`Client.assign`: a member (carrying ``labels`` when given), ``None`` on
-        204 (or with ``raise_if_empty`` :class:`NoProxyAvailable` with ``retry_after``)."""
+        """As :meth:`Client.assign`: a member (carrying ``labels`` when given, not banned
+        for ``target``), ``None`` on 204 (or with ``raise_if_empty``
+        :class:`NoProxyAvailable` with ``retry_after``)."""
         answer = await self._call("/pools/{}/assign".format(_segment(pool)),
-                                  _assign_body(ttl_ms, labels))
+                                  _assign_body(ttl_ms, labels, target))
         return _assigned(pool, answer, raise_if_empty)
 
     async def release(self, pool: str, lease_id: str) -> None:
@@ -115,13 +117,21 @@ class AsyncClient:
         return Lease.from_json(_expect(answer.data)["lease"])
 
     async def report(self, pool: str, proxy: str, result: str,
-                     status: Optional[int] = None) -> Outcome:
+                     status: Optional[int] = None, *,
+                     target: Optional[str] = None) -> Outcome:
         """As :meth:`Client.report`: returns what the service did with the report, an
         :class:`Outcome` with its ``effect`` (``tripped`` when this report took the proxy
-        out) and the proxy's ``consecutive_failures``."""
+        out) and the proxy's ``consecutive_failures``; with ``target``, a ``blocked``
+        report bans the proxy for that host only (``banned``, ``banned_until``)."""
         answer = await self._call("/pools/{}/outcomes".format(_segment(pool)),
-                                  _report_body(proxy, result, status))
+                                  _report_body(proxy, result, status, target))
         return Outcome.from_answer(result, _expect(answer.data))
+
+    async def sources(self, pool: str) -> List[Source]:
+        """As :meth:`Client.sources`: the pool's sources with their last fetch (needs the
+        admin token)."""
+        answer = await self._call("/pools/{}/sources".format(_segment(pool)), method="GET")
+        return [Source.from_json(source) for source in _expect(answer.data)["sources"]]
 
     def lease(self, pool: str, ttl_ms: Optional[int] = None, renew: bool = False,
               report: bool = False) -> "AsyncLeaseScope":
@@ -136,15 +146,17 @@ class AsyncClient:
         """
         return AsyncLeaseScope(self, pool, ttl_ms=ttl_ms, renew=renew, report=report)
 
-    async def _call(self, path: str, body: Optional[Any] = None) -> _Answer:
-        """POSTs one request (every worker route is a POST); returns the answer or raises
-        the error matching it."""
+    async def _call(self, path: str, body: Optional[Any] = None,
+                    method: str = "POST") -> _Answer:
+        """Sends one request (a POST unless said otherwise: every worker route is one);
+        returns the answer or raises the error matching it."""
         content = None if body is None else json.dumps(body).encode("utf-8")
         headers = None if body is None else {"Content-Type": "application/json"}
         # The path is escaped already (_segment): it is sent as it is.
         url = URL(self.base_url + path, encoded=True)
         try:
-            async with self._http().post(url, data=content, headers=headers) as response:
+            async with self._http().request(method, url, data=content,
+                                            headers=headers) as response:
                 raw = await response.read()
                 status, retry_after = response.status, response.headers.get("Retry-After")
         except (aiohttp.ClientError, asyncio.TimeoutError) as failure:

@@ -161,9 +161,11 @@ class Outcome:
 
     ``proxy`` is the member as the pool stores it (its canonical id), ``result`` the result
     reported. ``effect`` is ``counted`` (the member's failure streak was extended or
-    cleared), ``tripped`` (the report took the member out to cool down), ``ignored`` (the
-    member was not eligible, so the report changed nothing), ``unknown`` (the pool has no
-    such member) or ``rejected`` (not a valid member id; ``reason`` says why).
+    cleared), ``tripped`` (the report took the member out to cool down), ``banned`` (a
+    ``blocked`` report with a target banned it for that target until ``banned_until``),
+    ``ignored`` (the member was not eligible, or already banned for the target, so the
+    report changed nothing), ``unknown`` (the pool has no such member) or ``rejected`` (not
+    a valid member id; ``reason`` says why).
     ``consecutive_failures`` is the member's failure streak after the report, ``None`` for
     ``unknown`` and ``rejected``.
     """
@@ -173,6 +175,9 @@ class Outcome:
     effect: str
     consecutive_failures: Optional[int]
     reason: Optional[str] = None
+    #: For a ``blocked`` report with a target: until when (RFC 3339) the proxy is banned
+    #: for that target.
+    banned_until: Optional[str] = None
 
     @classmethod
     def from_answer(cls, result: str, data: Mapping[str, Any]) -> "Outcome":
@@ -184,7 +189,8 @@ class Outcome:
         if applied:
             return cls(proxy=applied[0]["proxy"], result=applied[0]["result"],
                        effect=applied[0]["effect"],
-                       consecutive_failures=int(applied[0]["consecutive_failures"]))
+                       consecutive_failures=int(applied[0]["consecutive_failures"]),
+                       banned_until=applied[0].get("banned_until"))
         if unknown:
             return cls(proxy=unknown[0], result=result, effect="unknown",
                        consecutive_failures=None)
@@ -231,7 +237,8 @@ def _ttl_body(ttl_ms: Optional[int]) -> Optional[Dict[str, Any]]:
 Labels = Mapping[str, Union[str, Sequence[str]]]
 
 
-def _assign_body(ttl_ms: Optional[int], labels: Optional[Labels]) -> Optional[Dict[str, Any]]:
+def _assign_body(ttl_ms: Optional[int], labels: Optional[Labels],
+                 target: Optional[str] = None) -> Optional[Dict[str, Any]]:
     """The optional body of an assign. New assign fields of the service join here, and only
     once the service accepts them: it refuses unknown fields."""
     body: Dict[str, Any] = {}
@@ -240,15 +247,21 @@ def _assign_body(ttl_ms: Optional[int], labels: Optional[Labels]) -> Optional[Di
     if labels is not None:
         body["labels"] = {key: value if isinstance(value, str) else list(value)
                           for key, value in labels.items()}
+    if target is not None:
+        body["target"] = target
     return body or None
 
 
-def _report_body(proxy: str, result: str, status: Optional[int]) -> Dict[str, Any]:
-    """One outcome report, ``{"proxy", "result", "status"?}``, after checking ``result``."""
+def _report_body(proxy: str, result: str, status: Optional[int],
+                 target: Optional[str] = None) -> Dict[str, Any]:
+    """One outcome report, ``{"proxy", "result", "status"?, "target"?}``, after checking
+    ``result``."""
     _check_result(result)
     body: Dict[str, Any] = {"proxy": proxy, "result": result}
     if status is not None:
         body["status"] = int(status)
+    if target is not None:
+        body["target"] = target
     return body
 
 
@@ -353,20 +366,21 @@ class Client:
         return "Client({!r})".format(self.base_url)
 
     def assign(self, pool: str, ttl_ms: Optional[int] = None, *,
-               labels: Optional[Labels] = None,
+               labels: Optional[Labels] = None, target: Optional[str] = None,
                raise_if_empty: bool = False) -> Optional[Assignment]:
         """Asks for a member of ``pool``; ``None`` when it has none to give (HTTP 204: skip
         this request), or with ``raise_if_empty`` :class:`NoProxyAvailable`, whose
         ``retry_after`` says when the first member cooling down returns. ``ttl_ms`` asks
         least-in-flight pools for a lease ttl other than the pool's. ``labels``
         (``{"country": "de"}`` or ``{"country": ["de", "fr"]}``) chooses among the members
-        carrying them only.
+        carrying them only. ``target`` names the host the request goes to: proxies that
+        host blocked (see :meth:`report`) are skipped while their ban lasts.
 
         Raises :class:`NotFound` (``pool_not_found``), :class:`Unauthorized`,
         :class:`Unavailable`, or :class:`ProxyAllocatorError` for other error answers.
         """
         answer = self._call("POST", "/pools/{}/assign".format(_segment(pool)),
-                            _assign_body(ttl_ms, labels))
+                            _assign_body(ttl_ms, labels, target))
         return _assigned(pool, answer, raise_if_empty)
 
     def release(self, pool: str, lease_id: str) -> None:
@@ -384,14 +398,16 @@ class Client:
         return Lease.from_json(_expect(data)["lease"])
 
     def report(self, pool: str, proxy: str, result: str,
-               status: Optional[int] = None) -> Outcome:
+               status: Optional[int] = None, *, target: Optional[str] = None) -> Outcome:
         """Reports how a request through ``proxy`` went: ``ok``, ``failed`` or ``blocked``,
         with the target's HTTP ``status`` when there was one
         (``POST /pools/{pool}/outcomes``). Returns what the service did with it: its
         ``effect`` (``tripped`` when this report took the proxy out) and the proxy's
-        ``consecutive_failures``."""
+        ``consecutive_failures``. With ``target`` (the host the request went to), a
+        ``blocked`` report bans the proxy for that host only: ``effect`` is then ``banned``
+        and ``banned_until`` says until when."""
         _, data, _ = self._call("POST", "/pools/{}/outcomes".format(_segment(pool)),
-                                _report_body(proxy, result, status))
+                                _report_body(proxy, result, status, target))
         return Outcome.from_answer(result, _expect(data))
 
     def sources(self, pool: str) -> List[Source]:
