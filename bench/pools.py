@@ -308,8 +308,17 @@ def embedded_rows():
     }
 
 
+def load_average():
+    with open("/proc/loadavg") as load:
+        return load.read().split()[0]
+
+
 def main():
+    load_before = load_average()
     rows = redis_rows() if SIZES else []
+    print()
+    print(f"{os.cpu_count()} cores, load average {load_before} at the start and "
+          f"{load_average()} after the Redis rows.")
     print()
     print(f"Idle for {IDLE_SECONDS} s after creating the pools (two members each); sweep "
           "interval 1 s; one replica, then three on the same Redis.")

@@ -7,12 +7,14 @@
 #   bash bench/slowlog.sh                          # builds the release binary first
 #   BIN=/path/to/proxy-allocator bash bench/slowlog.sh   # another build (e.g. before a change)
 #   MEMBERS=100000 WINDOW=2 bash bench/slowlog.sh  # a smaller pool, shorter windows
+#   PIN=1 bash bench/slowlog.sh                    # Redis pinned to a core of its own
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
 command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v taskset >/dev/null 2>&1 || missing+=(util-linux)
 if ((${#missing[@]})); then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -153,12 +153,16 @@ def main():
             thread.start()
         kinds = ["assign least-used", "assign least-in-flight", "release", "outcome",
                  "disable", "enable", "import"]
-        print(f"Three replicas on one Redis, {WORKERS} workers, {MINUTES} minutes.")
+        with open("/proc/loadavg") as load:
+            loadavg = load.read().split()[0]
+        print(f"Three replicas on one Redis, {WORKERS} workers, {MINUTES} minutes; "
+              f"{os.cpu_count()} cores, load average {loadavg} at the start (the last "
+              "column of each minute's line is the load average then).")
         print()
         print("| minute | " + " | ".join(f"{k} /s" for k in kinds) +
               " | errors (route, status or client exception, count) | RSS per replica | "
-              "Redis memory | leases live |")
-        print("|---:|" + "---:|" * (len(kinds) + 4))
+              "Redis memory | leases live | load average |")
+        print("|---:|" + "---:|" * (len(kinds) + 5))
         began = time.time()
         for minute in range(1, MINUTES + 1):
             time.sleep(max(0.0, began + 60 * minute - time.time()))
@@ -168,7 +172,8 @@ def main():
             rss = " / ".join(f"{rss_mb(proc.pid):.1f}" for proc, _ in replicas)
             memory = int(redis_info(redis_port)["used_memory"]) / (1024 * 1024)
             print(f"| {minute} | {rates} | {told or 0} | {rss} MB | "
-                  f"{memory:.1f} MB | {live_leases(replicas[0][1])} |", flush=True)
+                  f"{memory:.1f} MB | {live_leases(replicas[0][1])} | "
+                  f"{open('/proc/loadavg').read().split()[0]} |", flush=True)
         for thread in threads:
             thread.join()
     finally:

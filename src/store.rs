@@ -60,11 +60,6 @@ use crate::domain::{
 /// assign step short; the background sweep takes care of larger backlogs.
 pub const RECLAIM_ON_ASSIGN: u64 = 16;
 
-/// How many expired leases one step of the background sweep reclaims in one pool, and how
-/// many members whose cooldown has ended it returns, at most of each. The sweep repeats the
-/// step while a pool has more.
-pub const SWEEP_BATCH: u64 = 256;
-
 /// How many members whose cooldown has ended an assign returns before it chooses, at most.
 /// It keeps the assign step short; the background sweep returns the rest.
 pub const RETURN_ON_ASSIGN: u64 = 16;

@@ -2,10 +2,11 @@
 //! step (a Lua script on Redis, a turn of the lock in the embedded store) holds the store
 //! for long, whatever the call's size.
 //!
-//! Each store keeps one [`ChunkSizer`] per member operation. After every chunk it records
-//! how many members the chunk held and how long it took (on Redis the script call's round
-//! trip, which is an upper bound of the script's own time; in the embedded store the time
-//! under the lock), and sizes the next chunk so that it would take about [`CHUNK_BUDGET`]:
+//! Each store keeps one [`ChunkSizer`] per member operation, and one for the background
+//! sweep's steps (leases reclaimed plus members returned in one pool). After every chunk it
+//! records how many members the chunk held and how long it took (on Redis the script call's
+//! round trip, which is an upper bound of the script's own time; in the embedded store the
+//! time under the lock), and sizes the next chunk so that it would take about [`CHUNK_BUDGET`]:
 //! at most twice or half the previous size, between [`MIN_CHUNK`] and [`MAX_CHUNK`], and
 //! always a whole multiple of [`CHUNK_GRANULE`] members. Each chunk is atomic; a call of
 //! several chunks is not: a reader may see the first chunks applied and not the rest, and
@@ -47,6 +48,13 @@ impl Default for ChunkSizer {
 }
 
 impl ChunkSizer {
+    /// A sizer whose first chunk holds `members` (a whole multiple of [`CHUNK_GRANULE`]).
+    pub(crate) fn starting_at(members: usize) -> Self {
+        Self {
+            members: AtomicUsize::new(members),
+        }
+    }
+
     /// How many members the next chunk holds.
     pub(crate) fn size(&self) -> usize {
         self.members.load(Ordering::Relaxed)
@@ -106,8 +114,8 @@ impl<'a, T> Iterator for Chunks<'a, T> {
     }
 }
 
-/// One sizer per member operation of a store.
-#[derive(Debug, Default)]
+/// One sizer per member operation of a store, and one for the sweep's steps.
+#[derive(Debug)]
 pub(crate) struct MemberChunks {
     /// Seeding and importing.
     pub(crate) seed: ChunkSizer,
@@ -117,7 +125,26 @@ pub(crate) struct MemberChunks {
     pub(crate) enable: ChunkSizer,
     /// Removing.
     pub(crate) remove: ChunkSizer,
+    /// The sweep's steps on one pool, counted in leases reclaimed plus members returned:
+    /// a step reclaims and returns at most this many of each.
+    pub(crate) sweep: ChunkSizer,
 }
+
+impl Default for MemberChunks {
+    fn default() -> Self {
+        Self {
+            seed: ChunkSizer::default(),
+            disable: ChunkSizer::default(),
+            enable: ChunkSizer::default(),
+            remove: ChunkSizer::default(),
+            sweep: ChunkSizer::starting_at(SWEEP_FIRST_STEP),
+        }
+    }
+}
+
+/// The size of the sweep's first step, before anything was measured: about the fixed
+/// batch of 256 it had before steps were sized, in whole hundreds.
+const SWEEP_FIRST_STEP: usize = 200;
 
 #[cfg(test)]
 mod tests {

@@ -45,7 +45,7 @@ use super::{
     DisableReport, Effect, EnableReport, FetchOutcome, Health, LastCheck, Lease, MAX_LABEL_CHECKS,
     MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, Origin, PRUNE_BATCH, PoolInfo,
     PoolPage, PoolStats, Pruned, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport,
-    Renewed, Report, ReportSource, ReportSummary, Restored, SOURCE_CLAIM_HOLD, SWEEP_BATCH,
+    Renewed, Report, ReportSource, ReportSummary, Restored, SOURCE_CLAIM_HOLD,
     SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport, SourceFetch, SourceState, StateFilter,
     Store, StoreError, StoreStatus, Swept,
 };
@@ -300,11 +300,57 @@ impl Ranked {
         self.order.last().map(|(count, _)| *count)
     }
 
-    fn page(&self, offset: u64, limit: usize) -> impl Iterator<Item = &(u64, MemberId)> {
-        self.order
-            .iter()
-            .skip(usize::try_from(offset).unwrap_or(usize::MAX))
+    /// The members after `start` (from the first when `None`), `skip` of them passed over,
+    /// then at most `limit`.
+    fn page<'a>(
+        &'a self,
+        start: Option<&(u64, MemberId)>,
+        skip: u64,
+        limit: usize,
+    ) -> impl Iterator<Item = &'a (u64, MemberId)> {
+        self.after(start)
+            .skip(usize::try_from(skip).unwrap_or(usize::MAX))
             .take(limit)
+    }
+
+    /// The member `n` (at least 1) places after `start` (counting from the first when
+    /// `None`): where a page further on may start from. `None` when fewer follow.
+    fn advance(&self, start: Option<&(u64, MemberId)>, n: u64) -> Option<(u64, MemberId)> {
+        let n = usize::try_from(n).ok()?.checked_sub(1)?;
+        self.after(start).nth(n).cloned()
+    }
+
+    fn after<'a>(
+        &'a self,
+        start: Option<&(u64, MemberId)>,
+    ) -> impl Iterator<Item = &'a (u64, MemberId)> {
+        use std::ops::Bound;
+        let from = match start {
+            Some(key) => Bound::Excluded(key.clone()),
+            None => Bound::Unbounded,
+        };
+        self.order.range((from, Bound::Unbounded))
+    }
+}
+
+/// Most members of a set one turn of the lock walks past on the way to a page deep in a
+/// pool. A `BTreeSet` cannot find its n-th member but by walking to it: a page at the end
+/// of a million members walked them all in one turn (about 50 ms more than the first page
+/// on the shared development machine at a load average of 16, every other pool waiting).
+const SKIP_STEP: u64 = 10_000;
+
+/// Where a page of one set starts: after `from` (the front when `None`), `left` more on.
+/// `None` when the set ended before.
+type PageStart = Option<(Option<(u64, MemberId)>, u64)>;
+
+/// Walks `start` on by up to [`SKIP_STEP`] members of `set`.
+fn walk_on(set: &Ranked, start: &mut PageStart) {
+    if let Some((from, left)) = start
+        && *left > SKIP_STEP
+    {
+        *start = set
+            .advance(from.as_ref(), SKIP_STEP)
+            .map(|key| (Some(key), *left - SKIP_STEP));
     }
 }
 
@@ -1100,31 +1146,34 @@ impl Pool {
     }
 
     /// One page of a listing, bans left out (see `Store::members`).
+    /// A page of the listing; without a label filter each set's page begins at its `starts`
+    /// (where the cursor's offsets were walked to, see [`walk_on`]).
     fn listing_page(
         &self,
         filter: StateFilter,
         labels: &LabelFilter,
         limit: usize,
         cursor: Cursor,
+        (eligible_start, ineligible_start): (&PageStart, &PageStart),
     ) -> MemberPage {
         if !labels.is_empty() {
             return self.labelled_page(filter, labels, limit, cursor);
         }
         // Take one more than a page from each set so that the merge knows whether
         // anything is left after this page.
-        let eligible: Vec<MemberView> = match filter {
-            StateFilter::Ineligible => Vec::new(),
-            _ => self
+        let eligible: Vec<MemberView> = match (filter, eligible_start) {
+            (StateFilter::Ineligible, _) | (_, None) => Vec::new(),
+            (_, Some((from, left))) => self
                 .eligible
-                .page(cursor.eligible, limit + 1)
+                .page(from.as_ref(), *left, limit + 1)
                 .map(|(count, member)| self.view_eligible(member, *count))
                 .collect(),
         };
-        let ineligible: Vec<MemberView> = match filter {
-            StateFilter::Eligible => Vec::new(),
-            _ => self
+        let ineligible: Vec<MemberView> = match (filter, ineligible_start) {
+            (StateFilter::Eligible, _) | (_, None) => Vec::new(),
+            (_, Some((from, left))) => self
                 .ineligible
-                .page(cursor.ineligible, limit + 1)
+                .page(from.as_ref(), *left, limit + 1)
                 .map(|(count, member)| self.view_ineligible(member, *count))
                 .collect(),
         };
@@ -1451,13 +1500,24 @@ impl Store for EmbeddedStore {
         let due = self.lock()?.sweep_due.take_due(now, SWEEP_POOLS_PER_CALL);
         let mut swept = Swept::default();
         let mut end = None;
-        // One pool at a time, at most SWEEP_BATCH leases and returns per turn of the lock,
+        // One pool at a time, in steps sized by their measured cost per turn of the lock,
         // as on Redis: a pool with a large backlog never holds the lock for long.
+        let sizer = &self.chunks.sweep;
         for id in &due {
             loop {
-                let step = match self.with_pool(id, |p, _| Swept {
-                    reclaimed: p.reclaim_expired(now, SWEEP_BATCH),
-                    returned: p.return_due(now, SWEEP_BATCH),
+                let batch = sizer.size() as u64;
+                let step = match self.with_pool(id, |p, _| {
+                    let started = std::time::Instant::now();
+                    let step = Swept {
+                        reclaimed: p.reclaim_expired(now, batch),
+                        returned: p.return_due(now, batch),
+                    };
+                    let done = step.reclaimed + step.returned;
+                    sizer.record(
+                        usize::try_from(done).unwrap_or(usize::MAX),
+                        started.elapsed(),
+                    );
+                    step
                 }) {
                     Ok((step, step_end)) => {
                         end = step_end.or(end);
@@ -1468,7 +1528,7 @@ impl Store for EmbeddedStore {
                     Err(error) => return Err(error),
                 };
                 swept = swept + step;
-                if step.reclaimed < SWEEP_BATCH && step.returned < SWEEP_BATCH {
+                if step.reclaimed < batch && step.returned < batch {
                     break;
                 }
                 tokio::task::yield_now().await;
@@ -1865,8 +1925,32 @@ impl Store for EmbeddedStore {
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
+        // A page deep in a pool: each set walked to where the page starts, SKIP_STEP
+        // members a turn of the lock. Like Redis's pieces, the page is a position, not a
+        // snapshot: members that move meanwhile may shift it.
+        let (eligible_skip, ineligible_skip) = match filter {
+            StateFilter::Eligible => (cursor.eligible, 0),
+            StateFilter::Ineligible => (0, cursor.ineligible),
+            StateFilter::All => (cursor.eligible, cursor.ineligible),
+        };
+        let mut eligible_start: PageStart = Some((None, eligible_skip));
+        let mut ineligible_start: PageStart = Some((None, ineligible_skip));
+        let deep = |start: &PageStart| start.as_ref().is_some_and(|(_, left)| *left > SKIP_STEP);
+        while labels.is_empty() && (deep(&eligible_start) || deep(&ineligible_start)) {
+            self.with_pool(pool, |p, _| {
+                walk_on(&p.eligible, &mut eligible_start);
+                walk_on(&p.ineligible, &mut ineligible_start);
+            })?;
+            tokio::task::yield_now().await;
+        }
         let (page, _) = self.with_pool(pool, |p, _| {
-            let mut page = p.listing_page(filter, labels, limit, cursor);
+            let mut page = p.listing_page(
+                filter,
+                labels,
+                limit,
+                cursor,
+                (&eligible_start, &ineligible_start),
+            );
             if let Some(target) = target {
                 let now = Timestamp::now();
                 for view in &mut page.members {
@@ -1952,15 +2036,19 @@ impl Store for EmbeddedStore {
         let mut report = RemoveReport::default();
         let end = self
             .in_chunks(pool, &self.chunks.remove, members, |p, chunk| {
-                let removed: std::collections::HashSet<&MemberId> = chunk.iter().collect();
-                let ended: Vec<LeaseId> = p
-                    .leases
-                    .iter()
-                    .filter(|(_, (member, _))| removed.contains(member))
-                    .map(|(id, _)| id.clone())
-                    .collect();
-                for id in &ended {
-                    p.end_lease(id);
+                // Leases are kept by id: the pool's are looked through only for a chunk
+                // whose members hold some.
+                if chunk.iter().any(|member| p.in_flight_of(member) > 0) {
+                    let removed: std::collections::HashSet<&MemberId> = chunk.iter().collect();
+                    let ended: Vec<LeaseId> = p
+                        .leases
+                        .iter()
+                        .filter(|(_, (member, _))| removed.contains(member))
+                        .map(|(id, _)| id.clone())
+                        .collect();
+                    for id in &ended {
+                        p.end_lease(id);
+                    }
                 }
                 for member in chunk {
                     if p.forget(member) {

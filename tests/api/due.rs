@@ -5,9 +5,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use proxy_allocator::domain::{MemberId, PoolConfig, PoolId};
+use proxy_allocator::domain::{LeaseTtl, MemberId, Policy, PoolConfig, PoolId};
 use proxy_allocator::store::{
-    RedisStore, RedisStoreOptions, RedisTopology, SAFETY_NET_POOLS_PER_SWEEP, Seed, Store,
+    AssignRequest, Assignment, EmbeddedStore, RedisStore, RedisStoreOptions, RedisTopology,
+    SAFETY_NET_POOLS_PER_SWEEP, Seed, Store,
 };
 use serde_json::json;
 
@@ -32,6 +33,64 @@ async fn leases_and_cooldowns_end_on_time_in_pools_nobody_assigns_from_among_idl
 }
 
 for_each_store!(leases_and_cooldowns_end_on_time_in_pools_nobody_assigns_from_among_idle_ones,);
+
+/// Expired leases in one pool: several of the sweep's steps (the first holds 200).
+const BACKLOG: usize = 600;
+
+/// The backlog's lease ttl: longer than taking its leases, so that no assign reclaims any.
+const BACKLOG_TTL_MS: u64 = 2_000;
+
+/// One call of the sweep reclaims a backlog of many steps in one pool: steps are sized by
+/// their cost and repeat while a step came back full.
+async fn one_sweep_reclaims_a_backlog_of_many_steps(store: &dyn Store) {
+    let pool = PoolId::parse("backlog").expect("a valid pool id");
+    let config = PoolConfig {
+        policy: Policy::LeastInFlight,
+        lease_ttl_ms: LeaseTtl::from_millis(BACKLOG_TTL_MS).expect("a valid ttl"),
+        ..PoolConfig::default()
+    };
+    store.put_pool(&pool, &config).await.expect("created");
+    let members: Vec<MemberId> = (0..BACKLOG)
+        .map(|i| MemberId::parse(&format!("m{i:04}.example.net:3128")).expect("a member"))
+        .collect();
+    store
+        .add_members(&pool, &Seed::new(members))
+        .await
+        .expect("seeded");
+    for _ in 0..BACKLOG {
+        let leased = store
+            .assign(&pool, &AssignRequest::default())
+            .await
+            .expect("assigned");
+        assert!(matches!(leased, Assignment::Leased { .. }), "{leased:?}");
+    }
+    let info = store.pool(&pool).await.expect("the pool");
+    assert_eq!(
+        (info.stats.in_flight, info.stats.abandoned),
+        (BACKLOG as u64, 0)
+    );
+    // Every lease expires BACKLOG_TTL_MS after it was taken, on the store's clock.
+    tokio::time::sleep(Duration::from_millis(BACKLOG_TTL_MS + 200)).await;
+    let swept = store.sweep().await.expect("swept");
+    assert_eq!((swept.reclaimed, swept.returned), (BACKLOG as u64, 0));
+    let info = store.pool(&pool).await.expect("the pool");
+    assert_eq!(
+        (info.stats.in_flight, info.stats.abandoned),
+        (0, BACKLOG as u64)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sweep_on_redis_reclaims_a_backlog_of_many_steps() {
+    let redis = RedisServer::start();
+    let store = replica(&redis, "backlog", Duration::ZERO).await;
+    one_sweep_reclaims_a_backlog_of_many_steps(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sweep_on_embedded_reclaims_a_backlog_of_many_steps() {
+    one_sweep_reclaims_a_backlog_of_many_steps(&EmbeddedStore::new()).await;
+}
 
 /// Sweeps (each followed by a check tick) measured per sample.
 const SWEEPS: u64 = 20;

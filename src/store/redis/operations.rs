@@ -22,8 +22,8 @@ use crate::store::{
     DisableReport, EnableReport, FetchOutcome, Lease, MAX_BAN_TARGETS, MAX_LABEL_CHECKS,
     MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PRUNE_BATCH, PoolInfo, PoolPage, Pruned,
     PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
-    ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed,
-    SeedOrigin, SeedReport, SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
+    ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin,
+    SeedReport, SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
@@ -45,8 +45,10 @@ static BAN_LIMITS: std::sync::LazyLock<[String; 2]> =
 /// many calls as it needs.
 const LISTING_PIECE: usize = 250;
 
-/// Most steps one sweep runs on one pool, so that a sweep always ends.
-const MAX_SWEEP_STEPS: u64 = 64;
+/// Most steps one sweep runs on one pool, so that a sweep always ends: at the smallest step
+/// (100 leases, see chunks.rs) 16,000 leases, about the 64 steps of 256 of a sweep before
+/// steps were sized by their cost.
+const MAX_SWEEP_STEPS: u64 = 160;
 
 /// Most pools one take from the sweep's due index hands out; a sweep takes again while
 /// takes come back full, up to [`SWEEP_POOLS_PER_CALL`].
@@ -207,12 +209,15 @@ impl RedisStore {
     /// the step budget is spent; the next sweep goes on), then puts the pool back into the
     /// due index at its next due time.
     async fn sweep_pool(&self, pool: &PoolId) -> Result<Swept, StoreError> {
-        let batch = SWEEP_BATCH.to_string();
+        let sizer = &self.chunks.sweep;
         let mut swept = Swept::default();
         let mut next_due = None;
         for _ in 0..MAX_SWEEP_STEPS {
+            // Each step sized from what the steps before it cost (see chunks.rs).
+            let batch = sizer.size() as u64;
+            let started = Instant::now();
             let value = self
-                .eval(&self.scripts.sweep, pool, &[batch.as_bytes()])
+                .eval(&self.scripts.sweep, pool, &[batch.to_string().as_bytes()])
                 .await?;
             let step = match SweepReply::decode(value) {
                 Ok(step) => step,
@@ -220,9 +225,14 @@ impl RedisStore {
                 Err(StoreError::PoolNotFound) => return Ok(swept),
                 Err(e) => return Err(e),
             };
+            let done = step.swept.reclaimed + step.swept.returned;
+            sizer.record(
+                usize::try_from(done).unwrap_or(usize::MAX),
+                started.elapsed(),
+            );
             swept = swept + step.swept;
             next_due = step.next_due;
-            if step.swept.reclaimed < SWEEP_BATCH && step.swept.returned < SWEEP_BATCH {
+            if step.swept.reclaimed < batch && step.swept.returned < batch {
                 break;
             }
         }

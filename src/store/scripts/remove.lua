@@ -10,14 +10,20 @@ end
 local lif = least_in_flight()
 local removed = {}
 local outcome = {}
+-- Whether any of the members holds a live lease (its count in `in_flight`, which `forget`
+-- leaves to `end_lease`): only then are the pool's leases looked through.
+local holding = false
 for i = 1, #ARGV do
     local member = ARGV[i]
     removed[member] = true
+    if lif and not holding and redis.call('HEXISTS', KEYS[6], member) == 1 then
+        holding = true
+    end
     outcome[#outcome + 1] = forget(member, lif)
 end
-if lif and redis.call('HLEN', KEYS[7]) > 0 then
+if holding then
     -- Leases are kept by id, so finding a member's takes one pass over the pool's live
-    -- leases: fine for a rare operator call, and never done on the assign path. The
+    -- leases: done only for a chunk whose members hold some, never on the assign path. The
     -- members are already out of the order, so ending their leases does not re-place them.
     local leases = redis.call('HGETALL', KEYS[7])
     for i = 1, #leases, 2 do
