@@ -347,6 +347,25 @@ describe('the operator dashboard in Chromium', () => {
     await page.screenshot({ path: path.join(SHOTS, 'dashboard-390-full.png'), fullPage: true });
   });
 
+  it('shows the bans of the target an operator names, and none once it is cleared', async () => {
+    await call('PUT', '/pools/sites', {});
+    await call('POST', '/pools/sites/members', { members: ['site-1', 'site-2'] });
+    const reported = await call('POST', '/pools/sites/outcomes',
+      { proxy: 'site-1', result: 'blocked', target: 'shop.example.com' });
+    assert.equal(reported.outcomes[0].effect, 'banned');
+    await page.locator('#pool-list button', { hasText: 'sites' }).click();
+    await page.getByLabel('Bans for target').fill('shop.example.com');
+    await page.getByLabel('Bans for target').press('Enter');
+    await page.getByLabel('Bans for target').blur();
+    const details = (id) => rowOf(id).locator('td').nth(4);
+    await eventually(async () => /^banned for shop\.example\.com, free in \d+ min \d+ s$/.test(await details('site-1').textContent()),
+                     'the ban in the table');
+    assert.equal(await details('site-2').textContent(), '');
+    await page.getByLabel('Bans for target').fill('');
+    await page.getByLabel('Bans for target').blur();
+    await eventually(async () => (await details('site-1').textContent()) === '', 'the ban gone from the table');
+  });
+
   it('shows when a tripped member comes back, from the returns_at the service lists, and nothing for a disabled one', async () => {
     // Two members trip on a reported failure; an operator then disables one of them, which
     // cancels its return but leaves the length of its last cooldown in the listing.
