@@ -39,15 +39,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AssignRequest, Assignment, CHECK_CLAIM_HOLD, CheckRound, Cursor, DisableReport, Effect,
+    AssignRequest, Assignment, Batch, CHECK_CLAIM_HOLD, CheckRound, Cursor, DisableReport, Effect,
     EnableReport, Health, LastCheck, Lease, MAX_PROBES_PER_ROUND, MemberPage, MemberState,
     MemberView, PoolInfo, PoolPage, PoolStats, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN,
     RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored, SWEEP_BATCH,
     SWEEP_POOLS_PER_CALL, Seed, SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 use crate::domain::{
-    LabelFilter, LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId,
-    RestorePolicy, Timestamp,
+    AssignCount, LabelFilter, LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig,
+    PoolId, RestorePolicy, Timestamp,
 };
 
 use self::codec::{MemberImage, PoolImage};
@@ -700,22 +700,53 @@ impl Pool {
                 .first()
                 .map(|(_, member)| member.clone())
         } else {
-            self.pick_labelled(labels)?.map(|(_, _, member)| member)
+            self.pick_labelled(labels, 1)?
+                .pop()
+                .map(|(_, _, member)| member)
         };
         let Some(member) = chosen else {
             return Ok(Assignment::Empty {
                 next_return: self.wait_for(labels, now),
             });
         };
+        Ok(self.count_one(member))
+    }
+
+    /// Counts one more assignment for an eligible member, keeping its places in step.
+    fn count_one(&mut self, member: MemberId) -> Assignment {
         self.unplace(&member);
         let assignments = self.eligible.get(&member).unwrap_or(0) + 1;
         self.eligible.set(member.clone(), assignments);
         self.place(&member);
         self.total_assignments += 1;
-        Ok(Assignment::Assigned {
+        Assignment::Assigned {
             member,
             assignments,
-        })
+        }
+    }
+
+    /// Leases an eligible member that has `in_flight` live leases, counting one more
+    /// assignment for it.
+    fn lease_one(
+        &mut self,
+        member: MemberId,
+        in_flight: u64,
+        now: Timestamp,
+        ttl: LeaseTtl,
+    ) -> Assignment {
+        self.unplace(&member);
+        let assignments = self.eligible.get(&member).unwrap_or(0) + 1;
+        self.eligible.set(member.clone(), assignments);
+        self.in_flight.insert(member.clone(), in_flight + 1);
+        self.place(&member);
+        self.total_assignments += 1;
+        let lease = self.lease_for(&member, now, ttl);
+        Assignment::Leased {
+            member,
+            assignments,
+            in_flight: in_flight + 1,
+            lease,
+        }
     }
 
     fn assign_least_in_flight(
@@ -727,7 +758,7 @@ impl Pool {
         let first = if request.labels.is_empty() {
             self.order.first().cloned()
         } else {
-            self.pick_labelled(&request.labels)?
+            self.pick_labelled(&request.labels, 1)?.pop()
         };
         let Some((in_flight, _, member)) = first else {
             return Ok(Assignment::Empty {
@@ -743,19 +774,59 @@ impl Pool {
         {
             return Ok(Assignment::Empty { next_return: None });
         }
-        self.unplace(&member);
-        let assignments = self.eligible.get(&member).unwrap_or(0) + 1;
-        self.eligible.set(member.clone(), assignments);
-        self.in_flight.insert(member.clone(), in_flight + 1);
-        self.place(&member);
-        self.total_assignments += 1;
         let ttl = request.ttl.unwrap_or(self.config.lease_ttl_ms);
-        let lease = self.lease_for(&member, now, ttl);
-        Ok(Assignment::Leased {
-            member,
-            assignments,
-            in_flight: in_flight + 1,
-            lease,
+        Ok(self.lease_one(member, in_flight, now, ttl))
+    }
+
+    /// Up to `count` distinct members in the choosing order among those that fit
+    /// `request`, each counted once (and leased on a least-in-flight pool, below the cap).
+    fn assign_several(
+        &mut self,
+        request: &AssignRequest,
+        count: AssignCount,
+        now: Timestamp,
+    ) -> Result<Batch, StoreError> {
+        let lif = self.config.policy == Policy::LeastInFlight;
+        if lif {
+            self.reclaim_expired(now, RECLAIM_ON_ASSIGN);
+        }
+        let wanted = count.get();
+        // (live leases on a least-in-flight pool else 0, assignments, member), in order.
+        let chosen: Vec<(u64, u64, MemberId)> = if !request.labels.is_empty() {
+            self.pick_labelled(&request.labels, wanted)?
+        } else if lif {
+            self.order.iter().take(wanted).cloned().collect()
+        } else {
+            self.eligible
+                .order
+                .iter()
+                .take(wanted)
+                .map(|(assignments, member)| (0, *assignments, member.clone()))
+                .collect()
+        };
+        if chosen.is_empty() {
+            return Ok(Batch {
+                assigned: Vec::new(),
+                next_return: self.wait_for(&request.labels, now),
+            });
+        }
+        let ttl = request.ttl.unwrap_or(self.config.lease_ttl_ms);
+        let cap = self.config.max_in_flight;
+        let mut assigned = Vec::with_capacity(chosen.len());
+        for (in_flight, _, member) in chosen {
+            if !lif {
+                assigned.push(self.count_one(member));
+                continue;
+            }
+            // The fewest live leases come first: from the first at the cap on, all are.
+            if cap.is_some_and(|cap| in_flight >= cap.get()) {
+                break;
+            }
+            assigned.push(self.lease_one(member, in_flight, now, ttl));
+        }
+        Ok(Batch {
+            assigned,
+            next_return: None,
         })
     }
 
@@ -1022,6 +1093,49 @@ impl Store for EmbeddedStore {
         // A lease issued is on disk before the worker holds it.
         let change = match answer.0 {
             Ok(Assignment::Leased { .. }) => Change::Durable,
+            _ => Change::Counts,
+        };
+        self.settle(answer, change).await?
+    }
+
+    async fn assign_several(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+        count: AssignCount,
+    ) -> Result<Batch, StoreError> {
+        let answer = self.with_pool(pool, |p, journal| {
+            let now = Timestamp::now();
+            p.return_due(now, RETURN_ON_ASSIGN);
+            let batch = p.assign_several(request, count, now)?;
+            if let Some(journal) = journal {
+                for assignment in &batch.assigned {
+                    if let Assignment::Assigned {
+                        member,
+                        assignments,
+                    }
+                    | Assignment::Leased {
+                        member,
+                        assignments,
+                        ..
+                    } = assignment
+                    {
+                        journal.assigned(pool, member, *assignments, p.total_assignments);
+                    }
+                }
+            }
+            Ok(batch)
+        })?;
+        // Leases issued are on disk before the worker holds them.
+        let change = match &answer.0 {
+            Ok(batch)
+                if batch
+                    .assigned
+                    .iter()
+                    .any(|a| matches!(a, Assignment::Leased { .. })) =>
+            {
+                Change::Durable
+            }
             _ => Change::Counts,
         };
         self.settle(answer, change).await?

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use proxy_allocator::config::Config;
 use proxy_allocator::domain::{
-    LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy,
+    AssignCount, LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy,
 };
 use proxy_allocator::store::{
-    AssignRequest, Assignment, CheckRound, Cursor, DisableReport, EnableReport, MemberPage,
+    AssignRequest, Assignment, Batch, CheckRound, Cursor, DisableReport, EnableReport, MemberPage,
     PoolInfo, PoolPage, PutPool, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Seed,
     SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
@@ -135,6 +135,15 @@ impl Store for Spy {
         request: &AssignRequest,
     ) -> Result<Assignment, StoreError> {
         self.inner.assign(pool, request).await
+    }
+
+    async fn assign_several(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+        count: AssignCount,
+    ) -> Result<Batch, StoreError> {
+        self.inner.assign_several(pool, request, count).await
     }
 
     async fn release(&self, pool: &PoolId, lease: &LeaseId) -> Result<(), StoreError> {

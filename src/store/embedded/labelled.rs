@@ -102,14 +102,15 @@ impl Pool {
         }
     }
 
-    /// The first eligible member in the choosing order that passes `filter`, by the rule
-    /// of `pick_labelled` in `scripts/labels.lua`: with one key, the first entry of each
-    /// value's set; with several, a walk over the key with the fewest entries that checks
-    /// at most [`MAX_LABEL_CHECKS`] candidates.
+    /// The first `wanted` eligible members in the choosing order that pass `filter`, in
+    /// that order, by the rule of `pick_labelled` in `scripts/labels.lua`: with one key,
+    /// the first entries of each value's set; with several, a walk over the key with the
+    /// fewest entries that checks at most [`MAX_LABEL_CHECKS`] candidates.
     pub(super) fn pick_labelled(
         &self,
         filter: &LabelFilter,
-    ) -> Result<Option<(u64, u64, MemberId)>, StoreError> {
+        wanted: usize,
+    ) -> Result<Vec<(u64, u64, MemberId)>, StoreError> {
         let groups: Vec<(&str, &[String])> = filter.groups().collect();
         let set = |key: &str, value: &str| self.labels.eligible.get(&format!("{key}={value}"));
         let size = |(key, values): &(&str, &[String])| -> usize {
@@ -119,42 +120,43 @@ impl Pool {
                 .sum()
         };
         let Some(walk) = (0..groups.len()).min_by_key(|&i| size(&groups[i])) else {
-            return Ok(None);
+            return Ok(Vec::new());
         };
         let (key, values) = groups[walk];
-        let mut best: Option<&(u64, u64, MemberId)> = None;
+        let mut found: Vec<&(u64, u64, MemberId)> = Vec::new();
         let mut checked = 0u64;
         for value in values {
             let Some(entries) = set(key, value) else {
                 continue;
             };
-            let mut found = None;
+            let mut taken = 0;
             for entry in entries {
-                if groups.len() == 1 {
-                    found = Some(entry);
+                if taken == wanted {
                     break;
                 }
-                checked += 1;
-                if checked > MAX_LABEL_CHECKS {
-                    return Err(StoreError::FilterTooCostly);
+                if groups.len() > 1 {
+                    checked += 1;
+                    if checked > MAX_LABEL_CHECKS {
+                        return Err(StoreError::FilterTooCostly);
+                    }
+                    if !self
+                        .labels
+                        .of
+                        .get(&entry.2)
+                        .is_some_and(|labels| labels.matches(filter))
+                    {
+                        continue;
+                    }
                 }
-                if self
-                    .labels
-                    .of
-                    .get(&entry.2)
-                    .is_some_and(|labels| labels.matches(filter))
-                {
-                    found = Some(entry);
-                    break;
-                }
-            }
-            if let Some(found) = found
-                && best.is_none_or(|best| found < best)
-            {
-                best = Some(found);
+                found.push(entry);
+                taken += 1;
             }
         }
-        Ok(best.cloned())
+        // Each set is in order already; with several values, merge them. A member has one
+        // value per key, so the sets never share a member.
+        found.sort();
+        found.truncate(wanted);
+        Ok(found.into_iter().cloned().collect())
     }
 
     /// A page of a listing with a label filter (see `Store::members`).

@@ -172,13 +172,14 @@ local function range_of(key, value)
     return '[' .. pair .. '\0', '(' .. pair .. '\1', #pair + 2
 end
 
--- The first eligible member, in the choosing order, that passes every group: its order
--- text, nil when none does, or false when finding out would take more than `budget`
--- candidate checks. With one group it reads the first entry of each value's range. With
--- several it walks the ranges of the group with the fewest entries (ZLEXCOUNT) in order,
--- checking the other groups on each member's labels, and stops at the first that passes
--- in each range: the cost is the members skipped, at most `budget`.
-local function pick_labelled(groups, budget, lif)
+-- The first `wanted` eligible members, in the choosing order, that pass every group:
+-- their order texts in that order (empty when none does), or false when finding out would
+-- take more than `budget` candidate checks. With one group it reads the first `wanted`
+-- entries of each value's range. With several it walks the ranges of the group with the
+-- fewest entries (ZLEXCOUNT) in order, checking the other groups on each member's labels,
+-- and stops at the `wanted`-th that passes in each range: the cost is the members skipped,
+-- at most `budget`. A member has one value per key, so the ranges never share a member.
+local function pick_labelled(groups, budget, lif, wanted)
     local smallest, fewest = 1, nil
     if #groups > 1 then
         for i, group in ipairs(groups) do
@@ -192,40 +193,51 @@ local function pick_labelled(groups, budget, lif)
             end
         end
     end
-    local best = nil
+    local found = {}
     local checked = 0
     local walk = groups[smallest]
     for _, value in ipairs(walk.values) do
         local low, high, skip = range_of(walk.key, value)
         local offset = 0
-        local found = nil
-        while not found do
-            local chunk = #groups == 1 and 1 or 64
+        local taken = 0
+        while taken < wanted do
+            local chunk = #groups == 1 and wanted or 64
             local entries = redis.call('ZRANGE', KEYS[14], low, high, 'BYLEX', 'LIMIT', offset, chunk)
             if #entries == 0 then
                 break
             end
             for _, e in ipairs(entries) do
                 local order = string.sub(e, skip)
-                if #groups == 1 then
-                    found = order
-                    break
+                local passes_all = #groups == 1
+                if not passes_all then
+                    checked = checked + 1
+                    if checked > budget then
+                        return false
+                    end
+                    local member = order_member(order, lif)
+                    passes_all = passes(labels_table(redis.call('HGET', KEYS[13], member)), groups,
+                        smallest)
                 end
-                checked = checked + 1
-                if checked > budget then
-                    return false
-                end
-                local member = order_member(order, lif)
-                if passes(labels_table(redis.call('HGET', KEYS[13], member)), groups, smallest) then
-                    found = order
-                    break
+                if passes_all then
+                    found[#found + 1] = order
+                    taken = taken + 1
+                    if taken == wanted then
+                        break
+                    end
                 end
             end
             offset = offset + #entries
-        end
-        if found and (not best or bytes_before(found, best)) then
-            best = found
+            if #entries < chunk then
+                break
+            end
         end
     end
-    return best
+    -- Each range is in order already; with several values, merge them.
+    if #walk.values > 1 then
+        table.sort(found, bytes_before)
+        for i = #found, wanted + 1, -1 do
+            found[i] = nil
+        end
+    end
+    return found
 end
