@@ -3,16 +3,18 @@
 Workers spread over the replicas: assigns on least-used pools, leases taken and released
 (or left to expire, as crashed workers do) on least-in-flight pools, outcome reports that
 trip members, disables and enables, and one import a minute. Every minute a line: requests/s
-per kind, errors (any answer other than the expected ones), each replica's RSS, Redis's
-memory and the live leases. Nothing may grow without bound.
+per kind, errors told apart by route and by status (or by the exception the client raised),
+each replica's RSS, Redis's memory and the live leases. Nothing may grow without bound.
 """
 
 import http.client
+import json
 import os
 import random
 import threading
 import time
 
+from assign import TOKEN
 from pools import call, redis_info, rss_mb, start_redis, start_service, stop
 
 MINUTES = int(os.environ.get("MINUTES", "10"))
@@ -27,11 +29,14 @@ class Tally:
         self.counts = {}
         self.errors = {}
 
-    def add(self, kind, ok):
+    def add(self, kind, error=None):
+        """Counts one request of `kind`; `error` is what went wrong, if anything: the
+        status of an answer other than 2xx, or the name of the exception the client
+        raised (a connection closed under it, a timeout)."""
         with self.lock:
             self.counts[kind] = self.counts.get(kind, 0) + 1
-            if not ok:
-                self.errors[kind] = self.errors.get(kind, 0) + 1
+            if error is not None:
+                self.errors[(kind, error)] = self.errors.get((kind, error), 0) + 1
 
     def take(self):
         with self.lock:
@@ -41,13 +46,23 @@ class Tally:
 
 
 def attempt(tally, kind, conn, method, path, body=None):
+    """One request; its answer's JSON when it was 2xx, else None. A failure of the
+    connection itself is raised again after it is counted, so that the worker opens a new
+    one."""
+    payload = None if body is None else json.dumps(body)
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
     try:
-        answer = call(conn, method, path, body)
-        tally.add(kind, True)
-        return answer
-    except Exception:
-        tally.add(kind, False)
+        conn.request(method, path, body=payload, headers=headers)
+        response = conn.getresponse()
+        data = response.read()
+    except (http.client.HTTPException, OSError) as error:
+        tally.add(kind, type(error).__name__)
+        raise
+    if not 200 <= response.status < 300:
+        tally.add(kind, str(response.status))
         return None
+    tally.add(kind)
+    return json.loads(data) if data else None
 
 
 def worker(port, tally, stop_at):
@@ -81,20 +96,24 @@ def worker(port, tally, stop_at):
 
 
 def importer(port, tally, stop_at):
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     minute = 0
     while time.time() < stop_at:
         lines = "\n".join(f"i{minute:03d}-{i:04d}.example.net:3128" for i in range(1000))
+        # A connection of its own each time: one kept from a minute before was closed by
+        # the service long since (KEEP_ALIVE_TIMEOUT_MS, 5 s), and http.client would send
+        # into it and fail.
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         try:
             conn.request("POST", "/pools/imported/import", body=lines,
-                         headers={"Authorization": "Bearer bench-token",
+                         headers={"Authorization": f"Bearer {TOKEN}",
                                   "Content-Type": "text/plain"})
             response = conn.getresponse()
             response.read()
-            tally.add("import", response.status == 200)
-        except (http.client.HTTPException, OSError):
-            tally.add("import", False)
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            tally.add("import", None if response.status == 200 else str(response.status))
+        except (http.client.HTTPException, OSError) as error:
+            tally.add("import", type(error).__name__)
+        finally:
+            conn.close()
         minute += 1
         time.sleep(max(0.0, min(60.0, stop_at - time.time())))
 
@@ -137,16 +156,18 @@ def main():
         print(f"Three replicas on one Redis, {WORKERS} workers, {MINUTES} minutes.")
         print()
         print("| minute | " + " | ".join(f"{k} /s" for k in kinds) +
-              " | errors | RSS per replica | Redis memory | leases live |")
+              " | errors (route, status or client exception, count) | RSS per replica | "
+              "Redis memory | leases live |")
         print("|---:|" + "---:|" * (len(kinds) + 4))
         began = time.time()
         for minute in range(1, MINUTES + 1):
             time.sleep(max(0.0, began + 60 * minute - time.time()))
             counts, errors = tally.take()
             rates = " | ".join(f"{counts.get(k, 0) / 60:.1f}" for k in kinds)
+            told = ", ".join(f"{kind} {error} ×{n}" for (kind, error), n in sorted(errors.items()))
             rss = " / ".join(f"{rss_mb(proc.pid):.1f}" for proc, _ in replicas)
             memory = int(redis_info(redis_port)["used_memory"]) / (1024 * 1024)
-            print(f"| {minute} | {rates} | {sum(errors.values())} | {rss} MB | "
+            print(f"| {minute} | {rates} | {told or 0} | {rss} MB | "
                   f"{memory:.1f} MB | {live_leases(replicas[0][1])} |", flush=True)
         for thread in threads:
             thread.join()

@@ -101,15 +101,33 @@ async fn start_due_rounds(
                     continue;
                 }
             };
-            let task = tokio::spawn(run_round(Arc::clone(store), pool.clone(), prober, targets));
+            let prune = info
+                .config
+                .prune
+                .is_some_and(|prune| prune.after_failed_checks.is_some());
+            let task = tokio::spawn(run_round(
+                Arc::clone(store),
+                pool.clone(),
+                prober,
+                targets,
+                prune,
+            ));
             rounds.insert(pool, task);
         }
     }
     Ok(())
 }
 
-/// Probes `members` of `pool` and reports each result as it comes in.
-async fn run_round(store: Arc<dyn Store>, pool: PoolId, prober: Prober, members: Vec<MemberId>) {
+/// Probes `members` of `pool` and reports each result as it comes in; with `prune`, then
+/// removes the members whose checks failed `prune.after_failed_checks` times in a row
+/// (and those left from earlier rounds that had live leases then).
+async fn run_round(
+    store: Arc<dyn Store>,
+    pool: PoolId,
+    prober: Prober,
+    members: Vec<MemberId>,
+    prune: bool,
+) {
     let check = prober.check();
     let deadline = Instant::now() + Duration::from_millis(check.interval_ms);
     let (probeable, unprobeable): (Vec<_>, Vec<_>) = members
@@ -133,6 +151,7 @@ async fn run_round(store: Arc<dyn Store>, pool: PoolId, prober: Prober, members:
                 result: probed.result,
                 detail: probed.detail,
                 latency_ms: probed.latency_ms,
+                target: None,
             }
         })
     }))
@@ -147,14 +166,15 @@ async fn run_round(store: Arc<dyn Store>, pool: PoolId, prober: Prober, members:
                 .await
             {
                 Ok(summary) => {
-                    for (_, result, effect, _) in &summary.applied {
-                        match effect {
+                    for applied in &summary.applied {
+                        let result = applied.result;
+                        match applied.effect {
                             Effect::Tripped => tracing::info!(pool = pool.as_str(), %proxy,
                                 result = result.as_str(), detail = report.detail.as_str(),
                                 "member cooling down after a failed check"),
                             Effect::Returned => tracing::info!(pool = pool.as_str(), %proxy,
                                 "member back after a passing check"),
-                            Effect::Counted | Effect::Ignored => {}
+                            Effect::Counted | Effect::Ignored | Effect::Banned => {}
                         }
                     }
                 }
@@ -169,5 +189,8 @@ async fn run_round(store: Arc<dyn Store>, pool: PoolId, prober: Prober, members:
             interval_ms = check.interval_ms,
             "check round ran out of time; the remaining members wait for the next round"
         );
+    }
+    if prune {
+        crate::sources::prune_members(&*store, &pool, None).await;
     }
 }

@@ -103,7 +103,8 @@ fn plain_usage_below(mut command: clap::Command) -> clap::Command {
 pub enum Command {
     /// Run the service (what runs when no subcommand is given).
     Serve(Box<Config>),
-    /// List, show, create and delete the pools of a running service.
+    /// List, show, create and delete the pools of a running service, and show a pool's
+    /// sources.
     Pools(PoolsArgs),
     /// Add, import, list, disable and enable the members of a pool of a running service.
     Members(MembersArgs),
@@ -229,6 +230,34 @@ pub enum PoolsCommand {
         /// Most live leases per member (least-in-flight pools) [service default: no cap].
         #[arg(long)]
         max_in_flight: Option<u64>,
+        /// A list to fetch on a schedule and import (repeatable): its `http(s)` URL.
+        #[arg(long = "source", value_name = "URL")]
+        sources: Vec<String>,
+        /// Time between fetches of every --source, in milliseconds.
+        #[arg(long, default_value_t = 3_600_000, requires = "sources")]
+        source_interval_ms: u64,
+        /// How every --source is written [service default: lines].
+        #[arg(long, requires = "sources", value_parser = PossibleValuesParser::new(["lines", "json"]))]
+        source_format: Option<String>,
+        /// Let the sources be on private addresses (`rules.allow_private_sources`).
+        #[arg(long, requires = "sources")]
+        allow_private_sources: bool,
+        /// Remove members whose last N active checks all failed (`prune.after_failed_checks`).
+        #[arg(long, value_name = "N")]
+        prune_after_failed_checks: Option<u64>,
+        /// Remove a source's members its last K fetches did not list
+        /// (`prune.absent_from_source_fetches`).
+        #[arg(long, value_name = "K")]
+        prune_absent_from_source_fetches: Option<u64>,
+        /// Prune members added by hand after failed checks too (`prune.manual`).
+        #[arg(long)]
+        prune_manual: bool,
+    },
+    /// A pool's sources: each one's schedule and last fetch.
+    Sources {
+        /// The pool.
+        #[arg(value_parser = PoolId::parse)]
+        pool: PoolId,
     },
     /// Delete a pool and all its state.
     Delete {
@@ -300,6 +329,9 @@ pub enum MembersCommand {
         /// value).
         #[arg(long = "label", value_name = "KEY=VALUE")]
         labels: Vec<String>,
+        /// Show each member's ban for this host (`BANNED_UNTIL`, `-` when none).
+        #[arg(long, value_name = "HOST")]
+        target: Option<String>,
     },
     /// Take members out of the eligible set; they keep their counts.
     Disable {
@@ -421,8 +453,44 @@ async fn run_pools(remote: &Remote, command: PoolsCommand) -> Result<(), Failure
             start_assignments,
             lease_ttl_ms,
             max_in_flight,
+            sources,
+            source_interval_ms,
+            source_format,
+            allow_private_sources,
+            prune_after_failed_checks,
+            prune_absent_from_source_fetches,
+            prune_manual,
         } => {
             let mut config = serde_json::Map::new();
+            if !sources.is_empty() {
+                let sources: Vec<Value> = sources
+                    .iter()
+                    .map(|url| {
+                        let mut source = json!({"url": url, "interval_ms": source_interval_ms});
+                        if let Some(format) = &source_format {
+                            source["format"] = json!(format);
+                        }
+                        source
+                    })
+                    .collect();
+                config.insert("sources".to_owned(), Value::from(sources));
+            }
+            if allow_private_sources {
+                config.insert("rules".to_owned(), json!({"allow_private_sources": true}));
+            }
+            if prune_after_failed_checks.is_some()
+                || prune_absent_from_source_fetches.is_some()
+                || prune_manual
+            {
+                let mut prune = json!({"manual": prune_manual});
+                if let Some(n) = prune_after_failed_checks {
+                    prune["after_failed_checks"] = json!(n);
+                }
+                if let Some(k) = prune_absent_from_source_fetches {
+                    prune["absent_from_source_fetches"] = json!(k);
+                }
+                config.insert("prune".to_owned(), prune);
+            }
             let fields = [
                 ("policy", policy.map(Value::from)),
                 ("restore", restore.map(Value::from)),
@@ -447,6 +515,10 @@ async fn run_pools(remote: &Remote, command: PoolsCommand) -> Result<(), Failure
             let text = render::created(&pool, created, &answer);
             answer["created"] = json!(created);
             print(remote, &answer, Report::done(text))
+        }
+        PoolsCommand::Sources { pool } => {
+            let answer = service.get(&format!("/pools/{pool}/sources")).await?;
+            print(remote, &answer, Report::done(render::sources(&answer)))
         }
         PoolsCommand::Delete { pool } => {
             service
@@ -531,8 +603,11 @@ async fn run_members(remote: &Remote, command: MembersCommand) -> Result<(), Fai
             pool,
             state,
             labels,
+            target,
         } => {
-            let members = service.all_members(&pool, &state, &labels).await?;
+            let members = service
+                .all_members(&pool, &state, &labels, target.as_deref())
+                .await?;
             let text = render::members(&members);
             let answer = json!({ "pool": pool.as_str(), "members": members });
             print(remote, &answer, Report::done(text))

@@ -187,6 +187,17 @@ pub struct Config {
     #[arg(long, env = "CHECK_TICK_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     pub check_tick_ms: u64,
 
+    /// The shortest `interval_ms` a pool's source may have, in milliseconds (at least
+    /// 1,000). Public lists change slowly and their hosts should not be hammered; tests and
+    /// private list servers may go lower.
+    #[arg(long, env = "SOURCE_MIN_INTERVAL_MS", default_value_t = crate::domain::DEFAULT_SOURCE_MIN_INTERVAL_MS, value_parser = clap::value_parser!(u64).range(1000..))]
+    pub source_min_interval_ms: u64,
+
+    /// Longest one fetch of a pool's source may take, in milliseconds, redirects and body
+    /// included. Its size is bounded by `IMPORT_BODY_LIMIT_BYTES`.
+    #[arg(long, env = "SOURCE_FETCH_TIMEOUT_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub source_fetch_timeout_ms: u64,
+
     /// Log format. The level is set with `RUST_LOG` (default `info`).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,
@@ -241,6 +252,16 @@ impl Config {
     /// The check tick as a duration.
     pub fn check_tick(&self) -> Duration {
         Duration::from_millis(self.check_tick_ms)
+    }
+
+    /// How the sources' fetcher runs: on the check tick, within the fetch timeout and the
+    /// import's body limit.
+    pub fn source_settings(&self) -> crate::sources::SourceSettings {
+        crate::sources::SourceSettings {
+            tick: self.check_tick(),
+            timeout: Duration::from_millis(self.source_fetch_timeout_ms),
+            max_bytes: self.import_body_limit_bytes,
+        }
     }
 
     /// Where Redis is, from the one Redis setting given; `None` for the embedded store.

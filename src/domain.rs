@@ -7,9 +7,14 @@ mod health;
 mod labels;
 mod lease;
 mod member_id;
+mod object;
+mod pacing;
 mod pool_config;
 mod pool_id;
+mod prune;
 mod rules;
+mod source;
+mod target;
 mod timestamp;
 
 pub use candidate::{
@@ -28,7 +33,14 @@ pub use labels::{
 pub use lease::hex;
 pub use lease::{InvalidLeaseId, InvalidLeaseTtl, LeaseId, LeaseTtl};
 pub use member_id::{InvalidMemberId, MAX_MEMBER_ID_LEN, MemberId};
+pub use pacing::{InvalidPacing, MAX_PACING_INTERVAL_MS, Pacing};
 pub use pool_config::{Policy, PoolConfig, RestorePolicy};
 pub use pool_id::{InvalidPoolId, PoolId};
+pub use prune::{InvalidPrune, MAX_PRUNE_COUNT, PruneConfig};
 pub use rules::{PortRange, PortRules, Rules};
+pub use source::{
+    DEFAULT_SOURCE_MIN_INTERVAL_MS, InvalidSource, MAX_SOURCE_INTERVAL_MS, MAX_SOURCES,
+    SOURCE_INTERVAL_FLOOR_MS, Source, SourceFormat,
+};
+pub use target::{InvalidTarget, MAX_TARGET_LEN, Target};
 pub use timestamp::Timestamp;

@@ -13,6 +13,7 @@ mod members;
 mod outcomes;
 mod pools;
 mod probes;
+mod sources;
 mod ui;
 
 use std::sync::Arc;
@@ -27,6 +28,8 @@ use axum::{Extension, Router};
 pub use self::auth::Tokens;
 use self::error::ApiError;
 use self::extract::BodyLimit;
+pub use self::extract::ListKind;
+pub use self::import::{ImportReport, ImportRequest, ListPieces, WholeList, import_list};
 pub use self::members::MAX_MEMBERS_PER_CALL;
 use crate::monitoring::PoolSnapshot;
 use crate::store::Store;
@@ -40,6 +43,8 @@ pub struct AppState {
     pub tokens: Arc<Tokens>,
     /// The pools as last read for the metrics.
     pub snapshot: PoolSnapshot,
+    /// The shortest `interval_ms` a pool's source may have (`SOURCE_MIN_INTERVAL_MS`).
+    pub source_min_interval_ms: u64,
 }
 
 /// Limits applied to requests.
@@ -233,6 +238,13 @@ pub fn routes() -> Vec<Route> {
             Admin,
             List,
             import::import,
+        ),
+        route(
+            "/pools/{pool}/sources",
+            Method::GET,
+            Admin,
+            Ignored,
+            sources::list_sources,
         ),
     ]
 }

@@ -39,8 +39,10 @@
 //!   index of them; see `src/store/redis/keys.rs`).
 //! - [`checker`]: the background task that runs active checks of pools whose round is due
 //!   (one replica per pool and interval) and feeds their results into the health rules; and
-//!   the fetcher a pool's sources will use (`checker/fetch.rs`: bounded, at most 3
-//!   redirects, every hop through the checker's private-address guard).
+//!   the fetcher a pool's sources use (`checker/fetch.rs`: bounded, at most 3 redirects,
+//!   every hop through the checker's private-address guard).
+//! - [`sources`]: the background task that fetches the pools' sources when they are due
+//!   (one replica per fetch) and imports them by the import route's own path.
 //! - [`startup`]: [`startup::Application`], which binds, builds and serves (port 0 works,
 //!   which is how the tests start it): the API port and, with `PROBE_LISTEN`, a probe port.
 //! - [`connections`]: what every listening port goes through: a connection cap, deadlines
@@ -56,6 +58,7 @@ pub mod connections;
 pub mod domain;
 pub mod http;
 pub mod monitoring;
+pub mod sources;
 pub mod startup;
 pub mod store;
 pub mod sweep;

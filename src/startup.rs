@@ -17,7 +17,7 @@ use crate::monitoring::PoolSnapshot;
 use crate::store::{
     DataDirOptions, EmbeddedStore, OpenError, RedisStore, RedisStoreOptions, Store, StoreError,
 };
-use crate::{checker, sweep};
+use crate::{checker, sources, sweep};
 
 /// Why the service could not start.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +123,7 @@ impl Application {
             store: Arc::clone(&store),
             tokens: Arc::new(tokens),
             snapshot: snapshot.clone(),
+            source_min_interval_ms: config.source_min_interval_ms,
         };
         let limits = Limits {
             body_bytes: config.body_limit_bytes,
@@ -237,6 +238,11 @@ impl Application {
             tokio::spawn(checker::run(
                 Arc::clone(&self.store),
                 self.config.check_tick(),
+                stopped(),
+            )),
+            tokio::spawn(sources::run(
+                Arc::clone(&self.store),
+                self.config.source_settings(),
                 stopped(),
             )),
             tokio::spawn(self.snapshot.clone().run(

@@ -46,14 +46,14 @@ mod redis;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use self::chunks::{CHUNK_BUDGET, CHUNK_GRANULE, MAX_CHUNK, MIN_CHUNK};
 pub use self::embedded::{DataDirOptions, EmbeddedStore, OpenError};
 pub use self::redis::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
     AssignCount, LabelFilter, Labels, LeaseId, LeaseTtl, MemberId, OutcomeResult, PoolConfig,
-    PoolId, RestorePolicy, Timestamp,
+    PoolId, RestorePolicy, Target, Timestamp,
 };
 
 /// How many expired leases an assign reclaims before it chooses, at most. It keeps the
@@ -85,6 +85,10 @@ pub const SAFETY_NET_POOLS_PER_SWEEP: usize = 4;
 /// died in between delays the pool's checks.
 pub const CHECK_CLAIM_HOLD: Duration = Duration::from_secs(60);
 
+/// How long a pool handed out by [`Store::due_source_pools`] is withheld from other
+/// replicas: the time a replica has to claim its sources.
+pub const SOURCE_CLAIM_HOLD: Duration = Duration::from_secs(60);
+
 /// Most members one check round probes: a pool larger than this has the rest probed in
 /// later rounds as members change places.
 pub const MAX_PROBES_PER_ROUND: u64 = 10_000;
@@ -97,6 +101,18 @@ pub const MAX_PROBES_PER_ROUND: u64 = 10_000;
 /// refused.
 pub const MAX_LABEL_CHECKS: u64 = 2_000;
 
+/// Most targets one pool keeps bans for at once. A ban for a further target is not
+/// recorded (its report answers `ignored`) until the bans of some target are forgotten;
+/// each target's bans are at most one per member. Together they bound a pool's ban memory
+/// by what is live: a target's bans are forgotten, with no sweep, once its last ban ended
+/// as long ago as it lasted.
+pub const MAX_BAN_TARGETS: u64 = 100_000;
+
+/// Most expired targets one ban report clears from a pool's index of targets: ending each
+/// costs a step, and since every ban adds at most one target, clearing a few on each keeps
+/// the index as small as what is live without ever reading all of it.
+pub const BAN_CLEANUP: u64 = 16;
+
 /// Most label-index entries one page of a listing with a label filter reads. A page may
 /// then hold fewer members than asked for while a next cursor is given.
 pub const MAX_LISTING_SCAN: u64 = 2_000;
@@ -108,6 +124,9 @@ pub struct AssignRequest {
     pub ttl: Option<LeaseTtl>,
     /// Only members whose labels pass this filter are candidates.
     pub labels: LabelFilter,
+    /// The host the worker will contact: members banned for it are skipped (at most
+    /// [`MAX_LABEL_CHECKS`] of them; see [`Store::assign`]).
+    pub target: Option<Target>,
 }
 
 /// What went wrong in a store. Each variant maps to one documented HTTP answer.
@@ -232,6 +251,8 @@ pub struct PoolStats {
     /// Times a cooling-down member came back by itself (end of cooldown or a passing
     /// check); operator enables are not counted.
     pub recovered: u64,
+    /// Members the pool removed by itself under its `prune` rules.
+    pub pruned: u64,
 }
 
 /// One page of a pool listing.
@@ -276,6 +297,8 @@ pub struct Seed {
     /// not) has its labels replaced by these, keeping its count and state. Members not
     /// named keep theirs (new ones have none).
     pub labels: std::collections::HashMap<MemberId, Labels>,
+    /// Where the new members come from.
+    pub origin: SeedOrigin,
 }
 
 impl Seed {
@@ -288,6 +311,7 @@ impl Seed {
             dry_run: false,
             pending_adds: 0,
             labels: std::collections::HashMap::new(),
+            origin: SeedOrigin::Manual,
         }
     }
 }
@@ -347,11 +371,68 @@ pub struct MemberPage {
     pub next: Option<Cursor>,
 }
 
+/// Where a member came from: how it was first added.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Origin {
+    /// Added by hand (`POST /pools/{pool}/members`), or before origins were kept. Never
+    /// pruned unless the pool's `prune.manual` is set.
+    #[default]
+    Manual,
+    /// Added by `POST /pools/{pool}/import`.
+    Import,
+    /// Added by a fetch of the pool's source with this URL.
+    Source(String),
+}
+
+impl Serialize for Origin {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(match self {
+            Self::Manual => "manual",
+            Self::Import => "import",
+            Self::Source(url) => url,
+        })
+    }
+}
+
+/// Where the members of one seeding come from. Members already in the pool keep their
+/// origin; those already from the same source are marked seen by this fetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SeedOrigin {
+    /// `POST /pools/{pool}/members`.
+    #[default]
+    Manual,
+    /// `POST /pools/{pool}/import`.
+    Import,
+    /// A fetch of a source: the source's id (see [`ClaimedSource::id`]) and the fetch's
+    /// number (its successful fetches so far, this one included).
+    Source {
+        /// The source's id in its pool.
+        id: u64,
+        /// This fetch's number.
+        fetch: u64,
+    },
+}
+
+/// Most members one call of [`Store::prune`] moves or removes of each kind; the caller
+/// calls again while [`Pruned::more`] says so.
+pub const PRUNE_BATCH: u64 = 256;
+
+/// What one call of [`Store::prune`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Pruned {
+    /// Members removed.
+    pub removed: Vec<MemberId>,
+    /// Whether a batch was full: another call may do more.
+    pub more: bool,
+}
+
 /// One member as listed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MemberView {
     /// The member.
     pub member: MemberId,
+    /// Where it came from: `manual`, `import` or the URL of the source that added it.
+    pub origin: Origin,
     /// Whether it is eligible.
     pub state: MemberState,
     /// Its count.
@@ -380,6 +461,10 @@ pub struct MemberView {
     /// Its labels (left out when it has none).
     #[serde(skip_serializing_if = "Labels::is_empty")]
     pub labels: Labels,
+    /// For a listing that names a target: until when the member is banned for it (`null`
+    /// when it is not). Left out of listings without a target.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub banned_until: Option<Option<Timestamp>>,
 }
 
 /// A member's health numbers as a store keeps them.
@@ -441,6 +526,9 @@ pub struct Report {
     pub detail: String,
     /// For checks that got an answer: how long the probe took, in milliseconds.
     pub latency_ms: Option<u64>,
+    /// The host the request went to. A `blocked` report with a target bans the member for
+    /// that target only and leaves its failure streak alone; other results ignore it.
+    pub target: Option<Target>,
 }
 
 /// What one report did.
@@ -455,14 +543,31 @@ pub enum Effect {
     Ignored,
     /// A passing check brought a cooling-down member back.
     Returned,
+    /// A `blocked` report with a target banned the member for that target (or, banned
+    /// already, for longer).
+    Banned,
+}
+
+/// What one report about a known member did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// The member.
+    pub member: MemberId,
+    /// Its result.
+    pub result: OutcomeResult,
+    /// What it did.
+    pub effect: Effect,
+    /// The member's failure streak afterwards.
+    pub streak: u64,
+    /// For [`Effect::Banned`]: until when the member is banned for the report's target.
+    pub banned_until: Option<Timestamp>,
 }
 
 /// What a report call did, in request order; unknown members are listed apart.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ReportSummary {
-    /// Each report about a known member: the member, its result, what it did and the
-    /// member's failure streak afterwards.
-    pub applied: Vec<(MemberId, OutcomeResult, Effect, u64)>,
+    /// Each report about a known member, in order.
+    pub applied: Vec<Applied>,
     /// Members the pool does not have (each listed once per report).
     pub unknown: Vec<MemberId>,
 }
@@ -494,6 +599,74 @@ pub struct CheckRound {
     pub eligible: Vec<MemberId>,
     /// Members cooling down, soonest return first.
     pub cooling: Vec<MemberId>,
+}
+
+/// The counts of one import, as a source's last fetch shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ImportCounts {
+    /// Distinct candidates that passed the rules: `added` + `existing`.
+    pub accepted: u64,
+    /// Accepted candidates that were not in the pool and now are.
+    pub added: u64,
+    /// Accepted candidates already in the pool.
+    pub existing: u64,
+    /// Lines that repeated a candidate seen earlier in the same list.
+    pub duplicates: u64,
+    /// Rejected lines, every reason together.
+    pub rejected: u64,
+}
+
+/// What one fetch of a source came to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum FetchOutcome {
+    /// The list was fetched and imported.
+    Ok {
+        /// What the import did.
+        counts: ImportCounts,
+    },
+    /// The fetch (or the import of what it fetched) failed.
+    Failed {
+        /// Why, in a short text without credentials.
+        error: String,
+    },
+}
+
+/// One fetch of a source, as its listing shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SourceFetch {
+    /// When it ended (the store's clock).
+    pub at: Timestamp,
+    /// What it came to.
+    #[serde(flatten)]
+    pub outcome: FetchOutcome,
+}
+
+/// What the store keeps about one source of a pool, by its URL.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SourceState {
+    /// When it is next fetched (or, while a replica fetches it, when that claim ends).
+    pub next_fetch_at: Timestamp,
+    /// Failed fetches since the last successful one.
+    pub failures: u64,
+    /// Successful fetches so far.
+    pub successes: u64,
+    /// Its last fetch, once there has been one.
+    pub last_fetch: Option<SourceFetch>,
+}
+
+/// A source claimed by this replica, to be fetched now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimedSource {
+    /// Its URL.
+    pub url: String,
+    /// Failed fetches since its last successful one, for the backoff.
+    pub failures: u64,
+    /// Its successful fetches so far.
+    pub successes: u64,
+    /// Its id in the pool, given when it was first claimed and never reused: the members
+    /// it adds are marked with it (see [`SeedOrigin::Source`]).
+    pub id: u64,
 }
 
 /// What a disable did, member by member.
@@ -583,7 +756,10 @@ pub trait Store: Send + Sync + 'static {
     async fn status(&self) -> Result<StoreStatus, StoreError>;
 
     /// Picks a member under the pool's policy, among those that pass the request's label
-    /// filter, and counts one more assignment for it. On a least-in-flight pool it first
+    /// filter and are not banned for its target, and counts one more assignment for it.
+    /// Banned members are skipped in the choosing order, each costing one check: after
+    /// [`MAX_LABEL_CHECKS`] banned members the answer is [`Assignment::Empty`] with the
+    /// wait until the first of their bans ends, even if a member further down is free. On a least-in-flight pool it first
     /// reclaims up to [`RECLAIM_ON_ASSIGN`] expired leases of the pool, then leases the
     /// member for the request's ttl (the pool's `lease_ttl_ms` when `None`).
     ///
@@ -661,6 +837,53 @@ pub trait Store: Send + Sync + 'static {
         interval: Duration,
     ) -> Result<Option<CheckRound>, StoreError>;
 
+    /// Pools with sources whose next fetch may be due, at most `limit`, earliest first.
+    /// Each is held for this replica for [`SOURCE_CLAIM_HOLD`] and rescheduled by
+    /// [`Store::claim_sources`]; pools whose sources were all removed are no longer
+    /// listed. Reads only what is due, not every pool.
+    async fn due_source_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError>;
+
+    /// Claims, among the pool's sources `urls` (its configured ones), those whose fetch is
+    /// due: each claimed source is held for `hold` (no replica claims it again meanwhile,
+    /// and a replica that dies mid-fetch delays it by no more) until
+    /// [`Store::record_source_fetch`] schedules its next fetch. A source never fetched is
+    /// due at once. What the store kept about sources no longer in `urls` is forgotten.
+    /// Either way the pool's entry in the source index moves to its earliest next fetch.
+    async fn claim_sources(
+        &self,
+        pool: &PoolId,
+        urls: &[String],
+        hold: Duration,
+    ) -> Result<Vec<ClaimedSource>, StoreError>;
+
+    /// Records the end of a fetch of the pool's source `url` and schedules the next one
+    /// `next_in` from now. A success clears the source's failures and counts one more
+    /// success; a failure counts one more failure. Nothing is recorded for a source that
+    /// is no longer the pool's.
+    async fn record_source_fetch(
+        &self,
+        pool: &PoolId,
+        url: &str,
+        outcome: &FetchOutcome,
+        next_in: Duration,
+    ) -> Result<(), StoreError>;
+
+    /// What the store keeps about the pool's sources, by URL (sources never claimed are
+    /// absent).
+    async fn source_states(
+        &self,
+        pool: &PoolId,
+    ) -> Result<std::collections::HashMap<String, SourceState>, StoreError>;
+
+    /// Applies the pool's `prune` rules, a batch at a time (at most [`PRUNE_BATCH`] of
+    /// each kind): with `absent`, `(source id, fetch number)`, the members of that source
+    /// last seen at or before that fetch are due for removal; then due members without
+    /// live leases are removed (and counted in `pruned`), those with leases kept until a
+    /// later call finds them free. Members due because their last checks failed are
+    /// marked so by [`Store::report`]. A member stops being due when it passes a check or
+    /// is seen again by its source.
+    async fn prune(&self, pool: &PoolId, absent: Option<(u64, u64)>) -> Result<Pruned, StoreError>;
+
     /// Creates the pool or replaces its configuration.
     ///
     /// # Errors
@@ -689,7 +912,8 @@ pub trait Store: Send + Sync + 'static {
     /// Adds members; see [`Seed`] for how their starting count is chosen.
     async fn add_members(&self, pool: &PoolId, seed: &Seed) -> Result<SeedReport, StoreError>;
 
-    /// One page of the pool's members. With a label filter, the page walks the members
+    /// One page of the pool's members; with a target, each with its ban for that target
+    /// ([`MemberView::banned_until`]). With a label filter, the page walks the members
     /// carrying the filter's first key, value by value in the filter's order and by id
     /// within a value, keeping those that pass the whole filter; `cursor.eligible` then
     /// counts the entries earlier pages passed, and a page reads at most
@@ -699,6 +923,7 @@ pub trait Store: Send + Sync + 'static {
         pool: &PoolId,
         filter: StateFilter,
         labels: &LabelFilter,
+        target: Option<&Target>,
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError>;

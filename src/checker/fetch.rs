@@ -52,6 +52,22 @@ pub enum FetchError {
     Request(String),
 }
 
+impl FetchError {
+    /// A fixed code per kind, for the `outcome` label of `pa_source_fetches_total`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::BadUrl => "bad_url",
+            Self::Private => "private_address",
+            Self::Unresolved => "unresolved",
+            Self::TooManyRedirects => "too_many_redirects",
+            Self::Status(_) => "status",
+            Self::TooLarge(_) => "too_large",
+            Self::Timeout => "timeout",
+            Self::Request(_) => "request_failed",
+        }
+    }
+}
+
 /// Fetches lists with one set of bounds. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Fetcher {

@@ -200,6 +200,10 @@ pub fn members(members: &[Value]) -> String {
     }
     // The labels column only when some member has labels: pools without keep their table.
     let labelled = members.iter().any(|member| member.get("labels").is_some());
+    // The bans column only for a listing that named a target.
+    let targeted = members
+        .iter()
+        .any(|member| member.get("banned_until").is_some());
     let rows: Vec<Vec<String>> = members
         .iter()
         .map(|member| {
@@ -213,6 +217,9 @@ pub fn members(members: &[Value]) -> String {
             ];
             if labelled {
                 row.push(labels_cell(&member["labels"]));
+            }
+            if targeted {
+                row.push(cell(&member["banned_until"]));
             }
             row
         })
@@ -228,7 +235,51 @@ pub fn members(members: &[Value]) -> String {
     if labelled {
         headers.push("LABELS");
     }
+    if targeted {
+        headers.push("BANNED_UNTIL");
+    }
     table(&headers, &rows)
+}
+
+/// `pools sources`: one line per source, with its last fetch.
+pub fn sources(answer: &Value) -> String {
+    let sources = answer["sources"].as_array().map_or(&[][..], Vec::as_slice);
+    if sources.is_empty() {
+        return "no sources\n".to_owned();
+    }
+    let rows: Vec<Vec<String>> = sources
+        .iter()
+        .map(|source| {
+            let last = &source["last_fetch"];
+            vec![
+                cell(&source["url"]),
+                cell(&source["interval_ms"]),
+                cell(&source["successes"]),
+                cell(&source["failures"]),
+                cell(&last["at"]),
+                cell(&last["outcome"]),
+                cell(&last["counts"]["added"]),
+                cell(&last["counts"]["existing"]),
+                cell(&last["counts"]["rejected"]),
+                cell(&last["error"]),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "URL",
+            "INTERVAL_MS",
+            "FETCHED",
+            "FAILURES",
+            "LAST_FETCH",
+            "OUTCOME",
+            "ADDED",
+            "EXISTING",
+            "REJECTED",
+            "ERROR",
+        ],
+        &rows,
+    )
 }
 
 /// A member's labels as `key=value,key=value` (`-` when it has none).

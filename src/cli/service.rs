@@ -158,9 +158,11 @@ impl Service {
         pool: &PoolId,
         state: &str,
         labels: &[String],
+        target: Option<&str>,
     ) -> Result<Vec<Value>, Failure> {
         let mut query = vec![("state", state.to_owned()), ("limit", PAGE.to_string())];
         query.extend(labels.iter().map(|pair| ("label", pair.clone())));
+        query.extend(target.map(|host| ("target", host.to_owned())));
         self.all_pages(&format!("/pools/{pool}/members"), query, "members")
             .await
     }

@@ -348,7 +348,8 @@ fn parse_credentials(userinfo: &str) -> Result<(&str, &str), Rejection> {
 }
 
 /// An IPv6 literal when `bracketed` (and only then), else an IPv4 literal or a host name.
-fn parse_host(text: &str, bracketed: bool) -> Result<Host, Rejection> {
+/// Shared with [`super::Target`], which names a host the same way.
+pub(super) fn parse_host(text: &str, bracketed: bool) -> Result<Host, Rejection> {
     if bracketed {
         return text
             .parse::<Ipv6Addr>()

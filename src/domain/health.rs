@@ -64,6 +64,11 @@ pub struct HealthConfig {
     /// uniformly within ±`jitter_percent` of its nominal length (then capped at
     /// `max_cooldown_ms`), so that members tripped together do not all return together.
     pub jitter_percent: u32,
+    /// How long a `blocked` report naming a target bans the member for that target only,
+    /// in milliseconds (100 ms to 7 days; default 600,000). Each repeat ban while the last
+    /// one is remembered doubles it, up to `max_cooldown_ms` (see
+    /// [`HealthConfig::ban_ms`]).
+    pub target_ban_ms: u64,
     /// Active checks; `null` (the default) means none.
     pub check: Option<CheckConfig>,
 }
@@ -79,6 +84,19 @@ impl HealthConfig {
     pub const DEFAULT_BACKOFF: u32 = 2;
     /// Default jitter, in percent.
     pub const DEFAULT_JITTER_PERCENT: u32 = 10;
+    /// Default length of a first ban for one target, in milliseconds.
+    pub const DEFAULT_TARGET_BAN_MS: u64 = 600_000;
+
+    /// The length of the `bans`-th ban in a row of one member for one target (1 for the
+    /// first): `target_ban_ms * 2^(bans - 1)`, capped at `max_cooldown_ms`. No jitter:
+    /// bans of one member for one target never come in a crowd. `bans.lua` computes the
+    /// same; keep them in step.
+    pub fn ban_ms(&self, bans: u64) -> u64 {
+        let exponent = u32::try_from(bans.saturating_sub(1)).unwrap_or(u32::MAX);
+        2u64.checked_pow(exponent)
+            .and_then(|factor| factor.checked_mul(self.target_ban_ms))
+            .map_or(self.max_cooldown_ms, |ms| ms.min(self.max_cooldown_ms))
+    }
 
     /// The cooldown of the `trips`-th trip in a row (1 for the first), before jitter:
     /// `cooldown_ms * backoff^(trips - 1)`, capped at `max_cooldown_ms`.
@@ -124,6 +142,7 @@ impl Default for HealthConfig {
             max_cooldown_ms: Self::DEFAULT_MAX_COOLDOWN_MS,
             backoff: Self::DEFAULT_BACKOFF,
             jitter_percent: Self::DEFAULT_JITTER_PERCENT,
+            target_ban_ms: Self::DEFAULT_TARGET_BAN_MS,
             check: None,
         }
     }
@@ -143,6 +162,8 @@ struct RawHealthConfig {
     backoff: u32,
     #[serde(default = "default_jitter")]
     jitter_percent: u32,
+    #[serde(default = "default_target_ban")]
+    target_ban_ms: u64,
     #[serde(default)]
     check: Option<CheckConfig>,
 }
@@ -161,6 +182,9 @@ fn default_backoff() -> u32 {
 }
 fn default_jitter() -> u32 {
     HealthConfig::DEFAULT_JITTER_PERCENT
+}
+fn default_target_ban() -> u64 {
+    HealthConfig::DEFAULT_TARGET_BAN_MS
 }
 
 /// Why a `health` configuration was refused.
@@ -192,12 +216,16 @@ impl TryFrom<RawHealthConfig> for HealthConfig {
         if raw.jitter_percent > 50 {
             return fail("jitter_percent is 0 to 50");
         }
+        if !(100..=7 * DAY_MS).contains(&raw.target_ban_ms) {
+            return fail("target_ban_ms is 100 to 604800000");
+        }
         Ok(Self {
             max_consecutive_failures: raw.max_consecutive_failures,
             cooldown_ms: raw.cooldown_ms,
             max_cooldown_ms: raw.max_cooldown_ms,
             backoff: raw.backoff,
             jitter_percent: raw.jitter_percent,
+            target_ban_ms: raw.target_ban_ms,
             check: raw.check,
         })
     }
@@ -416,7 +444,7 @@ fn is_pem_framed(pem: &str) -> bool {
 }
 
 /// An `http://` or `https://` URL with a host, visible ASCII only.
-fn is_target_url(url: &str) -> bool {
+pub(super) fn is_target_url(url: &str) -> bool {
     url.len() <= 2048
         && url.bytes().all(|b| b.is_ascii_graphic())
         // The URL parser would read `https:///path` as the host `path`.
@@ -457,6 +485,21 @@ mod tests {
         let nominal: Vec<u64> = (1..=5).map(|n| config.nominal_cooldown_ms(n)).collect();
         assert_eq!(nominal, [1000, 2000, 4000, 5000, 5000]);
         assert_eq!(config.nominal_cooldown_ms(u64::MAX), 5000);
+    }
+
+    #[test]
+    fn target_bans_double_on_each_repeat_up_to_the_longest_cooldown() {
+        let config = health(r#"{"target_ban_ms": 1000, "max_cooldown_ms": 5000}"#).expect("valid");
+        let bans: Vec<u64> = (1..=5).map(|n| config.ban_ms(n)).collect();
+        assert_eq!(bans, [1000, 2000, 4000, 5000, 5000]);
+        assert_eq!(config.ban_ms(u64::MAX), 5000);
+        assert_eq!(HealthConfig::default().ban_ms(1), 600_000);
+        assert_eq!(
+            health(r#"{"target_ban_ms": 99}"#)
+                .map_err(|e| e.to_string())
+                .expect_err("refused"),
+            "health: target_ban_ms is 100 to 604800000"
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::num::NonZeroU64;
 
 use serde::{Deserialize, Serialize};
 
-use super::{HealthConfig, LeaseTtl};
+use super::{HealthConfig, LeaseTtl, Pacing, PruneConfig, Source};
 
 /// How assign chooses among a pool's eligible members. A pool's policy can only change
 /// while it has no members: the two policies keep different state, and a member's state
@@ -113,6 +113,21 @@ pub struct PoolConfig {
     /// When reported or probed failures take members out, and when they come back.
     #[serde(default)]
     pub health: HealthConfig,
+    /// Lists fetched on a schedule and imported through `rules` (at most 16; shown only
+    /// when there are some).
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "super::source::sources"
+    )]
+    pub sources: Vec<Source>,
+    /// When members are removed by the pool itself (none: never; shown only when set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prune: Option<PruneConfig>,
+    /// How soon a member may be handed out again (`null`, the default: no pacing; shown
+    /// only when set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pacing: Option<Pacing>,
 }
 
 #[cfg(test)]

@@ -42,6 +42,10 @@ pub struct Rules {
     /// (default `true`).
     #[serde(default = "yes")]
     pub opaque_ids: bool,
+    /// Whether the pool's `sources` may be fetched from non-public addresses, redirects
+    /// included (default `false`; shown only when set).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_private_sources: bool,
 }
 
 fn default_schemes() -> BTreeSet<Scheme> {
@@ -62,6 +66,7 @@ impl Default for Rules {
             allow_credentials: true,
             max_members: None,
             opaque_ids: true,
+            allow_private_sources: false,
         }
     }
 }
@@ -220,6 +225,7 @@ mod tests {
             allow_credentials: false,
             max_members: Some(3),
             opaque_ids: false,
+            allow_private_sources: false,
         }
     }
 

@@ -12,7 +12,7 @@ use super::auth::Worker;
 use super::error::ApiError;
 use super::extract::{JsonBody, JsonOrDefault, PoolPath};
 use super::log::Outcome;
-use crate::domain::{AssignCount, LabelFilter, LeaseTtl, MemberId, PoolId};
+use crate::domain::{AssignCount, LabelFilter, LeaseTtl, MemberId, PoolId, Target};
 use crate::store::{AssignRequest, Assignment, Lease, MAX_LABEL_CHECKS, StoreError};
 
 /// Optional body of an assign; every field is optional.
@@ -25,6 +25,9 @@ pub struct AssignBody {
     /// `{"key": "value" | ["v1", "v2"]}`: only members whose labels match, for every key.
     #[serde(default)]
     labels: Option<serde_json::Value>,
+    /// The host the worker will contact: members banned for it are skipped.
+    #[serde(default)]
+    target: Option<serde_json::Value>,
     /// Up to this many distinct members (1 to 100), answered as a batch.
     #[serde(default)]
     count: Option<AssignCount>,
@@ -53,10 +56,17 @@ impl AssignBody {
                 .map_err(|e| ApiError::InvalidRequest(e.to_string()))?,
             None => LabelFilter::default(),
         };
+        let target = self
+            .target
+            .as_ref()
+            .map(|value| Target::from_json("target", value))
+            .transpose()
+            .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
         Ok((
             AssignRequest {
                 ttl: self.ttl_ms,
                 labels,
+                target,
             },
             self.count,
         ))
@@ -127,8 +137,9 @@ impl<'a> Entry<'a> {
 /// request; `Retry-After` says when the first member cooling down comes back, if any),
 /// 404 when there is no pool. The body is optional: `{"ttl_ms": n}` asks for a
 /// lease ttl other than the pool's (ignored by least-used pools, which give no leases);
-/// `{"labels": {...}}` chooses among the members whose labels match only; `{"count": n}`
-/// hands out up to n distinct members at once, as `{"pool", "assigned": [...]}`.
+/// `{"labels": {...}}` chooses among the members whose labels match only;
+/// `{"target": "host"}` skips members banned for that host; `{"count": n}` hands out up to
+/// n distinct members at once, as `{"pool", "assigned": [...]}`.
 pub async fn assign(
     _: Worker,
     State(state): State<AppState>,
@@ -216,15 +227,22 @@ fn filter_refused(error: StoreError) -> ApiError {
     }
 }
 
-/// A 204, with `Retry-After` in whole seconds rounded up (at least 1) when members are
-/// cooling down, so that workers wait for the first return instead of polling.
+/// The exact wait of a 204, in milliseconds, next to `Retry-After`'s whole seconds.
+const RETRY_AFTER_MS: header::HeaderName = header::HeaderName::from_static("retry-after-ms");
+
+/// A 204, with `Retry-After` in whole seconds rounded up (at least 1) and `Retry-After-Ms`
+/// exact, when something becomes eligible for the request by itself (a cooldown or a ban
+/// ending), so that workers wait for it instead of polling.
 fn no_content(next_return: Option<Duration>) -> Response {
     let mut response = StatusCode::NO_CONTENT.into_response();
     if let Some(wait) = next_return {
-        let seconds = wait.as_millis().div_ceil(1000).max(1);
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(seconds as u64));
+        let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        let headers = response.headers_mut();
+        headers.insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(ms.div_ceil(1000).max(1)),
+        );
+        headers.insert(RETRY_AFTER_MS, HeaderValue::from(ms));
     }
     response
 }

@@ -254,18 +254,6 @@ impl ListBody {
             }
         }
     }
-
-    /// The rest of the body, whole.
-    ///
-    /// # Errors
-    /// As [`ListBody::next_piece`].
-    pub async fn read_to_end(&mut self) -> Result<Vec<u8>, ApiError> {
-        let mut whole = Vec::new();
-        while let Some(piece) = self.next_piece().await? {
-            whole.extend_from_slice(&piece);
-        }
-        Ok(whole)
-    }
 }
 
 impl<S: Send + Sync> FromRequest<S> for ListBody {

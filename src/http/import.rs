@@ -15,6 +15,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 
+use std::future::Future;
+
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -26,7 +29,7 @@ use super::extract::{ListBody, ListKind, PoolPath, QueryWithLabels};
 use super::log::Outcome;
 use super::members::MAX_MEMBERS_PER_CALL;
 use crate::domain::{Labels, MemberId, PoolId, Rejection, Rules, Scheme, mask_credentials};
-use crate::store::Seed;
+use crate::store::{ImportCounts, Seed, SeedOrigin, Store};
 
 /// Most examples of rejected lines a report shows.
 pub const MAX_EXAMPLES: usize = 20;
@@ -59,6 +62,19 @@ pub struct ImportReport {
     pub rejected: BTreeMap<&'static str, u64>,
     /// The first rejected lines, at most [`MAX_EXAMPLES`], in line order.
     pub examples: Vec<Example>,
+}
+
+impl ImportReport {
+    /// The report's counts, rejections summed over their reasons.
+    pub fn counts(&self) -> ImportCounts {
+        ImportCounts {
+            accepted: self.accepted,
+            added: self.added,
+            existing: self.existing,
+            duplicates: self.duplicates,
+            rejected: self.rejected.values().sum(),
+        }
+    }
 }
 
 /// One rejected line, with its credentials masked.
@@ -195,9 +211,10 @@ impl Plan {
 
 /// Writes an import's batches, one store call each, and keeps what they did.
 struct Writer<'a> {
-    state: &'a AppState,
+    store: &'a dyn Store,
     pool: &'a PoolId,
     dry_run: bool,
+    origin: SeedOrigin,
     /// The count the first batch started its new members at, for the later ones.
     start: Option<u64>,
     pending_adds: u64,
@@ -218,6 +235,7 @@ impl Writer<'_> {
             assignments: self.start,
             dry_run: self.dry_run,
             pending_adds: self.pending_adds,
+            origin: self.origin,
             labels: if self.labels.is_empty() {
                 HashMap::new()
             } else {
@@ -228,7 +246,7 @@ impl Writer<'_> {
             },
             ..Seed::new(batch.iter().map(|(member, ..)| member.clone()).collect())
         };
-        let outcome = self.state.store.add_members(self.pool, &seed).await?;
+        let outcome = self.store.add_members(self.pool, &seed).await?;
         self.start = Some(outcome.start_assignments);
         self.added += outcome.added.len() as u64;
         self.existing += outcome.existing.len() as u64;
@@ -283,6 +301,52 @@ fn read_json_list(
     deserializer.end()
 }
 
+/// What an import is asked to do besides reading its list.
+#[derive(Debug, Clone)]
+pub struct ImportRequest {
+    /// Scheme of the lines that name none.
+    pub default_scheme: Scheme,
+    /// Report without writing.
+    pub dry_run: bool,
+    /// Labels for every imported member, replacing their own (none given: left alone).
+    pub labels: Labels,
+    /// Where the new members come from (the route: [`SeedOrigin::Import`]).
+    pub origin: SeedOrigin,
+}
+
+/// A list as an import reads it: pieces, as they arrive.
+pub trait ListPieces: Send {
+    /// The next piece, `None` at the end of the list.
+    ///
+    /// # Errors
+    /// When the list cannot be read (too large, too slow, cut off).
+    fn next_piece(&mut self) -> impl Future<Output = Result<Option<Bytes>, ApiError>> + Send;
+}
+
+impl ListPieces for ListBody {
+    fn next_piece(&mut self) -> impl Future<Output = Result<Option<Bytes>, ApiError>> + Send {
+        ListBody::next_piece(self)
+    }
+}
+
+/// A list already read whole (a source's fetched body): one piece.
+#[derive(Debug)]
+pub struct WholeList(pub Option<Bytes>);
+
+impl ListPieces for WholeList {
+    fn next_piece(&mut self) -> impl Future<Output = Result<Option<Bytes>, ApiError>> + Send {
+        std::future::ready(Ok(self.0.take()))
+    }
+}
+
+async fn read_whole(list: &mut impl ListPieces) -> Result<Vec<u8>, ApiError> {
+    let mut whole = Vec::new();
+    while let Some(piece) = list.next_piece().await? {
+        whole.extend_from_slice(&piece);
+    }
+    Ok(whole)
+}
+
 /// Imports a list of candidates into the pool (or, with `dry_run`, reports what an import
 /// would do).
 ///
@@ -297,28 +361,57 @@ pub async fn import(
     State(state): State<AppState>,
     PoolPath(pool): PoolPath,
     QueryWithLabels(query, labels): QueryWithLabels<ImportQuery>,
-    mut body: ListBody,
+    body: ListBody,
 ) -> Result<Response, ApiError> {
     let labels = Labels::from_pairs("label", labels.iter().map(String::as_str))
         .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-    let rules = state.store.pool(&pool).await?.config.rules;
-    let mut plan = Plan::new(rules, query.default_scheme);
-    let mut writer = Writer {
-        state: &state,
-        pool: &pool,
+    let request = ImportRequest {
+        default_scheme: query.default_scheme,
         dry_run: query.dry_run,
+        labels,
+        origin: SeedOrigin::Import,
+    };
+    let kind = body.kind;
+    let report = import_list(&*state.store, &pool, request, kind, body).await?;
+    let outcome = if query.dry_run { "dry_run" } else { "imported" };
+    let mut response = axum::Json(report).into_response();
+    response.extensions_mut().insert(Outcome(outcome));
+    Ok(response)
+}
+
+/// The one path of every import, the route's and the sources': reads `list` against the
+/// pool's rules, writes its batches (see [`import`] for how), logs the counts and counts
+/// the lines in `/metrics`.
+///
+/// # Errors
+/// The list's own errors (too large, too slow, invalid JSON) and the store's; the batches
+/// written before either stay.
+pub async fn import_list(
+    store: &dyn Store,
+    pool: &PoolId,
+    request: ImportRequest,
+    kind: ListKind,
+    mut list: impl ListPieces,
+) -> Result<ImportReport, ApiError> {
+    let rules = store.pool(pool).await?.config.rules;
+    let mut plan = Plan::new(rules, request.default_scheme);
+    let mut writer = Writer {
+        store,
+        pool,
+        dry_run: request.dry_run,
+        origin: request.origin,
         start: None,
         pending_adds: 0,
-        labels,
+        labels: request.labels,
         added: 0,
         existing: 0,
         full: 0,
         full_examples: Vec::new(),
     };
-    match body.kind {
+    match kind {
         ListKind::Text => {
             let mut partial = Vec::new();
-            while let Some(piece) = body.next_piece().await? {
+            while let Some(piece) = list.next_piece().await? {
                 plan.text_piece(&mut partial, &piece);
                 while let Some(batch) = plan.batch(false) {
                     writer.write(batch).await?;
@@ -328,7 +421,7 @@ pub async fn import(
             plan.text_line(&partial);
         }
         ListKind::Json => {
-            let bytes = body.read_to_end().await?;
+            let bytes = read_whole(&mut list).await?;
             let (batches, mut ready) = tokio::sync::mpsc::channel::<Batch>(1);
             let planning = tokio::task::spawn_blocking(move || {
                 let parsed = read_json_list(&bytes, |text| {
@@ -380,7 +473,7 @@ pub async fn import(
     let rejected: u64 = report.rejected.values().sum();
     tracing::info!(
         pool = pool.as_str(),
-        dry_run = query.dry_run,
+        dry_run = request.dry_run,
         accepted = report.accepted,
         added = report.added,
         existing = report.existing,
@@ -388,7 +481,7 @@ pub async fn import(
         rejected,
         "import"
     );
-    if !query.dry_run {
+    if !request.dry_run {
         let lines = [
             ("added", report.added),
             ("existing", report.existing),
@@ -403,10 +496,7 @@ pub async fn import(
                 .increment(*n);
         }
     }
-    let outcome = if query.dry_run { "dry_run" } else { "imported" };
-    let mut response = axum::Json(report).into_response();
-    response.extensions_mut().insert(Outcome(outcome));
-    Ok(response)
+    Ok(report)
 }
 
 #[cfg(test)]

@@ -18,7 +18,8 @@ use super::auth::Admin;
 use super::error::ApiError;
 use super::extract::{Json, JsonBody, PoolPath, QueryWithLabels};
 use crate::domain::{
-    InvalidMemberId, LabelFilter, Labels, MemberId, Rejection, RestorePolicy, canonical_member_id,
+    InvalidMemberId, LabelFilter, Labels, MemberId, Rejection, RestorePolicy, Target,
+    canonical_member_id,
 };
 use crate::store::{Cursor, Seed, StateFilter};
 
@@ -215,6 +216,9 @@ pub struct ListQuery {
     limit: Option<usize>,
     #[serde(default)]
     cursor: Option<String>,
+    /// Shows each member's `banned_until` for this host.
+    #[serde(default)]
+    target: Option<String>,
 }
 
 /// Offsets this service can issue: far beyond any pool, and small enough to stay exact in
@@ -235,7 +239,8 @@ fn format_cursor(cursor: Cursor) -> String {
 }
 
 /// Lists members ordered by assignments, then id, one page at a time; with `label=key=value`
-/// filters, only members carrying them, in the order `Store::members` gives.
+/// filters, only members carrying them, in the order `Store::members` gives; with
+/// `target=host`, each with `banned_until` for that host.
 pub async fn list_members(
     _: Admin,
     State(state): State<AppState>,
@@ -266,9 +271,15 @@ pub async fn list_members(
             ApiError::InvalidQuery("cursor is not one this service issued".to_owned())
         })?,
     };
+    let target = query
+        .target
+        .as_deref()
+        .map(|text| Target::parse("target", text))
+        .transpose()
+        .map_err(|e| ApiError::InvalidQuery(e.to_string()))?;
     let page = state
         .store
-        .members(&pool, filter, &labels, limit, cursor)
+        .members(&pool, filter, &labels, target.as_ref(), limit, cursor)
         .await?;
     Ok(axum::Json(json!({
         "pool": pool,

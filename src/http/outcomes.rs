@@ -15,8 +15,8 @@ use super::error::ApiError;
 use super::extract::{Json, JsonBody, PoolPath};
 use super::log::Outcome;
 use super::members::{Rejected, check_count, named_member};
-use crate::domain::{MemberId, OutcomeResult};
-use crate::store::{Effect, Report, ReportSource};
+use crate::domain::{MemberId, OutcomeResult, Target, Timestamp};
+use crate::store::{Applied, Effect, Report, ReportSource};
 
 /// One report as a worker sends it.
 #[derive(Debug, Deserialize)]
@@ -27,6 +27,9 @@ pub struct OutcomeBody {
     /// The HTTP status the worker saw, if any: logged when the member trips.
     #[serde(default)]
     status: Option<u16>,
+    /// The host the request went to: a `blocked` report bans the member for it only.
+    #[serde(default)]
+    target: Option<serde_json::Value>,
 }
 
 /// A single report or an array of them.
@@ -40,11 +43,16 @@ pub enum OutcomesBody {
 }
 
 #[derive(Serialize)]
-struct Applied<'a> {
+struct AppliedView<'a> {
     proxy: &'a MemberId,
     result: OutcomeResult,
     effect: Effect,
     consecutive_failures: u64,
+    /// For a report with a target: its ban for it, when it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    target: Option<&'a Target>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    banned_until: Option<Timestamp>,
 }
 
 /// Applies worker reports in order: 200 with what each did (`counted`, `tripped`,
@@ -69,10 +77,26 @@ pub async fn report_outcomes(
             "status is an HTTP status from 100 to 599".to_owned(),
         ));
     }
+    let batch = matches!(bodies.len(), 2..);
+    let mut targets = Vec::with_capacity(bodies.len());
+    for (at, body) in bodies.iter().enumerate() {
+        let field = if batch {
+            format!("[{at}].target")
+        } else {
+            "target".to_owned()
+        };
+        let target = body
+            .target
+            .as_ref()
+            .map(|value| Target::from_json(&field, value))
+            .transpose()
+            .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+        targets.push(target);
+    }
     let mut reports = Vec::with_capacity(bodies.len());
     let mut statuses = Vec::with_capacity(bodies.len());
     let mut rejected = Vec::new();
-    for body in bodies {
+    for (body, target) in bodies.into_iter().zip(targets) {
         // Reports keep their order and repeats (each one counts), so the ids are parsed one
         // by one rather than as a de-duplicated list.
         match named_member(&body.proxy) {
@@ -82,6 +106,7 @@ pub async fn report_outcomes(
                     result: body.result,
                     detail: String::new(),
                     latency_ms: None,
+                    target,
                 });
                 statuses.push(body.status);
             }
@@ -92,10 +117,15 @@ pub async fn report_outcomes(
         .store
         .report(&pool, ReportSource::Worker, &reports)
         .await?;
-    for (member, result, _, failures) in summary
+    for Applied {
+        member,
+        result,
+        streak: failures,
+        ..
+    } in summary
         .applied
         .iter()
-        .filter(|(_, _, effect, _)| *effect == Effect::Tripped)
+        .filter(|applied| applied.effect == Effect::Tripped)
     {
         // The status of the report that tripped it: the last one about that member.
         let status = reports
@@ -113,14 +143,21 @@ pub async fn report_outcomes(
             "member cooling down after reported failures"
         );
     }
-    let applied: Vec<Applied<'_>> = summary
+    // Reports about known members, in order, each with its own target.
+    let known = reports
+        .iter()
+        .filter(|report| !summary.unknown.contains(&report.member));
+    let applied: Vec<AppliedView<'_>> = summary
         .applied
         .iter()
-        .map(|(proxy, result, effect, failures)| Applied {
-            proxy,
-            result: *result,
-            effect: *effect,
-            consecutive_failures: *failures,
+        .zip(known)
+        .map(|(applied, report)| AppliedView {
+            proxy: &applied.member,
+            result: applied.result,
+            effect: applied.effect,
+            consecutive_failures: applied.streak,
+            target: report.target.as_ref(),
+            banned_until: applied.banned_until,
         })
         .collect();
     let mut response = axum::Json(json!({

@@ -3,7 +3,7 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::AppState;
@@ -11,7 +11,7 @@ use super::auth::Admin;
 use super::error::ApiError;
 use super::extract::{JsonBody, JsonOrDefault, PoolPath, Query};
 use crate::domain::{Policy, PoolConfig, PoolId};
-use crate::store::PutPool;
+use crate::store::{PoolInfo, PutPool};
 
 /// Creates the pool (201) or replaces its configuration (200); fields left out take their
 /// defaults. Echoes the configuration with defaults filled in. 409 when the policy would
@@ -27,6 +27,20 @@ pub async fn put_pool(
         return Err(ApiError::InvalidRequest(
             "max_in_flight applies to least-in-flight pools only".to_owned(),
         ));
+    }
+    // Checked here rather than when the configuration is read: the operator may change
+    // the minimum, and a stored pool must stay readable whatever it is now.
+    if let Some(source) = config
+        .sources
+        .iter()
+        .find(|source| source.interval_ms < state.source_min_interval_ms)
+    {
+        return Err(ApiError::InvalidRequest(format!(
+            "sources[].interval_ms is at least {} on this service ({} has {})",
+            state.source_min_interval_ms,
+            crate::checker::masked_url(&source.url),
+            source.interval_ms
+        )));
     }
     let status = match state.store.put_pool(&pool, &config).await? {
         PutPool::Created => StatusCode::CREATED,
@@ -94,7 +108,20 @@ pub async fn list_pools(
         .store
         .pool_page(&prefix, after.as_ref(), limit)
         .await?;
-    Ok(axum::Json(json!({ "pools": page.pools, "next_cursor": page.next })).into_response())
+    // Written straight from the page: a page of 1,000 pools built as a `serde_json::Value`
+    // first cost a tree of maps as large as the answer, built and dropped for nothing.
+    Ok(axum::Json(PoolListing {
+        pools: &page.pools,
+        next_cursor: page.next.as_ref(),
+    })
+    .into_response())
+}
+
+/// The answer of `GET /pools`.
+#[derive(Serialize)]
+struct PoolListing<'a> {
+    pools: &'a [PoolInfo],
+    next_cursor: Option<&'a PoolId>,
 }
 
 /// Removes the pool and all its state; assigns on it answer 404 from then on.

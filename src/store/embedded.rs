@@ -22,12 +22,14 @@
 //! it; it needs no clock or randomness, since the records hold every time, lease id and
 //! jitter draw the operations used.
 
+mod bans;
 mod codec;
 mod due;
 mod files;
 mod journal;
 mod labelled;
 mod recovery;
+mod rests;
 mod snapshot;
 
 use std::borrow::Cow;
@@ -39,18 +41,20 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    AssignRequest, Assignment, Batch, CHECK_CLAIM_HOLD, CheckRound, Cursor, DisableReport, Effect,
-    EnableReport, Health, LastCheck, Lease, MAX_PROBES_PER_ROUND, MemberPage, MemberState,
-    MemberView, PoolInfo, PoolPage, PoolStats, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN,
-    RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored, SWEEP_BATCH,
-    SWEEP_POOLS_PER_CALL, Seed, SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
+    Applied, AssignRequest, Assignment, Batch, CHECK_CLAIM_HOLD, CheckRound, ClaimedSource, Cursor,
+    DisableReport, Effect, EnableReport, FetchOutcome, Health, LastCheck, Lease, MAX_LABEL_CHECKS,
+    MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, Origin, PRUNE_BATCH, PoolInfo,
+    PoolPage, PoolStats, Pruned, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport,
+    Renewed, Report, ReportSource, ReportSummary, Restored, SOURCE_CLAIM_HOLD, SWEEP_BATCH,
+    SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport, SourceFetch, SourceState, StateFilter,
+    Store, StoreError, StoreStatus, Swept,
 };
 use crate::domain::{
     AssignCount, LabelFilter, LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig,
-    PoolId, RestorePolicy, Timestamp,
+    PoolId, RestorePolicy, Target, Timestamp,
 };
 
-use self::codec::{MemberImage, PoolImage};
+use self::codec::{MemberImage, PoolImage, Provenance, SourceBook};
 use self::due::DueIndex;
 use self::journal::{Buffer, Disk};
 use super::chunks::{ChunkSizer, MemberChunks};
@@ -73,6 +77,8 @@ struct Inner {
     sweep_due: DueIndex,
     /// Pools with checks by when their next round is due: what the checker visits.
     checks_due: DueIndex,
+    /// Pools with sources by when their next fetch may be due: what the fetcher visits.
+    sources_due: DueIndex,
     /// With a data directory: records of whole operations not yet taken by the writer.
     journal: Option<Buffer>,
     /// Why every operation is refused from now on: the store was closed, or its disk
@@ -201,10 +207,29 @@ struct Pool {
     checks: HashMap<MemberId, LastCheck>,
     /// Members' labels and the indexes over them.
     labels: labelled::LabelIndex,
+    /// Bans per target (in memory only: see `bans.rs`).
+    bans: bans::Bans,
+    /// Resting members of a paced pool (in memory only: see `rests.rs`).
+    rests: rests::Rests,
     tripped: u64,
     recovered: u64,
     /// Until when the last check round holds the pool.
     check_round_until: Option<Timestamp>,
+    /// Each source's schedule and last fetch, by URL. Not written to disk: after a
+    /// restart every source is due at once, which costs one fetch each (its count of
+    /// successful fetches is kept, in `book`).
+    sources: HashMap<String, SourceState>,
+    /// The ids given to sources and the current ones' successful fetches (on disk).
+    book: SourceBook,
+    /// Members' origins and pruning state; members with the default are absent.
+    provenance: HashMap<MemberId, Provenance>,
+    /// Members of sources by `(source id, last fetch that listed them)`, for pruning the
+    /// absent ones: what Redis's `seen` set holds.
+    seen_by: BTreeSet<(u64, u64, MemberId)>,
+    /// Members due for removal, by when they were last looked at.
+    prune_due: BTreeSet<(Timestamp, MemberId)>,
+    /// Members removed by the prune rules.
+    pruned: u64,
     /// What the operation under way changed (not part of the pool's state).
     changes: Changes,
 }
@@ -302,9 +327,17 @@ impl Pool {
             return_at: HashMap::new(),
             checks: HashMap::new(),
             labels: labelled::LabelIndex::default(),
+            bans: bans::Bans::default(),
+            rests: rests::Rests::default(),
             tripped: 0,
             recovered: 0,
             check_round_until: None,
+            sources: HashMap::new(),
+            book: SourceBook::default(),
+            provenance: HashMap::new(),
+            seen_by: BTreeSet::new(),
+            prune_due: BTreeSet::new(),
+            pruned: 0,
             changes: Changes::default(),
         }
     }
@@ -327,6 +360,65 @@ impl Pool {
             tripped: self.tripped,
             recovered: self.recovered,
             check_round_until: self.check_round_until,
+            pruned: self.pruned,
+            sources: Cow::Borrowed(&self.book),
+        }
+    }
+
+    fn provenance_of(&self, member: &MemberId) -> Provenance {
+        self.provenance.get(member).copied().unwrap_or_default()
+    }
+
+    /// Sets a member's provenance, keeping the two indexes over it in step.
+    fn set_provenance(&mut self, member: &MemberId, provenance: Provenance) {
+        let old = self.provenance_of(member);
+        if let (Some(id), Some(fetch)) = (old.origin, old.seen) {
+            self.seen_by.remove(&(id, fetch, member.clone()));
+        }
+        if let Some(at) = old.prune_due {
+            self.prune_due.remove(&(at, member.clone()));
+        }
+        if let (Some(id), Some(fetch)) = (provenance.origin, provenance.seen) {
+            self.seen_by.insert((id, fetch, member.clone()));
+        }
+        if let Some(at) = provenance.prune_due {
+            self.prune_due.insert((at, member.clone()));
+        }
+        if provenance == Provenance::default() {
+            self.provenance.remove(member);
+        } else {
+            self.provenance.insert(member.clone(), provenance);
+        }
+    }
+
+    /// Forgets a member entirely but its leases (see `forget` in `scripts/health.lua`);
+    /// whether it was a member.
+    fn forget(&mut self, member: &MemberId) -> bool {
+        self.drop_labels(member);
+        self.unplace(member);
+        let was_eligible = self.eligible.remove(member).is_some();
+        let was_ineligible = self.ineligible.remove(member).is_some();
+        self.taken_out.remove(member);
+        self.health.remove(member);
+        self.cancel_return(member);
+        self.checks.remove(member);
+        self.set_provenance(member, Provenance::default());
+        self.mark_member(member);
+        was_eligible || was_ineligible
+    }
+
+    /// A member's origin as listed.
+    fn origin_of(&self, member: &MemberId) -> Origin {
+        match self.provenance_of(member).origin {
+            None => Origin::Manual,
+            Some(0) => Origin::Import,
+            Some(id) => Origin::Source(
+                self.book
+                    .urls
+                    .get(&id)
+                    .cloned()
+                    .unwrap_or_else(|| format!("removed source #{id}")),
+            ),
         }
     }
 
@@ -349,6 +441,7 @@ impl Pool {
             returns_at: self.return_at.get(member).copied(),
             last_check: self.checks.get(member).map(Cow::Borrowed),
             labels: Cow::Borrowed(self.labels.of.get(member).unwrap_or(&NO_LABELS)),
+            provenance: self.provenance_of(member),
         }
     }
 
@@ -504,12 +597,27 @@ impl Pool {
         report: &Report,
         now: Timestamp,
         draw: f64,
-    ) -> Option<(Effect, u64)> {
+    ) -> Option<(Effect, u64, Option<Timestamp>)> {
         let member = &report.member;
         let mut health = self.health_of(member);
         let eligible = self.eligible.get(member).is_some();
         let cooling = !eligible && self.return_at.contains_key(member);
         let check = source == ReportSource::Check;
+        if let Some(target) = &report.target
+            && report.result == OutcomeResult::Blocked
+            && !check
+        {
+            if !eligible {
+                self.ineligible.get(member)?;
+            }
+            return Some(
+                match self.bans.ban(target, member, now, &self.config.health) {
+                    bans::Banned::Now(until) => (Effect::Banned, health.streak, Some(until)),
+                    bans::Banned::Already(until) => (Effect::Ignored, health.streak, Some(until)),
+                    bans::Banned::Full => (Effect::Ignored, health.streak, None),
+                },
+            );
+        }
         let effect = if !eligible && !cooling {
             self.ineligible.get(member)?;
             Effect::Ignored
@@ -543,6 +651,7 @@ impl Pool {
         };
         if check {
             self.mark_member(member);
+            self.count_check(member, report.result, now);
             self.checks.insert(
                 member.clone(),
                 LastCheck {
@@ -553,12 +662,95 @@ impl Pool {
                 },
             );
         }
-        Some((effect, health.streak))
+        Some((effect, health.streak, None))
+    }
+
+    /// Counts a check's result in the member's failed checks in a row, making it due for
+    /// removal once they reach `prune.after_failed_checks` (see `scripts/outcomes.lua`).
+    fn count_check(&mut self, member: &MemberId, result: OutcomeResult, now: Timestamp) {
+        let mut provenance = self.provenance_of(member);
+        if result == OutcomeResult::Ok {
+            provenance.check_fails = 0;
+        } else {
+            provenance.check_fails += 1;
+            let prune = self.config.prune.unwrap_or_default();
+            if prune
+                .after_failed_checks
+                .is_some_and(|n| provenance.check_fails >= n)
+                && (provenance.origin.is_some() || prune.manual)
+                && provenance.prune_due.is_none()
+            {
+                provenance.prune_due = Some(now);
+            }
+        }
+        self.set_provenance(member, provenance);
+    }
+
+    /// One batch of `prune.lua`'s rules.
+    fn prune(&mut self, absent: Option<(u64, u64)>, now: Timestamp) -> Pruned {
+        let batch = usize::try_from(PRUNE_BATCH).unwrap_or(usize::MAX);
+        let mut more = false;
+        if let Some((id, fetch)) = absent {
+            let first = (id, 0, MemberId::from_stored(String::new()));
+            let stale: Vec<MemberId> = self
+                .seen_by
+                .range(first..)
+                .take_while(|(i, f, _)| *i == id && *f <= fetch)
+                .take(batch)
+                .map(|(_, _, member)| member.clone())
+                .collect();
+            more = stale.len() == batch;
+            for member in &stale {
+                let mut provenance = self.provenance_of(member);
+                provenance.seen = None;
+                provenance.prune_due = provenance.prune_due.or(Some(now));
+                self.set_provenance(member, provenance);
+                self.mark_member(member);
+            }
+        }
+        let rules = self.config.prune.unwrap_or_default();
+        let due: Vec<MemberId> = self
+            .prune_due
+            .iter()
+            .take(batch)
+            .map(|(_, member)| member.clone())
+            .collect();
+        let mut removed = Vec::new();
+        for member in &due {
+            let mut provenance = self.provenance_of(member);
+            let by_checks = rules
+                .after_failed_checks
+                .is_some_and(|n| provenance.check_fails >= n)
+                && (provenance.origin.is_some() || rules.manual);
+            let by_absence = rules.absent_from_source_fetches.is_some()
+                && provenance.origin.is_some_and(|id| id > 0)
+                && provenance.seen.is_none();
+            if self.eligible.get(member).is_none() && self.ineligible.get(member).is_none() {
+                provenance.prune_due = None;
+                self.set_provenance(member, provenance);
+            } else if self.in_flight_of(member) > 0 {
+                provenance.prune_due = Some(now);
+                self.set_provenance(member, provenance);
+                self.mark_member(member);
+            } else if by_checks || by_absence {
+                self.forget(member);
+                self.pruned += 1;
+                self.changes.pool = true;
+                removed.push(member.clone());
+            } else {
+                provenance.prune_due = None;
+                self.set_provenance(member, provenance);
+                self.mark_member(member);
+            }
+        }
+        more |= !removed.is_empty() && due.len() == batch;
+        Pruned { removed, more }
     }
 
     /// A member's health fields for a listing.
     fn with_health(&self, mut view: MemberView) -> MemberView {
         let health = self.health_of(&view.member);
+        view.origin = self.origin_of(&view.member);
         view.consecutive_failures = health.streak;
         view.last_cooldown_ms = (health.trips > 0).then_some(health.cooldown_ms);
         view.returns_at = self.return_at.get(&view.member).copied();
@@ -664,24 +856,141 @@ impl Pool {
         reclaimed
     }
 
-    /// How long until the earliest return, for an assign that found nothing: none with a
-    /// label filter, since that member may not carry the labels (as in assign.lua).
+    /// How long until the earliest return, for an assign that found nothing. With a label
+    /// filter, the first of the [`RETURNS_CHECKED`] soonest returns whose member carries
+    /// the labels; when none of them does, the last of them, which no member carrying the
+    /// labels can beat; none when fewer are cooling down (as `nothing_eligible` in
+    /// assign.lua).
     fn wait_for(&self, labels: &LabelFilter, now: Timestamp) -> Option<Duration> {
         if labels.is_empty() {
-            self.next_return(now)
-        } else {
-            None
+            return self.next_return(now);
         }
+        let soonest: Vec<&(Timestamp, MemberId)> =
+            self.returns.iter().take(RETURNS_CHECKED).collect();
+        let carrying = soonest.iter().find(|(_, member)| {
+            self.labels
+                .of
+                .get(member)
+                .is_some_and(|carried| carried.matches(labels))
+        });
+        let due = match carrying {
+            Some((at, _)) => Some(*at),
+            None if soonest.len() == RETURNS_CHECKED => soonest.last().map(|(at, _)| *at),
+            None => None,
+        };
+        bans::wait_until(due, now)
+    }
+
+    /// The first entry of a choosing order whose member is free for the request (not
+    /// banned for its target, not resting), checking at most [`MAX_LABEL_CHECKS`] held
+    /// members (as `first_free` in `scripts/assign.lua`). `Err` with the earliest time one
+    /// of the members skipped is free again when there is none within that budget.
+    fn first_free<'a, T: 'a>(
+        &self,
+        order: impl Iterator<Item = &'a T>,
+        member: impl Fn(&T) -> &MemberId,
+        holds: &Holds<'_>,
+    ) -> Result<&'a T, Option<Timestamp>> {
+        let (mut found, earliest) = self.free_entries(order, member, holds, 1);
+        found.pop().ok_or(earliest)
+    }
+
+    /// The first `wanted` entries of a choosing order whose members are free for the
+    /// request, skipping at most [`MAX_LABEL_CHECKS`] held members, with the earliest time
+    /// one of those skipped is free again.
+    fn free_entries<'a, T: 'a>(
+        &self,
+        order: impl Iterator<Item = &'a T>,
+        member: impl Fn(&T) -> &MemberId,
+        holds: &Holds<'_>,
+        wanted: usize,
+    ) -> (Vec<&'a T>, Option<Timestamp>) {
+        let mut found = Vec::new();
+        let mut earliest: Option<Timestamp> = None;
+        let mut held = 0u64;
+        for entry in order {
+            if found.len() == wanted || held >= MAX_LABEL_CHECKS {
+                break;
+            }
+            match self.held_until(holds, member(entry)) {
+                Some(until) => {
+                    earliest = Some(earliest.map_or(until, |e| e.min(until)));
+                    held += 1;
+                }
+                None => found.push(entry),
+            }
+        }
+        (found, earliest)
+    }
+
+    /// What may hold members back for this request: the bans of its target, when it has
+    /// live ones, and the pacing scope that applies. `None` when nothing does: an assign
+    /// then takes the plain path.
+    fn holds<'a>(&self, request: &'a AssignRequest, now: Timestamp) -> Option<Holds<'a>> {
+        let bans = request
+            .target
+            .as_ref()
+            .filter(|target| self.bans.has_live(target, now));
+        let rests = self.config.pacing.and_then(|pacing| {
+            if pacing.per_target {
+                request
+                    .target
+                    .as_ref()
+                    .map(|target| (Some(target), pacing.min_interval_ms))
+            } else {
+                Some((None, pacing.min_interval_ms))
+            }
+        });
+        (bans.is_some() || rests.is_some()).then_some(Holds { bans, rests, now })
+    }
+
+    /// Until when `member` is held back for the request, `None` when it is free.
+    pub(super) fn held_until(&self, holds: &Holds<'_>, member: &MemberId) -> Option<Timestamp> {
+        let banned = holds
+            .bans
+            .and_then(|target| self.bans.banned_until(target, member, holds.now));
+        let resting = holds
+            .rests
+            .and_then(|(scope, _)| self.rests.resting_until(scope, member, holds.now));
+        banned.max(resting)
+    }
+
+    /// Rests the member just handed out, when the request is paced.
+    fn rest(&mut self, holds: Option<&Holds<'_>>, member: &MemberId) {
+        if let Some(Holds {
+            rests: Some((scope, interval)),
+            now,
+            ..
+        }) = holds
+        {
+            let until = Timestamp(now.0.saturating_add(*interval));
+            self.rests.rest(*scope, member, until, *now);
+        }
+    }
+
+    /// How long until the first of the cooling-down members or of `banned_until` comes
+    /// back, for an assign that found nothing.
+    fn wait_with_bans(
+        &self,
+        labels: &LabelFilter,
+        banned_until: Option<Timestamp>,
+        now: Timestamp,
+    ) -> Option<Duration> {
+        let cooling = self.wait_for(labels, now);
+        let banned = bans::wait_until(banned_until, now);
+        cooling.into_iter().chain(banned).min()
     }
 
     fn assign_least_used(
         &mut self,
-        labels: &LabelFilter,
+        request: &AssignRequest,
         now: Timestamp,
     ) -> Result<Assignment, StoreError> {
+        let labels = &request.labels;
+        let holds = self.holds(request, now);
         let chosen = if labels.is_empty() {
-            if self.labels.of.is_empty() {
-                // No labels anywhere: the plain path, one pop and one insert.
+            if self.labels.of.is_empty() && holds.is_none() {
+                // No labels anywhere and no bans: the plain path, one pop and one insert.
                 return Ok(match self.eligible.add_one_to_first() {
                     Some((member, assignments)) => {
                         self.total_assignments += 1;
@@ -695,30 +1004,49 @@ impl Pool {
                     },
                 });
             }
-            self.eligible
-                .order
-                .first()
-                .map(|(_, member)| member.clone())
+            match &holds {
+                Some(holds) => match self.first_free(self.eligible.order.iter(), |e| &e.1, holds) {
+                    Ok((_, member)) => Some(member.clone()),
+                    Err(banned_until) => {
+                        return Ok(Assignment::Empty {
+                            next_return: self.wait_with_bans(labels, banned_until, now),
+                        });
+                    }
+                },
+                None => self
+                    .eligible
+                    .order
+                    .first()
+                    .map(|(_, member)| member.clone()),
+            }
         } else {
-            self.pick_labelled(labels, 1)?
-                .pop()
-                .map(|(_, _, member)| member)
+            let (mut first, banned_until) = self.pick_labelled(labels, holds.as_ref(), 1)?;
+            match first.pop() {
+                Some((_, _, member)) => Some(member),
+                None => {
+                    return Ok(Assignment::Empty {
+                        next_return: self.wait_with_bans(labels, banned_until, now),
+                    });
+                }
+            }
         };
         let Some(member) = chosen else {
             return Ok(Assignment::Empty {
                 next_return: self.wait_for(labels, now),
             });
         };
-        Ok(self.count_one(member))
+        Ok(self.count_one(member, holds.as_ref()))
     }
 
-    /// Counts one more assignment for an eligible member, keeping its places in step.
-    fn count_one(&mut self, member: MemberId) -> Assignment {
+    /// Counts one more assignment for an eligible member, keeping its places in step, and
+    /// rests it when the request is paced.
+    fn count_one(&mut self, member: MemberId, holds: Option<&Holds<'_>>) -> Assignment {
         self.unplace(&member);
         let assignments = self.eligible.get(&member).unwrap_or(0) + 1;
         self.eligible.set(member.clone(), assignments);
         self.place(&member);
         self.total_assignments += 1;
+        self.rest(holds, &member);
         Assignment::Assigned {
             member,
             assignments,
@@ -726,13 +1054,14 @@ impl Pool {
     }
 
     /// Leases an eligible member that has `in_flight` live leases, counting one more
-    /// assignment for it.
+    /// assignment for it and resting it when the request is paced.
     fn lease_one(
         &mut self,
         member: MemberId,
         in_flight: u64,
         now: Timestamp,
         ttl: LeaseTtl,
+        holds: Option<&Holds<'_>>,
     ) -> Assignment {
         self.unplace(&member);
         let assignments = self.eligible.get(&member).unwrap_or(0) + 1;
@@ -740,6 +1069,7 @@ impl Pool {
         self.in_flight.insert(member.clone(), in_flight + 1);
         self.place(&member);
         self.total_assignments += 1;
+        self.rest(holds, &member);
         let lease = self.lease_for(&member, now, ttl);
         Assignment::Leased {
             member,
@@ -755,31 +1085,43 @@ impl Pool {
         now: Timestamp,
     ) -> Result<Assignment, StoreError> {
         self.reclaim_expired(now, RECLAIM_ON_ASSIGN);
-        let first = if request.labels.is_empty() {
-            self.order.first().cloned()
+        let holds = self.holds(request, now);
+        let (first, banned_until) = if !request.labels.is_empty() {
+            let (mut found, banned_until) =
+                self.pick_labelled(&request.labels, holds.as_ref(), 1)?;
+            (found.pop(), banned_until)
+        } else if let Some(holds) = &holds {
+            match self.first_free(self.order.iter(), |e| &e.2, holds) {
+                Ok(entry) => (Some(entry.clone()), None),
+                Err(banned_until) => (None, banned_until),
+            }
         } else {
-            self.pick_labelled(&request.labels, 1)?.pop()
+            (self.order.first().cloned(), None)
         };
         let Some((in_flight, _, member)) = first else {
             return Ok(Assignment::Empty {
-                next_return: self.wait_for(&request.labels, now),
+                next_return: self.wait_with_bans(&request.labels, banned_until, now),
             });
         };
-        // The first entry has the fewest live leases of all: if it is at the cap, so is
-        // every other member.
+        // The first entry has the fewest live leases of all (the first not banned: of all
+        // those not banned): if it is at the cap, so is every other; a banned one may come
+        // back below it.
         if self
             .config
             .max_in_flight
             .is_some_and(|cap| in_flight >= cap.get())
         {
-            return Ok(Assignment::Empty { next_return: None });
+            return Ok(Assignment::Empty {
+                next_return: bans::wait_until(banned_until, now),
+            });
         }
         let ttl = request.ttl.unwrap_or(self.config.lease_ttl_ms);
-        Ok(self.lease_one(member, in_flight, now, ttl))
+        Ok(self.lease_one(member, in_flight, now, ttl, holds.as_ref()))
     }
 
     /// Up to `count` distinct members in the choosing order among those that fit
-    /// `request`, each counted once (and leased on a least-in-flight pool, below the cap).
+    /// `request` (labels; not banned for its target, not resting), each counted once (and
+    /// leased on a least-in-flight pool, below the cap), as `assign.lua` does.
     fn assign_several(
         &mut self,
         request: &AssignRequest,
@@ -790,24 +1132,40 @@ impl Pool {
         if lif {
             self.reclaim_expired(now, RECLAIM_ON_ASSIGN);
         }
+        let holds = self.holds(request, now);
         let wanted = count.get();
         // (live leases on a least-in-flight pool else 0, assignments, member), in order.
-        let chosen: Vec<(u64, u64, MemberId)> = if !request.labels.is_empty() {
-            self.pick_labelled(&request.labels, wanted)?
-        } else if lif {
-            self.order.iter().take(wanted).cloned().collect()
-        } else {
-            self.eligible
-                .order
-                .iter()
-                .take(wanted)
-                .map(|(assignments, member)| (0, *assignments, member.clone()))
-                .collect()
-        };
+        let (chosen, banned_until): (Vec<labelled::OrderEntry>, Option<Timestamp>) =
+            if !request.labels.is_empty() {
+                self.pick_labelled(&request.labels, holds.as_ref(), wanted)?
+            } else if lif {
+                match &holds {
+                    Some(holds) => {
+                        let (found, earliest) =
+                            self.free_entries(self.order.iter(), |e| &e.2, holds, wanted);
+                        (found.into_iter().cloned().collect(), earliest)
+                    }
+                    None => (self.order.iter().take(wanted).cloned().collect(), None),
+                }
+            } else {
+                let (entries, earliest): (Vec<&(u64, MemberId)>, Option<Timestamp>) = match &holds {
+                    Some(holds) => {
+                        self.free_entries(self.eligible.order.iter(), |e| &e.1, holds, wanted)
+                    }
+                    None => (self.eligible.order.iter().take(wanted).collect(), None),
+                };
+                (
+                    entries
+                        .into_iter()
+                        .map(|(assignments, member)| (0, *assignments, member.clone()))
+                        .collect(),
+                    earliest,
+                )
+            };
         if chosen.is_empty() {
             return Ok(Batch {
                 assigned: Vec::new(),
-                next_return: self.wait_for(&request.labels, now),
+                next_return: self.wait_with_bans(&request.labels, banned_until, now),
             });
         }
         let ttl = request.ttl.unwrap_or(self.config.lease_ttl_ms);
@@ -815,18 +1173,24 @@ impl Pool {
         let mut assigned = Vec::with_capacity(chosen.len());
         for (in_flight, _, member) in chosen {
             if !lif {
-                assigned.push(self.count_one(member));
+                assigned.push(self.count_one(member, holds.as_ref()));
                 continue;
             }
-            // The fewest live leases come first: from the first at the cap on, all are.
+            // The fewest live leases come first (of those not held): from the first at the
+            // cap on, all are; a held one may come back below it.
             if cap.is_some_and(|cap| in_flight >= cap.get()) {
                 break;
             }
-            assigned.push(self.lease_one(member, in_flight, now, ttl));
+            assigned.push(self.lease_one(member, in_flight, now, ttl, holds.as_ref()));
         }
+        let next_return = if assigned.is_empty() {
+            bans::wait_until(banned_until, now)
+        } else {
+            None
+        };
         Ok(Batch {
             assigned,
-            next_return: None,
+            next_return,
         })
     }
 
@@ -845,13 +1209,47 @@ impl Pool {
                 abandoned: self.abandoned,
                 tripped: self.tripped,
                 recovered: self.recovered,
+                pruned: self.pruned,
             },
         }
+    }
+
+    /// One page of a listing, bans left out (see `Store::members`).
+    fn listing_page(
+        &self,
+        filter: StateFilter,
+        labels: &LabelFilter,
+        limit: usize,
+        cursor: Cursor,
+    ) -> MemberPage {
+        if !labels.is_empty() {
+            return self.labelled_page(filter, labels, limit, cursor);
+        }
+        // Take one more than a page from each set so that the merge knows whether
+        // anything is left after this page.
+        let eligible: Vec<MemberView> = match filter {
+            StateFilter::Ineligible => Vec::new(),
+            _ => self
+                .eligible
+                .page(cursor.eligible, limit + 1)
+                .map(|(count, member)| self.view_eligible(member, *count))
+                .collect(),
+        };
+        let ineligible: Vec<MemberView> = match filter {
+            StateFilter::Eligible => Vec::new(),
+            _ => self
+                .ineligible
+                .page(cursor.ineligible, limit + 1)
+                .map(|(count, member)| self.view_ineligible(member, *count))
+                .collect(),
+        };
+        super::merge_page(eligible, ineligible, limit, cursor)
     }
 
     fn view_eligible(&self, member: &MemberId, assignments: u64) -> MemberView {
         self.with_health(MemberView {
             member: member.clone(),
+            origin: Origin::Manual,
             state: MemberState::Eligible,
             assignments,
             in_flight: self.in_flight_of(member),
@@ -862,6 +1260,7 @@ impl Pool {
             returns_at: None,
             last_check: None,
             labels: crate::domain::Labels::default(),
+            banned_until: None,
         })
     }
 
@@ -873,6 +1272,7 @@ impl Pool {
             .unzip();
         self.with_health(MemberView {
             member: member.clone(),
+            origin: Origin::Manual,
             state: MemberState::Ineligible,
             assignments,
             in_flight: self.in_flight_of(member),
@@ -883,9 +1283,26 @@ impl Pool {
             returns_at: None,
             last_check: None,
             labels: crate::domain::Labels::default(),
+            banned_until: None,
         })
     }
 }
+
+/// What may hold members back for one assign (see `Pool::holds`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Holds<'a> {
+    /// The request's target, when it has live bans.
+    bans: Option<&'a Target>,
+    /// When the request is paced: its scope (`None` pool-wide, else the target) and the
+    /// interval in milliseconds.
+    rests: Option<(Option<&'a Target>, u64)>,
+    /// The time of the assign.
+    now: Timestamp,
+}
+
+/// How many of the soonest returns an assign with a label filter that found nothing looks
+/// at for one carrying the labels (see `Pool::wait_for`).
+const RETURNS_CHECKED: usize = 16;
 
 /// The labels of a member that has none, for images that borrow.
 static NO_LABELS: std::sync::LazyLock<crate::domain::Labels> =
@@ -926,6 +1343,9 @@ impl EmbeddedStore {
             inner.sweep_due.set(id, p.next_due());
             if p.config.health.check.is_some() {
                 inner.checks_due.set(id, Some(now));
+            }
+            if !p.config.sources.is_empty() {
+                inner.sources_due.set(id, Some(now));
             }
         }
         let inner = Arc::new(Mutex::new(inner));
@@ -1068,7 +1488,7 @@ impl Store for EmbeddedStore {
             let assignment = if p.config.policy == Policy::LeastInFlight {
                 p.assign_least_in_flight(request, now)
             } else {
-                p.assign_least_used(&request.labels, now)
+                p.assign_least_used(request, now)
             };
             let assignment = assignment?;
             if let (
@@ -1227,11 +1647,13 @@ impl Store for EmbeddedStore {
             let mut summary = ReportSummary::default();
             for report in reports {
                 match p.apply(source, report, now, draw) {
-                    Some((effect, streak)) => {
-                        summary
-                            .applied
-                            .push((report.member.clone(), report.result, effect, streak))
-                    }
+                    Some((effect, streak, banned_until)) => summary.applied.push(Applied {
+                        member: report.member.clone(),
+                        result: report.result,
+                        effect,
+                        streak,
+                        banned_until,
+                    }),
                     None => summary.unknown.push(report.member.clone()),
                 }
             }
@@ -1242,15 +1664,9 @@ impl Store for EmbeddedStore {
 
     async fn due_check_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError> {
         let mut inner = self.lock()?;
-        let now = Timestamp::now();
-        let hold = u64::try_from(CHECK_CLAIM_HOLD.as_millis()).unwrap_or(u64::MAX);
-        let due = inner.checks_due.take_due(now, limit);
-        for pool in &due {
-            inner
-                .checks_due
-                .set(pool, Some(Timestamp(now.0.saturating_add(hold))));
-        }
-        Ok(due)
+        Ok(inner
+            .checks_due
+            .take_due_holding(Timestamp::now(), limit, CHECK_CLAIM_HOLD))
     }
 
     async fn claim_check_round(
@@ -1294,6 +1710,136 @@ impl Store for EmbeddedStore {
         self.settle((round, end), Change::Counts).await
     }
 
+    async fn due_source_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError> {
+        let mut inner = self.lock()?;
+        Ok(inner
+            .sources_due
+            .take_due_holding(Timestamp::now(), limit, SOURCE_CLAIM_HOLD))
+    }
+
+    async fn claim_sources(
+        &self,
+        pool: &PoolId,
+        urls: &[String],
+        hold: Duration,
+    ) -> Result<Vec<ClaimedSource>, StoreError> {
+        let ((claimed, next), end) = self.with_pool(pool, |p, _| {
+            let now = Timestamp::now();
+            let hold = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX).max(1);
+            p.sources.retain(|url, _| urls.contains(url));
+            let book = &mut p.book;
+            let before = book.successes.len();
+            book.successes
+                .retain(|id, _| book.urls.get(id).is_some_and(|url| urls.contains(url)));
+            if book.successes.len() != before {
+                p.changes.pool = true;
+            }
+            let mut claimed = Vec::new();
+            let mut earliest: Option<Timestamp> = None;
+            for url in urls {
+                let id = match p.book.current_id(url) {
+                    Some(id) => id,
+                    None => {
+                        p.book.last_id += 1;
+                        let id = p.book.last_id;
+                        p.book.urls.insert(id, url.clone());
+                        // The URLs of the last 256 ids only (and of the configured sources),
+                        // as on Redis (claim_sources.lua).
+                        if let Some(old) = id.checked_sub(256)
+                            && !p.book.successes.contains_key(&old)
+                        {
+                            p.book.urls.remove(&old);
+                        }
+                        p.book.successes.insert(id, 0);
+                        p.changes.pool = true;
+                        id
+                    }
+                };
+                let kept = p.book.successes.get(&id).copied().unwrap_or(0);
+                let state = p.sources.entry(url.clone()).or_insert(SourceState {
+                    next_fetch_at: Timestamp(0),
+                    failures: 0,
+                    successes: kept,
+                    last_fetch: None,
+                });
+                if state.next_fetch_at <= now {
+                    state.next_fetch_at = Timestamp(now.0.saturating_add(hold));
+                    claimed.push(ClaimedSource {
+                        url: url.clone(),
+                        failures: state.failures,
+                        successes: state.successes,
+                        id,
+                    });
+                }
+                earliest =
+                    Some(earliest.map_or(state.next_fetch_at, |e| e.min(state.next_fetch_at)));
+            }
+            (claimed, earliest)
+        })?;
+        {
+            let mut inner = self.lock()?;
+            // Only a pool still indexed: one whose sources were all removed stays out.
+            if inner.sources_due.get(pool).is_some() {
+                inner.sources_due.set(pool, next);
+            }
+        }
+        self.settle((claimed, end), Change::Counts).await
+    }
+
+    async fn record_source_fetch(
+        &self,
+        pool: &PoolId,
+        url: &str,
+        outcome: &FetchOutcome,
+        next_in: Duration,
+    ) -> Result<(), StoreError> {
+        let (next, end) = self.with_pool(pool, |p, _| {
+            let id = p.book.current_id(url);
+            let state = p.sources.get_mut(url)?;
+            let now = Timestamp::now();
+            match outcome {
+                FetchOutcome::Ok { .. } => {
+                    state.failures = 0;
+                    state.successes += 1;
+                    if let Some(kept) = id.and_then(|id| p.book.successes.get_mut(&id)) {
+                        *kept = state.successes;
+                        p.changes.pool = true;
+                    }
+                }
+                FetchOutcome::Failed { .. } => state.failures += 1,
+            }
+            let millis = u64::try_from(next_in.as_millis()).unwrap_or(u64::MAX);
+            state.next_fetch_at = Timestamp(now.0.saturating_add(millis));
+            state.last_fetch = Some(SourceFetch {
+                at: now,
+                outcome: outcome.clone(),
+            });
+            Some(state.next_fetch_at)
+        })?;
+        if let Some(next) = next {
+            let mut inner = self.lock()?;
+            // Lowered only, as on Redis: another source may be due sooner.
+            if let Some(at) = inner.sources_due.get(pool)
+                && next < at
+            {
+                inner.sources_due.set(pool, Some(next));
+            }
+        }
+        self.settle(((), end), Change::Counts).await
+    }
+
+    async fn source_states(
+        &self,
+        pool: &PoolId,
+    ) -> Result<HashMap<String, SourceState>, StoreError> {
+        Ok(self.with_pool(pool, |p, _| p.sources.clone())?.0)
+    }
+
+    async fn prune(&self, pool: &PoolId, absent: Option<(u64, u64)>) -> Result<Pruned, StoreError> {
+        let answer = self.with_pool(pool, |p, _| p.prune(absent, Timestamp::now()))?;
+        self.settle(answer, Change::Durable).await
+    }
+
     async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError> {
         let answer = {
             let mut inner = self.lock()?;
@@ -1301,6 +1847,7 @@ impl Store for EmbeddedStore {
                 pools,
                 journal,
                 checks_due,
+                sources_due,
                 ..
             } = &mut *inner;
             let put = if let Some(existing) = pools.get_mut(pool) {
@@ -1320,6 +1867,9 @@ impl Store for EmbeddedStore {
             // A pool with checks is due for a round now; one without leaves the index.
             let round = config.health.check.as_ref().map(|_| Timestamp::now());
             checks_due.set(pool, round);
+            // Likewise for sources: those not due yet are left alone by their claim.
+            let fetch = (!config.sources.is_empty()).then(Timestamp::now);
+            sources_due.set(pool, fetch);
             (put, end)
         };
         self.settle(answer, Change::Durable).await
@@ -1367,6 +1917,7 @@ impl Store for EmbeddedStore {
             let removed = inner.pools.remove(pool).ok_or(StoreError::PoolNotFound)?;
             inner.sweep_due.set(pool, None);
             inner.checks_due.set(pool, None);
+            inner.sources_due.set(pool, None);
             let end = inner.journal.as_mut().map(|journal| {
                 journal.pool_deleted(pool);
                 journal.end()
@@ -1416,6 +1967,17 @@ impl Store for EmbeddedStore {
                             p.set_labels(member, labels.clone());
                             p.mark_member(member);
                         }
+                        // Seen again by its own source: no longer absent.
+                        if let SeedOrigin::Source { id, fetch } = seed.origin
+                            && !seed.dry_run
+                        {
+                            let mut provenance = p.provenance_of(member);
+                            if provenance.origin == Some(id) {
+                                provenance.seen = Some(fetch);
+                                p.set_provenance(member, provenance);
+                                p.mark_member(member);
+                            }
+                        }
                         report.existing.push(member.clone());
                     } else if max.is_some_and(|max| size >= max) {
                         report.full.push(member.clone());
@@ -1426,6 +1988,19 @@ impl Store for EmbeddedStore {
                             if let Some(labels) = seed.labels.get(member) {
                                 p.set_labels(member, labels.clone());
                             }
+                            let (origin, seen) = match seed.origin {
+                                SeedOrigin::Manual => (None, None),
+                                SeedOrigin::Import => (Some(0), None),
+                                SeedOrigin::Source { id, fetch } => (Some(id), Some(fetch)),
+                            };
+                            p.set_provenance(
+                                member,
+                                Provenance {
+                                    origin,
+                                    seen,
+                                    ..Provenance::default()
+                                },
+                            );
                             p.mark_member(member);
                         } else {
                             pending_adds += 1;
@@ -1444,32 +2019,19 @@ impl Store for EmbeddedStore {
         pool: &PoolId,
         filter: StateFilter,
         labels: &LabelFilter,
+        target: Option<&Target>,
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
         let (page, _) = self.with_pool(pool, |p, _| {
-            if !labels.is_empty() {
-                return p.labelled_page(filter, labels, limit, cursor);
+            let mut page = p.listing_page(filter, labels, limit, cursor);
+            if let Some(target) = target {
+                let now = Timestamp::now();
+                for view in &mut page.members {
+                    view.banned_until = Some(p.bans.banned_until(target, &view.member, now));
+                }
             }
-            // Take one more than a page from each set so that the merge knows whether
-            // anything is left after this page.
-            let eligible: Vec<MemberView> = match filter {
-                StateFilter::Ineligible => Vec::new(),
-                _ => p
-                    .eligible
-                    .page(cursor.eligible, limit + 1)
-                    .map(|(count, member)| p.view_eligible(member, *count))
-                    .collect(),
-            };
-            let ineligible: Vec<MemberView> = match filter {
-                StateFilter::Eligible => Vec::new(),
-                _ => p
-                    .ineligible
-                    .page(cursor.ineligible, limit + 1)
-                    .map(|(count, member)| p.view_ineligible(member, *count))
-                    .collect(),
-            };
-            super::merge_page(eligible, ineligible, limit, cursor)
+            page
         })?;
         Ok(page)
     }
@@ -1559,16 +2121,7 @@ impl Store for EmbeddedStore {
                     p.end_lease(id);
                 }
                 for member in chunk {
-                    p.drop_labels(member);
-                    p.unplace(member);
-                    let was_eligible = p.eligible.remove(member).is_some();
-                    let was_ineligible = p.ineligible.remove(member).is_some();
-                    p.taken_out.remove(member);
-                    p.health.remove(member);
-                    p.cancel_return(member);
-                    p.checks.remove(member);
-                    if was_eligible || was_ineligible {
-                        p.mark_member(member);
+                    if p.forget(member) {
                         report.removed.push(member.clone());
                     } else {
                         report.unknown.push(member.clone());
@@ -1719,6 +2272,7 @@ mod tests {
                         ][rng.random_range(0..3)],
                         detail: "status 200".to_owned(),
                         latency_ms: rng.random_bool(0.5).then(|| rng.random_range(0..5000)),
+                        target: None,
                     })
                     .collect();
                 let source = if rng.random_bool(0.5) {
@@ -1968,6 +2522,29 @@ mod tests {
         }
         drop(first);
         EmbeddedStore::open(dir.options(4096)).expect("opened once the first is gone");
+    }
+
+    #[tokio::test]
+    async fn a_pool_keeps_the_urls_of_its_last_256_source_ids_and_of_its_configured_ones() {
+        let store = EmbeddedStore::new();
+        let id = pool("p");
+        store
+            .put_pool(&id, &PoolConfig::default())
+            .await
+            .expect("created");
+        let kept = "http://a.example/p".to_owned();
+        for i in 0..300 {
+            let urls = [kept.clone(), format!("http://lists.example/{i}")];
+            store
+                .claim_sources(&id, &urls, Duration::from_secs(60))
+                .await
+                .expect("claimed");
+        }
+        let inner = store.inner.lock().expect("not poisoned");
+        let book = &inner.pools[&id].book;
+        assert_eq!(book.urls.len(), 257);
+        assert_eq!(book.urls.get(&1), Some(&kept));
+        assert_eq!(book.successes.keys().copied().collect::<Vec<_>>(), [1, 301]);
     }
 
     #[tokio::test]

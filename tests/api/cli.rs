@@ -9,7 +9,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
-use crate::helpers::{ADMIN, Backend, TestApp};
+use reqwest::{Method, StatusCode};
+
+use crate::helpers::{ADMIN, Backend, TestApp, read};
 
 /// What one run of the binary did.
 #[derive(Debug, PartialEq, Eq)]
@@ -88,6 +90,7 @@ async fn pools_create_show_list_and_delete_print_what_they_did_and_exit_zero() {
              health.jitter_percent            10\n\
              health.max_consecutive_failures  3\n\
              health.max_cooldown_ms           3600000\n\
+             health.target_ban_ms             600000\n\
              rules.allow_credentials          true\n\
              rules.allow_hostnames            true\n\
              rules.allow_private              false\n\
@@ -124,6 +127,7 @@ async fn pools_create_show_list_and_delete_print_what_they_did_and_exit_zero() {
              health.jitter_percent            10\n\
              health.max_consecutive_failures  3\n\
              health.max_cooldown_ms           3600000\n\
+             health.target_ban_ms             600000\n\
              rules.allow_credentials          true\n\
              rules.allow_hostnames            true\n\
              rules.allow_private              false\n\
@@ -152,6 +156,7 @@ async fn pools_create_show_list_and_delete_print_what_they_did_and_exit_zero() {
              health.jitter_percent            10\n\
              health.max_consecutive_failures  3\n\
              health.max_cooldown_ms           3600000\n\
+             health.target_ban_ms             600000\n\
              rules.allow_credentials          true\n\
              rules.allow_hostnames            true\n\
              rules.allow_private              false\n\
@@ -168,6 +173,7 @@ async fn pools_create_show_list_and_delete_print_what_they_did_and_exit_zero() {
              max_assignments                  7\n\
              total_assignments                0\n\
              abandoned                        0\n\
+             pruned                           0\n\
              recovered                        0\n\
              tripped                          0\n"
         ))
@@ -226,6 +232,39 @@ async fn members_add_and_list_take_labels_and_the_listing_shows_them() {
         &["members", "add", "web", P3, "--label", "Country=de"],
     )
     .await;
+    assert_ne!(refused.code, 0, "{refused:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_list_with_a_target_shows_each_member_s_ban_for_it() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    app.create_pool("web", json!({})).await;
+    app.seed("web", &[P1, P2], Some(0)).await;
+    let (status, body) = read(
+        app.anonymous(Method::POST, "/pools/web/outcomes")
+            .json(&json!({"proxy": P2, "result": "blocked", "target": "shop.example.com"}))
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let until = body["outcomes"][0]["banned_until"]
+        .as_str()
+        .expect("banned");
+    assert_eq!(
+        run(
+            &app,
+            &["members", "list", "web", "--target", "shop.example.com"]
+        )
+        .await,
+        Run::ok(&format!(
+            "MEMBER                      STATE     ASSIGNMENTS  IN_FLIGHT  REASON  SINCE  BANNED_UNTIL\n\
+             {P1}  eligible            0          0       -      -  -\n\
+             {P2}  eligible            0          0       -      -  {until}\n"
+        ))
+    );
+    let refused = run(&app, &["members", "list", "web", "--target", "a b"]).await;
     assert_ne!(refused.code, 0, "{refused:?}");
 }
 
@@ -814,4 +853,79 @@ async fn pools_list_follows_every_page_of_the_pool_listing() {
         1 + 1_001,
         "a header and a line a pool"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_create_takes_sources_and_prune_flags_and_pools_sources_shows_the_last_fetch() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    let server = crate::sources::ListServer::start("p1.example.net:3128\nnot a proxy\n").await;
+    let created = run(
+        &app,
+        &[
+            "pools",
+            "create",
+            "listed",
+            "--source",
+            &server.url,
+            "--source-interval-ms",
+            "60000",
+            "--allow-private-sources",
+            "--prune-absent-from-source-fetches",
+            "3",
+        ],
+    )
+    .await;
+    assert_eq!((created.code, created.stderr.as_str()), (0, ""));
+    let (_, info) = app.get("/pools/listed").await;
+    assert_eq!(
+        (
+            &info["config"]["sources"],
+            &info["config"]["prune"],
+            &info["config"]["rules"]["allow_private_sources"]
+        ),
+        (
+            &json!([{"url": server.url, "interval_ms": 60000, "format": "lines", "default_scheme": "http"}]),
+            &json!({"absent_from_source_fetches": 3, "manual": false}),
+            &json!(true)
+        )
+    );
+    let fetched = crate::sources::await_source(&app, "listed", crate::sources::fetched(1)).await;
+    let at = fetched["last_fetch"]["at"].as_str().expect("a time");
+    let shown = run(&app, &["pools", "sources", "listed"]).await;
+    assert_eq!((shown.code, shown.stderr.as_str()), (0, ""));
+    let cells: Vec<Vec<&str>> = shown
+        .stdout
+        .lines()
+        .map(|line| line.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        cells,
+        [
+            vec![
+                "URL",
+                "INTERVAL_MS",
+                "FETCHED",
+                "FAILURES",
+                "LAST_FETCH",
+                "OUTCOME",
+                "ADDED",
+                "EXISTING",
+                "REJECTED",
+                "ERROR"
+            ],
+            vec![
+                server.url.as_str(),
+                "60000",
+                "1",
+                "0",
+                at,
+                "ok",
+                "1",
+                "0",
+                "1",
+                "-"
+            ],
+        ]
+    );
+    app.stop().await;
 }

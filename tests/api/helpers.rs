@@ -200,6 +200,9 @@ pub fn test_config(redis_url: Option<String>) -> Config {
     config.sweep_interval_ms = SWEEP_INTERVAL_MS;
     config.import_body_limit_bytes = 32 * 1024 * 1024;
     config.check_tick_ms = CHECK_TICK_MS;
+    // Sources are fetched every second at the fastest in tests, not every minute.
+    config.source_min_interval_ms = 1_000;
+    config.source_fetch_timeout_ms = 2_000;
     config.data_dir = None;
     config.fsync_interval_ms = 1000;
     config

@@ -26,12 +26,16 @@ mod leases;
 mod logs;
 mod members;
 mod metrics;
+mod pacing;
 mod pools;
 #[expect(dead_code, reason = "shared with tests/faults, which sends it signals")]
 mod process;
 mod proxies;
+mod prune;
 mod redis_faults;
 mod requests;
 mod round_trips;
+mod sources;
 mod spy;
+mod targets;
 mod ui;

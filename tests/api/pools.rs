@@ -24,7 +24,7 @@ async fn put_creates_a_pool_with_201_and_echoes_the_defaults(app: TestApp) {
         body,
         json!({"pool": "web", "config": {"restore": "minimum", "start_assignments": null, "policy": "least-used", "lease_ttl_ms": 30000, "max_in_flight": null,
                "rules": default_rules(),
-               "health": {"max_consecutive_failures": 3, "cooldown_ms": 60000, "max_cooldown_ms": 3600000, "backoff": 2, "jitter_percent": 10, "check": null}}})
+               "health": {"max_consecutive_failures": 3, "cooldown_ms": 60000, "max_cooldown_ms": 3600000, "backoff": 2, "jitter_percent": 10, "target_ban_ms": 600000, "check": null}}})
     );
 }
 
@@ -43,7 +43,7 @@ async fn put_on_an_existing_pool_replaces_its_configuration_with_200(app: TestAp
         body["config"],
         json!({"restore": "zero", "start_assignments": null, "policy": "least-used", "lease_ttl_ms": 30000, "max_in_flight": null,
                "rules": default_rules(),
-               "health": {"max_consecutive_failures": 3, "cooldown_ms": 60000, "max_cooldown_ms": 3600000, "backoff": 2, "jitter_percent": 10, "check": null}})
+               "health": {"max_consecutive_failures": 3, "cooldown_ms": 60000, "max_cooldown_ms": 3600000, "backoff": 2, "jitter_percent": 10, "target_ban_ms": 600000, "check": null}})
     );
     let (_, info) = app.get("/pools/web").await;
     assert_eq!(info["config"], body["config"]);
@@ -111,12 +111,12 @@ async fn get_pool_shows_configuration_and_stats(app: TestApp) {
         body["config"],
         json!({"restore": "minimum", "start_assignments": 4, "policy": "least-used", "lease_ttl_ms": 30000, "max_in_flight": null,
                "rules": default_rules(),
-               "health": {"max_consecutive_failures": 3, "cooldown_ms": 60000, "max_cooldown_ms": 3600000, "backoff": 2, "jitter_percent": 10, "check": null}})
+               "health": {"max_consecutive_failures": 3, "cooldown_ms": 60000, "max_cooldown_ms": 3600000, "backoff": 2, "jitter_percent": 10, "target_ban_ms": 600000, "check": null}})
     );
     assert_eq!(
         body["stats"],
         json!({"eligible": 2, "ineligible": 1, "min_assignments": 4, "max_assignments": 5, "total_assignments": 1, "in_flight": 0, "abandoned": 0,
-               "tripped": 0, "recovered": 0})
+               "tripped": 0, "recovered": 0, "pruned": 0})
     );
     assert!(
         body["created_at"]
@@ -132,7 +132,7 @@ async fn get_pool_of_an_empty_pool_has_null_min_and_max(app: TestApp) {
     assert_eq!(
         body["stats"],
         json!({"eligible": 0, "ineligible": 0, "min_assignments": null, "max_assignments": null, "total_assignments": 0, "in_flight": 0, "abandoned": 0,
-               "tripped": 0, "recovered": 0})
+               "tripped": 0, "recovered": 0, "pruned": 0})
     );
 }
 

@@ -6,12 +6,17 @@ use std::time::{Duration, Instant};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 
-use crate::helpers::{RedisServer, TestApp, assert_error, read, redis_cli, test_config};
+use crate::helpers::{
+    RedisServer, TestApp, assert_error, read, redis_cli, test_config, without_background_traffic,
+};
 
 #[tokio::test]
 async fn assign_recovers_after_the_script_cache_is_flushed() {
-    let app = TestApp::spawn(crate::helpers::Backend::Redis).await;
-    let url = app.redis_url.clone().expect("on Redis");
+    // A Redis of its own: on the shared one, other tests load the script again between the
+    // flush and the check.
+    let redis = RedisServer::start();
+    let app = TestApp::spawn_with(test_config(Some(redis.url()))).await;
+    let url = redis.url();
     app.create_pool("p", json!({})).await;
     app.seed("p", &["a", "b"], Some(0)).await;
     assert_eq!(app.assigned("p").await, ("a".to_owned(), 1));
@@ -37,6 +42,38 @@ async fn assign_recovers_after_the_script_cache_is_flushed() {
     );
     assert_eq!(app.assigned("p").await, ("b".to_owned(), 1));
     assert_eq!(app.assigned("p").await, ("a".to_owned(), 2));
+}
+
+#[tokio::test]
+async fn the_pool_listing_recovers_after_the_script_cache_is_flushed() {
+    // A Redis of its own and no background work: nothing else may load the script again.
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let mut config = test_config(Some(url.clone()));
+    without_background_traffic(&mut config);
+    let app = TestApp::spawn_with(config).await;
+    for pool in ["north", "south", "west"] {
+        app.create_pool(pool, json!({})).await;
+    }
+    app.seed("south", &["a", "b"], Some(4)).await;
+    let (status, listed) = app.get("/pools").await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    let pools = listed["pools"].as_array().expect("pools");
+    let ids: Vec<&str> = pools
+        .iter()
+        .map(|p| p["pool"].as_str().expect("id"))
+        .collect();
+    assert_eq!(ids, ["north", "south", "west"]);
+    assert_eq!(
+        pools[1]["stats"],
+        json!({"eligible": 2, "ineligible": 0, "min_assignments": 4, "max_assignments": 4,
+               "total_assignments": 0, "in_flight": 0, "abandoned": 0, "tripped": 0,
+               "recovered": 0, "pruned": 0})
+    );
+    assert_eq!(listed["next_cursor"], json!(null));
+    // A page's calls travel as one pipeline; every one of them answers NOSCRIPT now.
+    redis_cli(&url, &["SCRIPT", "FLUSH"]);
+    assert_eq!(app.get("/pools").await, (StatusCode::OK, listed));
 }
 
 #[tokio::test]

@@ -158,3 +158,30 @@ fn wait_for_line(log: &std::path::Path, needle: &str, mut poke: impl FnMut()) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_assign_naming_a_target_with_bans_is_one_evalsha_too() {
+    let redis = RedisServer::start();
+    let app = warm_app(&redis).await;
+    let (status, body) = app
+        .post_json(
+            "/pools/p/outcomes",
+            json!({"proxy": "a", "result": "blocked", "target": "example.com"}),
+        )
+        .await;
+    assert_eq!(status.as_u16(), 200, "{body}");
+
+    let before = command_calls(&redis.url());
+    for _ in 0..64 {
+        let (status, body) = app
+            .post_json("/pools/p/assign", json!({"target": "example.com"}))
+            .await;
+        assert_eq!(status.as_u16(), 200, "{body}");
+        assert_ne!(body["proxy"], json!("a"), "{body}");
+    }
+    let seen = command_delta(&before, &command_calls(&redis.url()));
+    assert_eq!(seen.get("evalsha"), Some(&64), "{seen:?}");
+    for extra in NEVER_PER_ASSIGN {
+        assert_eq!(seen.get(extra), None, "{extra} was sent: {seen:?}");
+    }
+}

@@ -12,11 +12,13 @@ use async_trait::async_trait;
 use proxy_allocator::config::Config;
 use proxy_allocator::domain::{
     AssignCount, LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy,
+    Target,
 };
 use proxy_allocator::store::{
-    AssignRequest, Assignment, Batch, CheckRound, Cursor, DisableReport, EnableReport, MemberPage,
-    PoolInfo, PoolPage, PutPool, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Seed,
-    SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
+    AssignRequest, Assignment, Batch, CheckRound, ClaimedSource, Cursor, DisableReport,
+    EnableReport, FetchOutcome, MemberPage, PoolInfo, PoolPage, Pruned, PutPool, RemoveReport,
+    Renewed, Report, ReportSource, ReportSummary, Seed, SeedReport, SourceState, StateFilter,
+    Store, StoreError, StoreStatus, Swept,
 };
 
 use crate::helpers::TestApp;
@@ -76,6 +78,10 @@ pub struct Spy {
     pub returned: AtomicU64,
     /// Check rounds the claims won.
     pub rounds: AtomicU64,
+    /// Looks into the index of due sources (one per source tick).
+    pub source_ticks: Calls,
+    /// Sources this app claimed for a fetch.
+    pub sources_claimed: AtomicU64,
     after_seed: Mutex<Option<AfterSeed>>,
 }
 
@@ -89,6 +95,8 @@ impl Spy {
             reclaimed: AtomicU64::new(0),
             returned: AtomicU64::new(0),
             rounds: AtomicU64::new(0),
+            source_ticks: Calls::default(),
+            sources_claimed: AtomicU64::new(0),
             after_seed: Mutex::new(None),
         }
     }
@@ -99,6 +107,15 @@ impl Spy {
     pub fn after_next_seed(&self, then: impl FnOnce(&SeedReport) -> Seed + Send + 'static) {
         *self.after_seed.lock().expect("not poisoned") = Some(Box::new(then));
     }
+}
+
+/// Starts an app on `config` with a spy around `store` (shared with other apps, as
+/// replicas share one Redis) instead of the store `config` describes.
+pub async fn spawn_spied_on(config: Config, store: Arc<dyn Store>) -> (TestApp, Arc<Spy>) {
+    let spy = Arc::new(Spy::new(store));
+    let served: Arc<dyn Store> = spy.clone();
+    let app = TestApp::spawn_with_store(config, move |_| served).await;
+    (app, spy)
 }
 
 /// Starts an app on `config` with a spy around its store.
@@ -200,6 +217,50 @@ impl Store for Spy {
         claimed
     }
 
+    async fn due_source_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError> {
+        self.source_ticks.start();
+        let due = self.inner.due_source_pools(limit).await;
+        self.source_ticks.finish();
+        due
+    }
+
+    async fn claim_sources(
+        &self,
+        pool: &PoolId,
+        urls: &[String],
+        hold: Duration,
+    ) -> Result<Vec<ClaimedSource>, StoreError> {
+        let claimed = self.inner.claim_sources(pool, urls, hold).await;
+        if let Ok(claimed) = &claimed {
+            self.sources_claimed
+                .fetch_add(claimed.len() as u64, Ordering::SeqCst);
+        }
+        claimed
+    }
+
+    async fn record_source_fetch(
+        &self,
+        pool: &PoolId,
+        url: &str,
+        outcome: &FetchOutcome,
+        next_in: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .record_source_fetch(pool, url, outcome, next_in)
+            .await
+    }
+
+    async fn source_states(
+        &self,
+        pool: &PoolId,
+    ) -> Result<std::collections::HashMap<String, SourceState>, StoreError> {
+        self.inner.source_states(pool).await
+    }
+
+    async fn prune(&self, pool: &PoolId, absent: Option<(u64, u64)>) -> Result<Pruned, StoreError> {
+        self.inner.prune(pool, absent).await
+    }
+
     async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError> {
         self.inner.put_pool(pool, config).await
     }
@@ -243,11 +304,12 @@ impl Store for Spy {
         pool: &PoolId,
         filter: StateFilter,
         labels: &LabelFilter,
+        target: Option<&Target>,
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
         self.inner
-            .members(pool, filter, labels, limit, cursor)
+            .members(pool, filter, labels, target, limit, cursor)
             .await
     }
 

@@ -124,10 +124,12 @@ async fn pools_on_every_primary_seed_assign_disable_enable_and_lease() {
     expected.sort_unstable();
     assert_eq!(listed, expected);
 
-    // Primaries that lost their script cache (a restart, SCRIPT FLUSH) load it again.
+    // Primaries that lost their script cache (a restart, SCRIPT FLUSH) load it again, for
+    // a page of the listing (one call per pool, each on its pool's primary) as for assigns.
     for port in cluster.primaries() {
         redis_cli(&cluster.url(port), &["SCRIPT", "FLUSH"]);
     }
+    assert_eq!(app.get("/pools").await, (StatusCode::OK, body));
     for (pool, _) in &used {
         assert_eq!(app.assigned(pool).await, ("b".to_owned(), 2));
     }
@@ -138,6 +140,50 @@ async fn pools_on_every_primary_seed_assign_disable_enable_and_lease() {
             json!({"status": "ready", "store": "redis", "topology": "cluster", "primaries": 3})
         )
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bans_for_a_target_live_on_the_pool_s_primary_and_steer_its_targeted_assigns() {
+    let cluster = RedisCluster::start();
+    let app = app_on(&cluster).await;
+    for (pool, port) in pool_per_primary(&cluster, "banned") {
+        app.create_pool(&pool, json!({})).await;
+        app.seed(&pool, &["a", "b"], Some(0)).await;
+        let (status, body) = app
+            .post_json(
+                &format!("/pools/{pool}/outcomes"),
+                json!({"proxy": "a", "result": "blocked", "target": "shop.example.com"}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["outcomes"][0]["effect"], json!("banned"), "{body}");
+        // The ban index and the target's hash are in the pool's slot, on its primary.
+        for key in ["bans", "bans:shop.example.com"] {
+            let key = format!("{}:{{{pool}}}:{key}", app.key_prefix);
+            assert_eq!(
+                redis_cli(&cluster.url(port), &["EXISTS", &key]),
+                redis::Value::Int(1),
+                "{key}"
+            );
+        }
+        for _ in 0..2 {
+            let (status, body) = app
+                .post_json(
+                    &format!("/pools/{pool}/assign"),
+                    json!({"target": "shop.example.com"}),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            assert_eq!(body["proxy"], json!("b"), "{body}");
+        }
+        let (status, body) = app
+            .get(&format!("/pools/{pool}/members?target=shop.example.com"))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["members"][0]["member"], json!("a"), "{body}");
+        assert!(body["members"][0]["banned_until"].is_string(), "{body}");
+        assert_eq!(body["members"][1]["banned_until"], Value::Null, "{body}");
+    }
 }
 
 const ASSIGNS: u64 = 512;

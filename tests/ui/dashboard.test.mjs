@@ -13,6 +13,7 @@ import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
 import { existsSync, mkdirSync } from 'node:fs';
+import http from 'node:http';
 import net from 'node:net';
 import path from 'node:path';
 import readline from 'node:readline';
@@ -406,6 +407,39 @@ describe('the operator dashboard in Chromium', () => {
     await eventually(async () => /^last check: ok \(connected, \d+ ms\)$/.test(await details(open).textContent()),
                      'the open port\'s check in the table');
     assert.equal(await details('http://127.0.0.1:1').textContent(), 'last check: failed (connection refused)');
+  });
+
+  it("shows a pool's sources with their last fetch, and where its members came from", async () => {
+    // A list on a loopback server of the test's own, which the pool may fetch from.
+    const list = http.createServer((request, response) => response.end('8.8.4.4:8080\nnot a proxy\n'));
+    list.listen(0, '127.0.0.1');
+    await once(list, 'listening');
+    try {
+      const url = `http://127.0.0.1:${list.address().port}/free.txt`;
+      await call('PUT', '/pools/listed', { rules: { allow_private_sources: true },
+        sources: [{ url, interval_ms: 60000 }], prune: { absent_from_source_fetches: 3 } });
+      await eventually(async () => (await call('GET', '/pools/listed/sources')).sources[0].last_fetch,
+                       'the first fetch');
+      await page.locator('#pool-list button', { hasText: 'listed' }).click();
+      const row = page.locator('#sources tbody tr');
+      await eventually(async () => (await row.count()) === 1 && await page.locator('#sources-card').isVisible(),
+                       'the sources card');
+      const cells = await row.locator('td').allTextContents();
+      assert.equal(cells.length, 5);
+      assert.deepEqual([cells[0], cells[1], cells[3]], [url, '1 min 0 s', 'ok: 1 added, 0 existing, 1 rejected']);
+      assert.match(cells[2], /^\d+ s ago$/);
+      assert.match(cells[4], /^in \d+ s$/);
+      await eventually(async () => (await rowOf('http://8.8.4.4:8080').locator('td').nth(4).textContent()) === `from ${url}`,
+                       "the member's origin in its details");
+      assert.deepEqual(await page.locator('#pool-facts dt').allTextContents(),
+                       ['Eligible', 'Ineligible', 'In flight', 'Spread (max − min)', 'Fewest / most',
+                        'Assignments handed out', 'Pruned']);
+      // A pool without sources shows no sources card.
+      await page.locator('#pool-list button', { hasText: 'edge' }).click();
+      await eventually(async () => await page.locator('#sources-card').isHidden(), 'the card hidden again');
+    } finally {
+      list.close();
+    }
   });
 
   it('loaded nothing from elsewhere and logged no error', () => {

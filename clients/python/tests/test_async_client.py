@@ -72,6 +72,18 @@ class AsyncBehaviour(unittest.IsolatedAsyncioTestCase):
                          Assignment(pool=pool, proxy=P1, assignments=1))
         self.assertIsNone(await self.client.assign(pool, labels={"country": "us"}))
 
+    async def test_a_blocked_report_with_a_target_bans_the_proxy_for_that_target_only(
+            self) -> None:
+        pool = self.service.create_pool()
+        self.service.seed(pool, [P1, P2])
+        outcome = await self.client.report(pool, P1, "blocked", target="shop.example.com")
+        self.assertEqual((outcome.effect, outcome.consecutive_failures), ("banned", 0))
+        self.assertIsNotNone(outcome.banned_until)
+        self.assertEqual(await self.client.assign(pool, target="shop.example.com"),
+                         Assignment(pool=pool, proxy=P2, assignments=1))
+        self.assertEqual(await self.client.assign(pool),
+                         Assignment(pool=pool, proxy=P1, assignments=1))
+
     async def test_assign_with_count_returns_distinct_members_in_pick_order(self) -> None:
         pool = self.service.create_pool()
         self.service.seed(pool, [P2, P1])

@@ -1,8 +1,10 @@
 """The client against the real service, once on Redis and once on the embedded store."""
 
+import threading
 import time
 import unittest
-from typing import ClassVar, Optional
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar, Optional
 
 from harness import ADMIN, WORKER, RedisServer, Service, free_port
 
@@ -12,8 +14,11 @@ from proxy_allocator import (
     Lease,
     NoProxyAvailable,
     NotFound,
+    Forbidden,
     Outcome,
     ProxyAllocatorError,
+    Source,
+    SourceFetch,
     Unauthorized,
     Unavailable,
     Unreachable,
@@ -75,6 +80,27 @@ class ClientBehaviour(unittest.TestCase):
         self.assertIsNone(client.assign(pool, labels={"country": "us"}))
         with self.assertRaises(ProxyAllocatorError) as raised:
             client.assign(pool, labels={"country": "d e"})
+        self.assertEqual(raised.exception.code, "invalid_request")
+
+    def test_a_blocked_report_with_a_target_bans_the_proxy_for_that_target_only(self) -> None:
+        pool = self.service.create_pool()
+        self.service.seed(pool, [P1, P2])
+        client = self.service.client()
+        outcome = client.report(pool, P1, "blocked", 403, target="Shop.Example.com")
+        self.assertEqual((outcome.effect, outcome.consecutive_failures), ("banned", 0))
+        assert outcome.banned_until is not None
+        for count in (1, 2):
+            self.assertEqual(client.assign(pool, target="shop.example.com"),
+                             Assignment(pool=pool, proxy=P2, assignments=count))
+        self.assertEqual(client.assign(pool, target="other.example.org"),
+                         Assignment(pool=pool, proxy=P1, assignments=1))
+        listing = self.service.admin(
+            "GET", "/pools/{}/members?target=shop.example.com".format(pool))
+        assert listing is not None
+        self.assertEqual({m["member"]: m["banned_until"] for m in listing["members"]},
+                         {P1: outcome.banned_until, P2: None})
+        with self.assertRaises(ProxyAllocatorError) as raised:
+            client.assign(pool, target="https://shop.example.com/")
         self.assertEqual(raised.exception.code, "invalid_request")
 
     def test_assign_with_count_returns_distinct_members_in_pick_order(self) -> None:
@@ -286,6 +312,42 @@ class ClientBehaviour(unittest.TestCase):
         stats = self.service.stats(pool)
         self.assertEqual((stats["in_flight"], stats["abandoned"]), (0, 1))
 
+
+
+    def test_sources_lists_each_source_with_its_last_fetch_for_the_admin_only(self) -> None:
+        class List(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                body = b"p1.example.net:3128\nnot a proxy\n"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), List)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.addCleanup(server.server_close)
+        self.addCleanup(server.shutdown)
+        url = "http://127.0.0.1:{}/free.txt".format(server.server_address[1])
+        pool = self.service.create_pool({"rules": {"allow_private_sources": True},
+                                         "sources": [{"url": url, "interval_ms": 60000}]})
+        admin = self.service.client(ADMIN)
+        deadline = time.monotonic() + 10
+        while admin.sources(pool)[0].last_fetch is None:
+            self.assertLess(time.monotonic(), deadline, "no fetch within 10 s")
+            time.sleep(0.05)
+        [source] = admin.sources(pool)
+        assert source.last_fetch is not None
+        self.assertEqual(source, Source(
+            url=url, interval_ms=60000, format="lines", default_scheme="http",
+            next_fetch_at=source.next_fetch_at, failures=0, successes=1,
+            last_fetch=SourceFetch(at=source.last_fetch.at, outcome="ok", accepted=1,
+                                   added=1, existing=0, duplicates=0, rejected=1)))
+        self.assertIsNotNone(source.next_fetch_at)
+        with self.assertRaises(Forbidden):
+            self.service.client().sources(pool)
 
 
 class OnRedis(ClientBehaviour):

@@ -32,6 +32,50 @@ const SNAPSHOT_END: u8 = 8;
 /// A member record followed by the member's labels: members without labels keep the
 /// shorter [`MEMBER`] record, so files written before labels existed read unchanged.
 const LABELLED_MEMBER: u8 = 9;
+/// A member record with its labels (possibly none) and its [`Provenance`]: members with
+/// the default provenance keep the shorter kinds, so files written before provenance was
+/// kept read unchanged.
+const TRACED_MEMBER: u8 = 10;
+/// A pool record followed by its prune count and its [`SourceBook`]: pools with neither
+/// keep the shorter [`POOL`] record.
+const SOURCED_POOL: u8 = 11;
+
+/// Where a member came from and what pruning keeps about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Provenance {
+    /// `None`: added by hand; `Some(0)`: imported; `Some(id)`: added by the source `id`.
+    pub origin: Option<u64>,
+    /// For members of a source: the number of its last fetch that listed them. `None`
+    /// once they are due for removal as absent.
+    pub seen: Option<u64>,
+    /// Active checks failed in a row.
+    pub check_fails: u64,
+    /// Since when it is due for removal (see `prune.lua`, which the embedded store follows).
+    pub prune_due: Option<Timestamp>,
+}
+
+/// What a pool keeps about its sources beyond a restart: the ids it gave (with the URLs of
+/// the last 256, for the origins of members) and the successful fetches of the current
+/// ones, by id.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(super) struct SourceBook {
+    /// The last id given (ids start at 1).
+    pub last_id: u64,
+    /// The last 256 ids given, with their URLs.
+    pub urls: std::collections::BTreeMap<u64, String>,
+    /// The current sources' successful fetches, by id.
+    pub successes: std::collections::BTreeMap<u64, u64>,
+}
+
+impl SourceBook {
+    /// The id of the source with this URL among the current ones.
+    pub fn current_id(&self, url: &str) -> Option<u64> {
+        self.successes
+            .keys()
+            .copied()
+            .find(|id| self.urls.get(id).is_some_and(|known| known == url))
+    }
+}
 
 /// A pool's own state: everything but its members and leases.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +87,9 @@ pub(super) struct PoolImage<'a> {
     pub tripped: u64,
     pub recovered: u64,
     pub check_round_until: Option<Timestamp>,
+    /// Members removed by the pool's prune rules.
+    pub pruned: u64,
+    pub sources: Cow<'a, SourceBook>,
 }
 
 /// Everything a pool keeps about one member.
@@ -58,6 +105,7 @@ pub(super) struct MemberImage<'a> {
     pub last_check: Option<Cow<'a, LastCheck>>,
     /// Its labels.
     pub labels: Cow<'a, Labels>,
+    pub provenance: Provenance,
 }
 
 /// One decoded record. Ids that only name something to look up stay text borrowed from
@@ -128,7 +176,8 @@ fn optional_time(buf: &mut Vec<u8>, at: Option<Timestamp>) {
 
 /// Appends a pool's own state.
 pub(super) fn pool(buf: &mut Vec<u8>, id: &PoolId, image: &PoolImage<'_>) {
-    buf.push(POOL);
+    let sourced = image.pruned > 0 || *image.sources != SourceBook::default();
+    buf.push(if sourced { SOURCED_POOL } else { POOL });
     text(buf, id.as_str());
     // Serialising a configuration cannot fail: it is plain data with string keys.
     let config = serde_json::to_vec(&*image.config).unwrap_or_default();
@@ -140,6 +189,20 @@ pub(super) fn pool(buf: &mut Vec<u8>, id: &PoolId, image: &PoolImage<'_>) {
     varint(buf, image.tripped);
     varint(buf, image.recovered);
     optional_time(buf, image.check_round_until);
+    if sourced {
+        varint(buf, image.pruned);
+        varint(buf, image.sources.last_id);
+        varint(buf, image.sources.urls.len() as u64);
+        for (id, url) in &image.sources.urls {
+            varint(buf, *id);
+            text(buf, url);
+        }
+        varint(buf, image.sources.successes.len() as u64);
+        for (id, successes) in &image.sources.successes {
+            varint(buf, *id);
+            varint(buf, *successes);
+        }
+    }
 }
 
 /// Appends a pool's deletion.
@@ -150,7 +213,10 @@ pub(super) fn pool_deleted(buf: &mut Vec<u8>, id: &PoolId) {
 
 /// Appends a member's whole state.
 pub(super) fn member(buf: &mut Vec<u8>, pool: &PoolId, member: &MemberId, image: &MemberImage<'_>) {
-    buf.push(if image.labels.is_empty() {
+    let traced = image.provenance != Provenance::default();
+    buf.push(if traced {
+        TRACED_MEMBER
+    } else if image.labels.is_empty() {
         MEMBER
     } else {
         LABELLED_MEMBER
@@ -185,13 +251,21 @@ pub(super) fn member(buf: &mut Vec<u8>, pool: &PoolId, member: &MemberId, image:
         }
         None => buf.push(0),
     }
-    if !image.labels.is_empty() {
+    if traced || !image.labels.is_empty() {
         let pairs: Vec<(&str, &str)> = image.labels.iter().collect();
         varint(buf, pairs.len() as u64);
         for (key, value) in pairs {
             text(buf, key);
             text(buf, value);
         }
+    }
+    if traced {
+        let p = &image.provenance;
+        // The origin as one number: 0 by hand, 1 imported, id + 1 from source `id`.
+        varint(buf, p.origin.map_or(0, |id| id + 1));
+        varint(buf, p.seen.map_or(0, |n| n + 1));
+        varint(buf, p.check_fails);
+        optional_time(buf, p.prune_due);
     }
 }
 
@@ -341,12 +415,12 @@ impl<'a> Reader<'a> {
             return Ok(None);
         }
         let record = match self.byte()? {
-            POOL => {
+            kind @ (POOL | SOURCED_POOL) => {
                 let id = self.pool_id()?;
                 let json = self.bytes()?;
                 let config: PoolConfig = serde_json::from_slice(json)
                     .or_else(|_| self.fail("invalid pool configuration"))?;
-                Record::Pool(
+                let mut record = Record::Pool(
                     id,
                     Box::new(PoolImage {
                         config: Cow::Owned(config),
@@ -356,11 +430,32 @@ impl<'a> Reader<'a> {
                         tripped: self.varint()?,
                         recovered: self.varint()?,
                         check_round_until: self.optional_time()?,
+                        pruned: 0,
+                        sources: Cow::Owned(SourceBook::default()),
                     }),
-                )
+                );
+                if kind == SOURCED_POOL
+                    && let Record::Pool(_, image) = &mut record
+                {
+                    image.pruned = self.varint()?;
+                    let mut book = SourceBook {
+                        last_id: self.varint()?,
+                        ..SourceBook::default()
+                    };
+                    for _ in 0..self.varint()? {
+                        let id = self.varint()?;
+                        book.urls.insert(id, self.text()?.to_owned());
+                    }
+                    for _ in 0..self.varint()? {
+                        let id = self.varint()?;
+                        book.successes.insert(id, self.varint()?);
+                    }
+                    image.sources = Cow::Owned(book);
+                }
+                record
             }
             POOL_DELETED => Record::PoolDeleted(self.text()?),
-            kind @ (MEMBER | LABELLED_MEMBER) => {
+            kind @ (MEMBER | LABELLED_MEMBER | TRACED_MEMBER) => {
                 let pool = self.text()?;
                 let member = self.member_id()?;
                 let eligible = self.flag()?;
@@ -398,7 +493,7 @@ impl<'a> Reader<'a> {
                     }
                     _ => return self.fail("unknown last check kind"),
                 };
-                let labels = if kind == LABELLED_MEMBER {
+                let labels = if kind != MEMBER {
                     let count = self.varint()?;
                     if count > crate::domain::MAX_LABELS as u64 {
                         return self.fail("more labels than a member carries");
@@ -411,6 +506,18 @@ impl<'a> Reader<'a> {
                 } else {
                     Labels::default()
                 };
+                let provenance = if kind == TRACED_MEMBER {
+                    let origin = self.varint()?.checked_sub(1);
+                    let seen = self.varint()?.checked_sub(1);
+                    Provenance {
+                        origin,
+                        seen,
+                        check_fails: self.varint()?,
+                        prune_due: self.optional_time()?,
+                    }
+                } else {
+                    Provenance::default()
+                };
                 Record::Member(
                     pool,
                     member,
@@ -422,6 +529,7 @@ impl<'a> Reader<'a> {
                         returns_at,
                         last_check,
                         labels: Cow::Owned(labels),
+                        provenance,
                     },
                 )
             }
@@ -489,6 +597,16 @@ mod tests {
             tripped: 3,
             recovered: 4,
             check_round_until: Some(Timestamp(5)),
+            pruned: 6,
+            sources: Cow::Owned(SourceBook {
+                last_id: 2,
+                urls: [
+                    (1, "http://a.example/p".to_owned()),
+                    (2, "http://b.example/p".to_owned()),
+                ]
+                .into(),
+                successes: [(2, 9)].into(),
+            }),
         };
         let cooling = MemberImage {
             eligible: false,
@@ -507,6 +625,12 @@ mod tests {
                 latency_ms: Some(31),
             })),
             labels: Cow::Owned(Labels::from_script_text("country=de\ntier=a")),
+            provenance: Provenance {
+                origin: Some(2),
+                seen: Some(0),
+                check_fails: 4,
+                prune_due: Some(Timestamp(10)),
+            },
         };
         let mut buf = Vec::new();
         self::pool(&mut buf, &pool_id(), &image);

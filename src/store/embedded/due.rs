@@ -43,6 +43,22 @@ impl DueIndex {
         }
     }
 
+    /// Hands out up to `limit` pools due by `now`, earliest first, each left in the index
+    /// at `now + hold` so that it is not handed out again meanwhile.
+    pub(super) fn take_due_holding(
+        &mut self,
+        now: Timestamp,
+        limit: usize,
+        hold: std::time::Duration,
+    ) -> Vec<PoolId> {
+        let hold = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX);
+        let due = self.take_due(now, limit);
+        for pool in &due {
+            self.set(pool, Some(Timestamp(now.0.saturating_add(hold))));
+        }
+        due
+    }
+
     /// Takes up to `limit` pools due by `now` out of the index, earliest first.
     pub(super) fn take_due(&mut self, now: Timestamp, limit: usize) -> Vec<PoolId> {
         let mut due = Vec::new();

@@ -9,11 +9,14 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::Pool;
-use crate::domain::{LabelFilter, Labels, MemberId, Policy};
+use super::{Holds, Pool};
+use crate::domain::{LabelFilter, Labels, MemberId, Policy, Timestamp};
 use crate::store::{
     Cursor, MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MemberPage, StateFilter, StoreError,
 };
+
+/// A place in the choosing order: `(live leases or 0, assignments, member)`.
+pub(super) type OrderEntry = (u64, u64, MemberId);
 
 /// Each member's labels and the indexes over them.
 #[derive(Debug, Default)]
@@ -103,14 +106,21 @@ impl Pool {
     }
 
     /// The first `wanted` eligible members in the choosing order that pass `filter`, in
-    /// that order, by the rule of `pick_labelled` in `scripts/labels.lua`: with one key,
-    /// the first entries of each value's set; with several, a walk over the key with the
-    /// fewest entries that checks at most [`MAX_LABEL_CHECKS`] candidates.
+    /// that order, by the rule of `pick_labelled` in `scripts/labels.lua`: with one key
+    /// and nothing held, the first entries of each value's set; otherwise a walk over the
+    /// key with the fewest entries that checks at most [`MAX_LABEL_CHECKS`] candidates.
+    /// With `holds`, members banned for the request's target or resting are skipped, each
+    /// counting as a check; the earliest time one of those that pass the filter is free
+    /// again comes second.
     pub(super) fn pick_labelled(
         &self,
         filter: &LabelFilter,
+        holds: Option<&Holds<'_>>,
         wanted: usize,
-    ) -> Result<Vec<(u64, u64, MemberId)>, StoreError> {
+    ) -> Result<(Vec<OrderEntry>, Option<Timestamp>), StoreError> {
+        let banned_until =
+            |member: &MemberId| holds.and_then(|holds| self.held_until(holds, member));
+        let mut earliest: Option<Timestamp> = None;
         let groups: Vec<(&str, &[String])> = filter.groups().collect();
         let set = |key: &str, value: &str| self.labels.eligible.get(&format!("{key}={value}"));
         let size = |(key, values): &(&str, &[String])| -> usize {
@@ -120,7 +130,7 @@ impl Pool {
                 .sum()
         };
         let Some(walk) = (0..groups.len()).min_by_key(|&i| size(&groups[i])) else {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         };
         let (key, values) = groups[walk];
         let mut found: Vec<&(u64, u64, MemberId)> = Vec::new();
@@ -134,7 +144,7 @@ impl Pool {
                 if taken == wanted {
                     break;
                 }
-                if groups.len() > 1 {
+                if groups.len() > 1 || holds.is_some() {
                     checked += 1;
                     if checked > MAX_LABEL_CHECKS {
                         return Err(StoreError::FilterTooCostly);
@@ -147,6 +157,10 @@ impl Pool {
                     {
                         continue;
                     }
+                    if let Some(until) = banned_until(&entry.2) {
+                        earliest = Some(earliest.map_or(until, |e| e.min(until)));
+                        continue;
+                    }
                 }
                 found.push(entry);
                 taken += 1;
@@ -156,7 +170,7 @@ impl Pool {
         // value per key, so the sets never share a member.
         found.sort();
         found.truncate(wanted);
-        Ok(found.into_iter().cloned().collect())
+        Ok((found.into_iter().cloned().collect(), earliest))
     }
 
     /// A page of a listing with a label filter (see `Store::members`).

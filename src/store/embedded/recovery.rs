@@ -13,7 +13,7 @@ use std::io::{Read, Seek, Write};
 use std::path::Path;
 use std::time::Instant;
 
-use super::codec::{MemberImage, PoolImage, Reader, Record};
+use super::codec::{MemberImage, PoolImage, Provenance, Reader, Record};
 use super::journal::{LogFile, Recovered as ForDisk};
 use super::{DataDirOptions, OpenError, Pool, files};
 use crate::domain::{MemberId, Policy, PoolId};
@@ -364,6 +364,8 @@ fn set_pool(pools: &mut BTreeMap<PoolId, Pool>, id: PoolId, image: PoolImage<'st
     pool.tripped = image.tripped;
     pool.recovered = image.recovered;
     pool.check_round_until = image.check_round_until;
+    pool.pruned = image.pruned;
+    pool.book = image.sources.into_owned();
     if reorder {
         // The choosing order exists on least-in-flight pools only.
         pool.order.clear();
@@ -399,6 +401,7 @@ impl Pool {
             self.returns.remove(&(at, member.clone()));
         }
         self.checks.remove(&member);
+        self.set_provenance(&member, Provenance::default());
     }
 
     /// Puts `member` in the pool exactly as `image` says.
@@ -412,7 +415,9 @@ impl Pool {
             returns_at,
             last_check,
             labels,
+            provenance,
         } = image;
+        self.set_provenance(&member, provenance);
         if let Some((reason, since)) = taken_out {
             self.taken_out
                 .insert(member.clone(), (reason.into_owned(), since));
@@ -485,8 +490,10 @@ impl Pool {
             returns_at,
             last_check,
             labels,
+            provenance,
             ..
         } = image;
+        self.set_provenance(&member, provenance);
         if let Some((reason, since)) = taken_out {
             self.taken_out
                 .insert(member.clone(), (reason.into_owned(), since));

@@ -21,12 +21,22 @@
 //! | `<prefix>:{<pool>}:labels` | hash | member -> its labels, `key=value` lines (absent when none) |
 //! | `<prefix>:{<pool>}:by_label` | sorted set | eligible members' labels in the choosing order (see `scripts/labels.lua`) |
 //! | `<prefix>:{<pool>}:label_members` | sorted set | every member's labels, `key=value` NUL member, for listings |
+//! | `<prefix>:{<pool>}:origins` | hash | member -> `i` (imported) or `s<id>` (added by the source with that id); absent: added by hand |
+//! | `<prefix>:{<pool>}:seen` | sorted set | member added by a source -> `id * 2^32 + n`, n the source's last fetch that listed it (see `prune.lua`) |
+//! | `<prefix>:{<pool>}:check_fails` | hash | member -> active checks failed in a row (absent when 0) |
+//! | `<prefix>:{<pool>}:prune` | sorted set | member due for removal -> when it was last looked at (ms, Redis clock) |
+//! | `<prefix>:{<pool>}:sources` | hash | per source URL: `n:<url>` -> `"<next_ms> <failures> <successes> <id>"`, `l:<url>` -> `"<at_ms> <outcome JSON>"`, its last fetch; for the last 256 ids given, `u:<id>` -> its URL (for the origins of its members) |
+//! | `<prefix>:{<pool>}:bans` | sorted set with ttl | the ban index: targets the pool has bans for -> when they are all forgotten (ms, Redis clock); expires with the last |
+//! | `<prefix>:{<pool>}:paced` | sorted set with ttl | pools paced pool-wide: member -> until when it rests (ms, Redis clock); expires with its last entry |
+//! | `<prefix>:{<pool>}:paced:<target>` | sorted set with ttl | pools paced per target: member -> until when it rests for that target; expires with its last entry; passed, after the pool's keys and the target's ban hash, only to assigns that name the target |
+//! | `<prefix>:{<pool>}:bans:<target>` | hash with ttl | one target's bans, member -> `"<until_ms> <ban_ms> <bans in a row>"`; expires when they are all forgotten. Not one of the pool's fixed keys: passed, after them, only to the calls that name the target. Valid only while the index lists the target, so a deleted pool's hashes (left to expire, see `delete_pool.lua`) are never read |
 //! | `<prefix>:{<pool>}:gone:<token>:<part>` | as its part | a deleted pool's key, renamed out of the way by `delete_pool.lua` and unlinked right after (see `operations.rs`) |
 //! | `<prefix>:pool_ids` | sorted set | the registry: pool ids, all at score 0 so that they sort by id (listing pages, prefix search, the safety net's walk); updated outside the pool scripts because it lives in another slot |
 //! | `<prefix>:pools` | set | the registry of earlier versions: copied into `pool_ids` and removed when a replica starts |
 //! | `{<prefix>:pool_ids}:walk` | hash | the safety net's walk, shared by every replica: `last` pool handed out, `next` turn (ms, Redis clock); in the registry's hash slot (its tag is the registry key) |
 //! | `<prefix>:due` | sorted set | the sweep's due index: pool id -> when its next lease expires or member returns (ms, Redis clock), never later |
 //! | `<prefix>:checks_due` | sorted set | the check index: pool id -> when its next check round is due (ms, Redis clock) |
+//! | `<prefix>:sources_due` | sorted set | the source index: pool id -> when its next source fetch may be due (ms, Redis clock), never later |
 //!
 //! # The due index
 //! Background work finds pools through the two indexes instead of reading every pool, so an
@@ -61,15 +71,21 @@
 //!   (`claim_due.lua`), and once a round is claimed (or found held by another replica) sets
 //!   the entry to when the next one may start (`ZADD XX`, so a pool whose checks were
 //!   switched off meanwhile is not put back).
+//! - `<prefix>:sources_due` follows the same rules for sources: "due now" on a `PUT` with
+//!   sources, cleared by one without (and by a delete); the fetcher takes due pools with a
+//!   hold, `claim_sources.lua` answers the pool's earliest next fetch (`ZADD XX`), and the
+//!   end of a fetch lowers the entry to that source's next fetch (`ZADD LT`). An entry may
+//!   be early (the next visit claims nothing and moves it); one written late by a claim
+//!   racing another replica's end of fetch is late by at most the claim's hold.
 
 use redis::{RedisWrite, ToRedisArgs};
 
 use super::RedisStore;
-use crate::domain::PoolId;
+use crate::domain::{PoolId, Target};
 
 /// Every key of a pool, in the order of `KEYS` in every pool script (see `labels.lua`,
 /// `leases.lua` and `health.lua`).
-pub(super) const POOL_KEY_PARTS: [&str; 15] = [
+pub(super) const POOL_KEY_PARTS: [&str; 22] = [
     "meta",
     "eligible",
     "ineligible",
@@ -85,14 +101,30 @@ pub(super) const POOL_KEY_PARTS: [&str; 15] = [
     "labels",
     "by_label",
     "label_members",
+    "sources",
+    "origins",
+    "seen",
+    "check_fails",
+    "prune",
+    "bans",
+    "paced",
 ];
 
-/// Every key of one pool, in the order of [`POOL_KEY_PARTS`], written straight into a
-/// command as its arguments; with a graveyard token, followed by the names the pool's keys
-/// are renamed to when it is deleted (the same parts, in the same hash slot).
+/// The keys `pool_info.lua` is given: the first eight of [`POOL_KEY_PARTS`], which hold the
+/// four it reads (the meta hash, both member sets, the lease expiries) in their usual
+/// places. A page of the pool listing runs it for a thousand pools, and what a script call
+/// costs Redis grows with the keys it is given: with eight instead of fifteen a call took
+/// about two thirds of the time (`redis-benchmark` of the same script, pipelined).
+pub(super) const POOL_INFO_KEY_PARTS: &[&str] = POOL_KEY_PARTS.split_at(8).0;
+
+/// Keys of one pool, `parts` in their order (every script but `pool_info.lua` is given all
+/// of [`POOL_KEY_PARTS`]), written straight into a command as its arguments; with a
+/// graveyard token, followed by the names the pool's keys are renamed to when it is
+/// deleted (the same parts, in the same hash slot).
 pub(super) struct PoolKeys<'a> {
     pub(super) prefix: &'a str,
     pub(super) pool: &'a PoolId,
+    pub(super) parts: &'a [&'a str],
     pub(super) graveyard: Option<&'a str>,
 }
 
@@ -110,12 +142,9 @@ impl PoolKeys<'_> {
 
     /// The bytes of every key together.
     pub(super) fn bytes(&self) -> usize {
-        let keys: usize = POOL_KEY_PARTS
-            .iter()
-            .map(|part| self.head() + part.len())
-            .sum();
+        let keys: usize = self.parts.iter().map(|part| self.head() + part.len()).sum();
         match self.graveyard {
-            Some(_) => 2 * keys + POOL_KEY_PARTS.len() * self.graveyard_infix(),
+            Some(_) => 2 * keys + self.parts.len() * self.graveyard_infix(),
             None => keys,
         }
     }
@@ -128,12 +157,12 @@ impl ToRedisArgs for PoolKeys<'_> {
     {
         // One buffer for every key: `write_arg` copies a whole key at a time, where
         // redis-rs's argument writer would take each piece through `io::Write`.
-        let longest = POOL_KEY_PARTS.iter().map(|part| part.len()).max();
+        let longest = self.parts.iter().map(|part| part.len()).max();
         let mut key =
             Vec::with_capacity(self.head() + self.graveyard_infix() + longest.unwrap_or(0));
         let graves = self.graveyard.map(|token| (b"gone:", token));
         for infix in [None].into_iter().chain(graves.map(Some)) {
-            for part in POOL_KEY_PARTS {
+            for part in self.parts {
                 key.clear();
                 key.extend_from_slice(self.prefix.as_bytes());
                 key.extend_from_slice(b":{");
@@ -152,13 +181,33 @@ impl ToRedisArgs for PoolKeys<'_> {
 
     fn num_of_args(&self) -> usize {
         match self.graveyard {
-            Some(_) => 2 * POOL_KEY_PARTS.len(),
-            None => POOL_KEY_PARTS.len(),
+            Some(_) => 2 * self.parts.len(),
+            None => self.parts.len(),
         }
     }
 }
 
 impl RedisStore {
+    /// The ban hash of each target: the keys a script that reads or writes those bans
+    /// takes after the pool's own. A target never holds a brace (see [`Target`]), so the
+    /// key stays in the pool's hash slot.
+    pub(super) fn ban_keys(&self, pool: &PoolId, targets: &[&Target]) -> Vec<String> {
+        targets
+            .iter()
+            .map(|t| format!("{}:{{{}}}:bans:{t}", self.prefix, pool.as_str()))
+            .collect()
+    }
+
+    /// The keys an assign naming `target` takes after the pool's own: its ban hash, then
+    /// its pacing set (used when the pool is paced per target).
+    pub(super) fn target_keys(&self, pool: &PoolId, target: &Target) -> Vec<String> {
+        let head = format!("{}:{{{}}}", self.prefix, pool.as_str());
+        vec![
+            format!("{head}:bans:{target}"),
+            format!("{head}:paced:{target}"),
+        ]
+    }
+
     /// The registry of pool ids.
     pub(super) fn registry_key(&self) -> String {
         format!("{}:pool_ids", self.prefix)
@@ -183,5 +232,10 @@ impl RedisStore {
     /// The check rounds' due index.
     pub(super) fn checks_due_key(&self) -> String {
         format!("{}:checks_due", self.prefix)
+    }
+
+    /// The sources' due index.
+    pub(super) fn sources_due_key(&self) -> String {
+        format!("{}:sources_due", self.prefix)
     }
 }

@@ -7,21 +7,24 @@ use async_trait::async_trait;
 use redis::{Script, Value};
 
 use super::RedisStore;
+use super::keys::{POOL_INFO_KEY_PARTS, POOL_KEY_PARTS};
 use super::reply::{
-    self, AssignReply, ClaimCheckReply, ClaimDueReply, DeletePoolReply, DisableOutcome,
-    DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply, PoolInfoReply,
-    PutPoolReply, ReleaseReply, RemoveReply, RenewReply, SeedOutcome, SeedReply, SweepReply,
-    WalkReply,
+    self, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply, DeletePoolReply,
+    DisableOutcome, DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply,
+    PoolInfoReply, PruneReply, PutPoolReply, RecordSourceReply, ReleaseReply, RemoveReply,
+    RenewReply, SeedOutcome, SeedReply, SourceStatesReply, SweepReply, WalkReply,
 };
 use crate::domain::{
     AssignCount, LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy,
+    Target,
 };
 use crate::store::{
-    AssignRequest, Assignment, Batch, CheckRound, Cursor, DisableReport, EnableReport, Lease,
-    MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PoolInfo, PoolPage,
+    Applied, AssignRequest, Assignment, BAN_CLEANUP, Batch, CheckRound, ClaimedSource, Cursor,
+    DisableReport, EnableReport, FetchOutcome, Lease, MAX_BAN_TARGETS, MAX_LABEL_CHECKS,
+    MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PRUNE_BATCH, PoolInfo, PoolPage, Pruned,
     PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
     ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_BATCH, SWEEP_POOLS_PER_CALL, Seed,
-    SeedReport, StateFilter, Store, StoreError, StoreStatus, Swept,
+    SeedOrigin, SeedReport, SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
@@ -34,6 +37,11 @@ static ASSIGN_BATCHES: std::sync::LazyLock<[String; 3]> = std::sync::LazyLock::n
     ]
 });
 
+/// The ban bounds every outcome report passes to its script: [`MAX_BAN_TARGETS`] and
+/// [`BAN_CLEANUP`].
+static BAN_LIMITS: std::sync::LazyLock<[String; 2]> =
+    std::sync::LazyLock::new(|| [MAX_BAN_TARGETS.to_string(), BAN_CLEANUP.to_string()]);
+
 /// Most members of each set one call of `members.lua` reads: a page of a listing takes as
 /// many calls as it needs.
 const LISTING_PIECE: usize = 250;
@@ -44,6 +52,12 @@ const MAX_SWEEP_STEPS: u64 = 64;
 /// Most pools one take from the sweep's due index hands out; a sweep takes again while
 /// takes come back full, up to [`SWEEP_POOLS_PER_CALL`].
 const DUE_TAKE: usize = 512;
+
+/// A source member's place in the seen set (see `prune.lua`): the source's id, then the
+/// fetch that last listed it, in one score exact in a double (ids below 2^21).
+fn seen_place(id: u64, fetch: u64) -> String {
+    (id.saturating_mul(1 << 32) + fetch.min((1 << 32) - 1)).to_string()
+}
 
 impl RedisStore {
     /// Runs `assign.lua` for up to `count` members (one script call whatever the count).
@@ -85,7 +99,13 @@ impl RedisStore {
             count_arg.as_bytes(),
         ]);
         args.extend(groups.iter().map(|group| group.as_bytes()));
-        let value = self.eval(&self.scripts.assign, pool, &args).await?;
+        let extra = match &request.target {
+            Some(target) => self.target_keys(pool, target),
+            None => Vec::new(),
+        };
+        let value = self
+            .eval_keyed(&self.scripts.assign, pool, None, &extra, &args)
+            .await?;
         Ok(match AssignReply::decode(value)? {
             AssignReply::TooCostly => return Err(StoreError::FilterTooCostly),
             AssignReply::Empty { next_return } => Batch {
@@ -177,17 +197,23 @@ impl RedisStore {
 
     /// One step of the safety net: the next [`SAFETY_NET_POOLS_PER_SWEEP`] pools of the
     /// registry are swept (which writes their exact `due` and puts them into the due index)
-    /// and, when they have checks, put into the check index unless they are there already.
+    /// and, when they have checks or sources, put into the check or source index unless
+    /// they are there already.
     async fn safety_net(&self) -> Result<Swept, StoreError> {
         let pools = self.next_walked_pools().await?;
         let mut swept = Swept::default();
         for pool in pools {
             swept = swept + self.sweep_pool(&pool).await?;
             match self.pool(&pool).await {
-                Ok(info) if info.config.health.check.is_some() => {
-                    self.index(&self.checks_due_key(), "NX", &pool, 0).await?;
+                Ok(info) => {
+                    if info.config.health.check.is_some() {
+                        self.index(&self.checks_due_key(), "NX", &pool, 0).await?;
+                    }
+                    if !info.config.sources.is_empty() {
+                        self.index(&self.sources_due_key(), "NX", &pool, 0).await?;
+                    }
                 }
-                Ok(_) | Err(StoreError::PoolNotFound) => {}
+                Err(StoreError::PoolNotFound) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -298,12 +324,14 @@ impl RedisStore {
         Ok(swept)
     }
 
-    /// A page of a listing with a label filter (see [`Store::members`]).
+    /// A page of a listing with a label filter (see [`Store::members`]), with bans when
+    /// `ban_keys` holds a target's.
     async fn labelled_members(
         &self,
         pool: &PoolId,
         filter: StateFilter,
         labels: &LabelFilter,
+        ban_keys: &[String],
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
@@ -321,8 +349,10 @@ impl RedisStore {
             scan.as_bytes(),
         ];
         args.extend(groups.iter().map(|group| group.as_bytes()));
-        let value = self.eval(&self.scripts.members, pool, &args).await?;
-        let page = MembersReply::decode(value)?;
+        let value = self
+            .eval_keyed(&self.scripts.members, pool, None, ban_keys, &args)
+            .await?;
+        let page = MembersReply::decode(value, !ban_keys.is_empty())?;
         Ok(crate::store::labelled_page(
             page.eligible,
             page.ineligible,
@@ -359,12 +389,19 @@ impl RedisStore {
         } else {
             Vec::new()
         };
-        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() * 2 + 5);
+        let (origin, seen) = match seed.origin {
+            SeedOrigin::Manual => (String::new(), String::new()),
+            SeedOrigin::Import => ("i".to_owned(), String::new()),
+            SeedOrigin::Source { id, fetch } => (format!("s{id}"), seen_place(id, fetch)),
+        };
+        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() * 2 + 7);
         args.push(start.as_bytes());
         args.push(flag(seed.reset));
         args.push(flag(seed.dry_run));
         args.push(pending.as_bytes());
         args.push(flag(labelled));
+        args.push(origin.as_bytes());
+        args.push(seen.as_bytes());
         if labelled {
             for (member, text) in members.iter().zip(&texts) {
                 args.push(member.as_str().as_bytes());
@@ -531,26 +568,54 @@ impl Store for RedisStore {
                     .unwrap_or_default()
             })
             .collect();
-        let mut args: Vec<&[u8]> = Vec::with_capacity(reports.len() * 4 + 2);
+        // Each distinct target's ban hash is passed once, after the pool's keys; a report
+        // names its target by the key's slot in KEYS (counted from 1).
+        let mut targets: Vec<&Target> = Vec::new();
+        for target in reports.iter().filter_map(|r| r.target.as_ref()) {
+            if !targets.contains(&target) {
+                targets.push(target);
+            }
+        }
+        let slots: Vec<String> = reports
+            .iter()
+            .map(|report| {
+                report
+                    .target
+                    .as_ref()
+                    .and_then(|t| targets.iter().position(|known| *known == t))
+                    .map(|at| (POOL_KEY_PARTS.len() + 1 + at).to_string())
+                    .unwrap_or_default()
+            })
+            .collect();
+        let extra = self.ban_keys(pool, &targets);
+        let [max_targets, cleanup] = &*BAN_LIMITS;
+        let mut args: Vec<&[u8]> = Vec::with_capacity(reports.len() * 5 + 4);
         args.push(source.as_str().as_bytes());
         args.push(draw.as_bytes());
-        for (report, latency) in reports.iter().zip(&latencies) {
+        args.push(max_targets.as_bytes());
+        args.push(cleanup.as_bytes());
+        for ((report, latency), slot) in reports.iter().zip(&latencies).zip(&slots) {
             args.push(report.member.as_str().as_bytes());
             args.push(report.result.as_str().as_bytes());
             args.push(report.detail.as_bytes());
             args.push(latency.as_bytes());
+            args.push(slot.as_bytes());
         }
-        let value = self.eval(&self.scripts.outcomes, pool, &args).await?;
+        let value = self
+            .eval_keyed(&self.scripts.outcomes, pool, None, &extra, &args)
+            .await?;
         let OutcomesReply { outcomes, due_hint } = OutcomesReply::decode(value, reports.len())?;
         self.hint_due(pool, due_hint).await?;
         let mut summary = ReportSummary::default();
         for (report, outcome) in reports.iter().zip(outcomes) {
             match outcome {
-                Some((effect, streak)) => {
-                    summary
-                        .applied
-                        .push((report.member.clone(), report.result, effect, streak));
-                }
+                Some((effect, streak, banned_until)) => summary.applied.push(Applied {
+                    member: report.member.clone(),
+                    result: report.result,
+                    effect,
+                    streak,
+                    banned_until,
+                }),
                 None => summary.unknown.push(report.member.clone()),
             }
         }
@@ -578,6 +643,80 @@ impl Store for RedisStore {
         Ok(round)
     }
 
+    async fn due_source_pools(&self, limit: usize) -> Result<Vec<PoolId>, StoreError> {
+        self.take_due(
+            &self.sources_due_key(),
+            limit,
+            crate::store::SOURCE_CLAIM_HOLD,
+        )
+        .await
+    }
+
+    async fn claim_sources(
+        &self,
+        pool: &PoolId,
+        urls: &[String],
+        hold: Duration,
+    ) -> Result<Vec<ClaimedSource>, StoreError> {
+        let hold = hold.as_millis().max(1).to_string();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(urls.len() + 1);
+        args.push(hold.as_bytes());
+        args.extend(urls.iter().map(|url| url.as_bytes()));
+        let value = self.eval(&self.scripts.claim_sources, pool, &args).await?;
+        let ClaimSourcesReply { claimed, next } = ClaimSourcesReply::decode(value)?;
+        // `XX`: a pool whose sources were all removed since it was taken stays out.
+        match next {
+            Some(next) => {
+                self.index(&self.sources_due_key(), "XX", pool, next)
+                    .await?
+            }
+            None => self.unindex(&self.sources_due_key(), pool).await?,
+        }
+        Ok(claimed)
+    }
+
+    async fn record_source_fetch(
+        &self,
+        pool: &PoolId,
+        url: &str,
+        outcome: &FetchOutcome,
+        next_in: Duration,
+    ) -> Result<(), StoreError> {
+        let json = serde_json::to_vec(outcome).map_err(|e| StoreError::Unavailable(Box::new(e)))?;
+        let ok: &[u8] = match outcome {
+            FetchOutcome::Ok { .. } => b"1",
+            FetchOutcome::Failed { .. } => b"0",
+        };
+        let next_in = next_in.as_millis().to_string();
+        let args: [&[u8]; 4] = [url.as_bytes(), ok, next_in.as_bytes(), &json];
+        let value = self.eval(&self.scripts.record_source, pool, &args).await?;
+        // `LT`: an earlier entry (another source due sooner) stays.
+        if let RecordSourceReply(Some(next)) = RecordSourceReply::decode(value)? {
+            self.index(&self.sources_due_key(), "LT", pool, next)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn source_states(
+        &self,
+        pool: &PoolId,
+    ) -> Result<std::collections::HashMap<String, SourceState>, StoreError> {
+        let value = self.eval(&self.scripts.source_states, pool, &[]).await?;
+        SourceStatesReply::decode(value).map(|SourceStatesReply(states)| states)
+    }
+
+    async fn prune(&self, pool: &PoolId, absent: Option<(u64, u64)>) -> Result<Pruned, StoreError> {
+        let batch = PRUNE_BATCH.to_string();
+        let (low, high) = match absent {
+            Some((id, fetch)) => (seen_place(id, 0), seen_place(id, fetch)),
+            None => (String::new(), String::new()),
+        };
+        let args: [&[u8]; 3] = [batch.as_bytes(), low.as_bytes(), high.as_bytes()];
+        let value = self.eval(&self.scripts.prune, pool, &args).await?;
+        PruneReply::decode(value).map(|PruneReply(pruned)| pruned)
+    }
+
     async fn put_pool(&self, pool: &PoolId, config: &PoolConfig) -> Result<PutPool, StoreError> {
         let json = serde_json::to_vec(config).map_err(|e| StoreError::Unavailable(Box::new(e)))?;
         let start = config
@@ -595,7 +734,16 @@ impl Store for RedisStore {
             .map(|n| n.to_string())
             .unwrap_or_default();
         let health = config.health.script_arg();
-        let args: [&[u8]; 8] = [
+        let prune = config
+            .prune
+            .map(|prune| prune.script_arg())
+            .unwrap_or_default();
+        let ban = config.health.target_ban_ms.to_string();
+        let pacing = config
+            .pacing
+            .map(|pacing| pacing.script_arg())
+            .unwrap_or_default();
+        let args: [&[u8]; 11] = [
             &json,
             config.restore.as_str().as_bytes(),
             start.as_bytes(),
@@ -604,6 +752,9 @@ impl Store for RedisStore {
             cap.as_bytes(),
             max.as_bytes(),
             health.as_bytes(),
+            prune.as_bytes(),
+            ban.as_bytes(),
+            pacing.as_bytes(),
         ];
         let value = self.eval(&self.scripts.put_pool, pool, &args).await?;
         let created = match PutPoolReply::decode(value)? {
@@ -625,6 +776,12 @@ impl Store for RedisStore {
         } else {
             self.unindex(&self.checks_due_key(), pool).await?;
         }
+        // Likewise for sources: those not due yet are left alone by their claim.
+        if config.sources.is_empty() {
+            self.unindex(&self.sources_due_key(), pool).await?;
+        } else {
+            self.index(&self.sources_due_key(), "LT", pool, 0).await?;
+        }
         Ok(if created {
             PutPool::Created
         } else {
@@ -633,14 +790,10 @@ impl Store for RedisStore {
     }
 
     async fn pool(&self, pool: &PoolId) -> Result<PoolInfo, StoreError> {
-        let value = self.eval(&self.scripts.pool_info, pool, &[]).await?;
-        let info = PoolInfoReply::decode(value)?;
-        Ok(PoolInfo {
-            pool: pool.clone(),
-            config: info.config,
-            created_at: info.created_at,
-            stats: info.stats,
-        })
+        let reply = self
+            .eval_parts(&self.scripts.pool_info, pool, POOL_INFO_KEY_PARTS, &[])
+            .await?;
+        PoolInfoReply::decode(reply).map(|info| info.of(pool.clone()))
     }
 
     async fn pool_page(
@@ -655,12 +808,13 @@ impl Store for RedisStore {
             .await?;
         let more = ids.len() > limit;
         ids.truncate(limit);
-        // Issued together so that they travel pipelined on the shared connection.
-        let infos = futures_util::future::join_all(ids.iter().map(|id| self.pool(id))).await;
-        let mut pools = Vec::with_capacity(infos.len());
-        for info in infos {
-            match info {
-                Ok(info) => pools.push(info),
+        let replies = self
+            .eval_each(&self.scripts.pool_info, POOL_INFO_KEY_PARTS, &ids)
+            .await?;
+        let mut pools = Vec::with_capacity(replies.len());
+        for (id, reply) in ids.iter().zip(replies) {
+            match PoolInfoReply::decode(reply) {
+                Ok(info) => pools.push(info.of(id.clone())),
                 // Deleted between the listing and the read.
                 Err(StoreError::PoolNotFound) => {}
                 Err(e) => return Err(e),
@@ -689,6 +843,7 @@ impl Store for RedisStore {
         self.command(zrem).await?;
         // Its entry in the sweep's index goes at its next sweep, which finds no pool.
         self.unindex(&self.checks_due_key(), pool).await?;
+        self.unindex(&self.sources_due_key(), pool).await?;
         let DeletePoolReply { graveyard } = DeletePoolReply::decode(value)?;
         let graveyard = graveyard.ok_or(StoreError::PoolNotFound)?;
         if !graveyard.is_empty() {
@@ -736,12 +891,17 @@ impl Store for RedisStore {
         pool: &PoolId,
         filter: StateFilter,
         labels: &LabelFilter,
+        target: Option<&Target>,
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
+        let extra = match target {
+            Some(target) => self.ban_keys(pool, &[target]),
+            None => Vec::new(),
+        };
         if !labels.is_empty() {
             return self
-                .labelled_members(pool, filter, labels, limit, cursor)
+                .labelled_members(pool, filter, labels, &extra, limit, cursor)
                 .await;
         }
         // One more than a page from each set tells the merge whether more pages follow.
@@ -767,8 +927,10 @@ impl Store for RedisStore {
                 ineligible_count.to_string(),
             ];
             let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-            let value = self.eval(&self.scripts.members, pool, &args).await?;
-            let piece = MembersReply::decode(value)?;
+            let value = self
+                .eval_keyed(&self.scripts.members, pool, None, &extra, &args)
+                .await?;
+            let piece = MembersReply::decode(value, target.is_some())?;
             // A set that gave fewer than asked has nothing more.
             eligible_left = if piece.eligible.len() < eligible_count {
                 0

@@ -6,9 +6,10 @@
 //! the members asked about), so a script that changes shape fails loudly, naming itself,
 //! instead of being read a place off. Every pool script answers `{-1}` when the pool does
 //! not exist, and puts `1` first otherwise (`assign.lua` has statuses of its own). The
-//! replies read in one piece by an operator or a page (`pool_info.lua`, `members.lua`) name
-//! each of their values, and the decoders check the names; the others are short and
-//! positional, and `assign.lua` stays positional because every assign carries it.
+//! replies read in one piece by an operator or a page (`members.lua`) name each of their
+//! values, and the decoders check the names; the others are short and positional,
+//! `assign.lua` because every assign carries it and `pool_info.lua` because a page of the
+//! pool listing reads a thousand of its replies.
 //! `tests.rs` runs every script on a real Redis and decodes each shape of its reply.
 
 use std::borrow::Cow;
@@ -20,7 +21,8 @@ use crate::domain::{
     Labels, LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId, RestorePolicy, Timestamp,
 };
 use crate::store::{
-    CheckRound, Effect, Health, LastCheck, MemberState, MemberView, PoolStats, StoreError, Swept,
+    CheckRound, ClaimedSource, Effect, FetchOutcome, Health, LastCheck, MemberState, MemberView,
+    Origin, PoolInfo, PoolStats, Pruned, SourceFetch, SourceState, StoreError, Swept,
 };
 
 /// A reply of a shape its script never returns: the script and this decoder disagree.
@@ -108,6 +110,10 @@ impl Items {
 
     fn count(&mut self) -> Read<u64> {
         count(&self.next()?)
+    }
+
+    fn optional_count(&mut self) -> Read<Option<u64>> {
+        optional_count(&self.next()?)
     }
 
     /// A time in ms on Redis's clock, `0` standing for none.
@@ -247,24 +253,36 @@ pub(super) struct PoolInfoReply {
 }
 
 impl PoolInfoReply {
-    /// Decodes `{-1}` or `{1, 'config', json, 'created_ms', ms, ...}`, every value named.
+    /// The pool's info as the store answers it.
+    pub(super) fn of(self, pool: PoolId) -> PoolInfo {
+        PoolInfo {
+            pool,
+            config: self.config,
+            created_at: self.created_at,
+            stats: self.stats,
+        }
+    }
+
+    /// Decodes `{-1}` or `{1, config, created_ms, total_assignments, eligible, ineligible,
+    /// min_assignments, max_assignments, in_flight, abandoned, tripped, recovered, pruned}`.
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
         decode("pool_info.lua", value, |value| {
             let mut items = Items::of_pool(value)?;
-            let config = serde_json::from_str(&string(items.field("config")?)?)
+            let config = serde_json::from_str(&string(items.next()?)?)
                 .map_err(|_| "pool configuration is not valid JSON")?;
-            let created_ms = optional_count(&items.field("created_ms")?)?.unwrap_or(0);
-            let total_assignments = optional_count(&items.field("total_assignments")?)?;
+            let created_ms = items.optional_count()?.unwrap_or(0);
+            let total_assignments = items.optional_count()?.unwrap_or(0);
             let stats = PoolStats {
-                total_assignments: total_assignments.unwrap_or(0),
-                eligible: count(&items.field("eligible")?)?,
-                ineligible: count(&items.field("ineligible")?)?,
-                min_assignments: optional_count(&items.field("min_assignments")?)?,
-                max_assignments: optional_count(&items.field("max_assignments")?)?,
-                in_flight: count(&items.field("in_flight")?)?,
-                abandoned: optional_count(&items.field("abandoned")?)?.unwrap_or(0),
-                tripped: optional_count(&items.field("tripped")?)?.unwrap_or(0),
-                recovered: optional_count(&items.field("recovered")?)?.unwrap_or(0),
+                total_assignments,
+                eligible: items.count()?,
+                ineligible: items.count()?,
+                min_assignments: items.optional_count()?,
+                max_assignments: items.optional_count()?,
+                in_flight: items.count()?,
+                abandoned: items.optional_count()?.unwrap_or(0),
+                tripped: items.optional_count()?.unwrap_or(0),
+                recovered: items.optional_count()?.unwrap_or(0),
+                pruned: items.optional_count()?.unwrap_or(0),
             };
             items.end()?;
             Ok(Self {
@@ -361,7 +379,8 @@ impl MembersReply {
     /// Decodes `{-1}`, `{1, 'eligible', {...}, 'ineligible', {...}}` or, with a label
     /// filter, `{2, ..., 'next', offset | -1}`, where each set's page names its lists (see
     /// `members.lua`).
-    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+    /// With `banned` (a listing for a target), each page also has its `banned_until`.
+    pub(super) fn decode(value: Value, banned: bool) -> Result<Self, StoreError> {
         decode("members.lua", value, |value| {
             let mut items = Items::new(value)?;
             let filtered = match items.int()? {
@@ -370,8 +389,9 @@ impl MembersReply {
                 -1 => return Err(Problem::NoPool),
                 _ => return Err("unknown status".into()),
             };
-            let eligible = member_views(items.field("eligible")?, MemberState::Eligible)?;
-            let ineligible = member_views(items.field("ineligible")?, MemberState::Ineligible)?;
+            let eligible = member_views(items.field("eligible")?, MemberState::Eligible, banned)?;
+            let ineligible =
+                member_views(items.field("ineligible")?, MemberState::Ineligible, banned)?;
             let next = if filtered {
                 u64::try_from(int(&items.field("next")?)?).ok()
             } else {
@@ -388,8 +408,9 @@ impl MembersReply {
 }
 
 /// One set's page: `members` as `(member, count)` pairs, then one list per member
-/// property, each entry belonging to the member of the same place.
-fn member_views(page: Value, state: MemberState) -> Read<Vec<MemberView>> {
+/// property, each entry belonging to the member of the same place; with `banned`, the
+/// last is `banned_until` (ms, 0 when not banned).
+fn member_views(page: Value, state: MemberState, banned: bool) -> Read<Vec<MemberView>> {
     let mut page = Items::new(page)?;
     let pairs = array(page.field("members")?)?;
     if pairs.len() % 2 != 0 {
@@ -407,6 +428,10 @@ fn member_views(page: Value, state: MemberState) -> Read<Vec<MemberView>> {
         .transpose()?;
     let mut checks = column(page.field("checks")?, size)?;
     let mut labels = column(page.field("labels")?, size)?;
+    let mut origins = column(page.field("origins")?, size)?;
+    let mut bans = banned
+        .then(|| column(page.field("banned_until")?, size))
+        .transpose()?;
     page.end()?;
     let mut views = Vec::with_capacity(size);
     let mut pairs = pairs.into_iter();
@@ -424,6 +449,13 @@ fn member_views(page: Value, state: MemberState) -> Read<Vec<MemberView>> {
         };
         views.push(MemberView {
             member: MemberId::from_stored(string(member)?),
+            origin: match next(&mut origins) {
+                Value::Nil => Origin::Manual,
+                text => match string(text)? {
+                    text if text == "import" => Origin::Import,
+                    url => Origin::Source(url),
+                },
+            },
             state,
             assignments: count(&assignments)?,
             in_flight: optional_count(&next(&mut in_flight))?.unwrap_or(0),
@@ -436,6 +468,14 @@ fn member_views(page: Value, state: MemberState) -> Read<Vec<MemberView>> {
             labels: match next(&mut labels) {
                 Value::Nil => Labels::default(),
                 text => Labels::from_script_text(&string(text)?),
+            },
+            banned_until: match bans.as_mut() {
+                Some(bans) => Some(
+                    Some(count(&next(bans))?)
+                        .filter(|&ms| ms > 0)
+                        .map(Timestamp),
+                ),
+                None => None,
             },
         });
     }
@@ -698,34 +738,35 @@ impl SweepReply {
     }
 }
 
-/// `outcomes.lua`: per report, in request order, what it did and the member's failure
-/// streak after it; `None` for a member the pool does not have. With the pool's new earliest
+/// `outcomes.lua`: per report, in request order, what it did, the member's failure
+/// streak after it and the end of its ban for the report's target; `None` for a member
+/// the pool does not have. With the pool's new earliest
 /// due time when a trip moved it earlier (the hint for the due index, see `keys.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct OutcomesReply {
     /// Per report, what it did.
-    pub(super) outcomes: Vec<Option<(Effect, u64)>>,
+    pub(super) outcomes: Vec<Option<(Effect, u64, Option<Timestamp>)>>,
     /// The due index's hint.
     pub(super) due_hint: Option<u64>,
 }
 
 impl OutcomesReply {
-    /// Decodes `{-1}` or `{1, {effect, streak, ...}, due hint or 0}` with effect
-    /// 0 = unknown, 1 = counted, 2 = tripped, 3 = ignored, 4 = returned, for each of
-    /// `asked` reports.
+    /// Decodes `{-1}` or `{1, {effect, streak, banned_until, ...}, due hint or 0}` with
+    /// effect 0 = unknown, 1 = counted, 2 = tripped, 3 = ignored, 4 = returned, 5 = banned
+    /// and banned_until 0 for none, for each of `asked` reports.
     pub(super) fn decode(value: Value, asked: usize) -> Result<Self, StoreError> {
         decode("outcomes.lua", value, |value| {
             let mut items = Items::of_pool(value)?;
             let outcomes = array(items.next()?)?;
             let due_hint = items.due_time()?;
             items.end()?;
-            if outcomes.len() != asked * 2 {
+            if outcomes.len() != asked * 3 {
                 return Err(format!("{} values for {asked} reports", outcomes.len()).into());
             }
             let outcomes = outcomes
-                .chunks(2)
+                .chunks(3)
                 .map(|outcome| {
-                    let [effect, streak] = outcome else {
+                    let [effect, streak, banned_until] = outcome else {
                         return Err("outcome too short".into());
                     };
                     let effect = match int(effect)? {
@@ -734,9 +775,13 @@ impl OutcomesReply {
                         2 => Effect::Tripped,
                         3 => Effect::Ignored,
                         4 => Effect::Returned,
+                        5 => Effect::Banned,
                         _ => return Err("unknown effect".into()),
                     };
-                    Ok(Some((effect, count(streak)?)))
+                    let banned_until = Some(count(banned_until)?)
+                        .filter(|&ms| ms > 0)
+                        .map(Timestamp);
+                    Ok(Some((effect, count(streak)?, banned_until)))
                 })
                 .collect::<Read<_>>()?;
             Ok(Self { outcomes, due_hint })
@@ -772,6 +817,147 @@ impl ClaimCheckReply {
             };
             items.end()?;
             Ok(Self { round, next_round })
+        })
+    }
+}
+
+/// `claim_sources.lua`: the sources this replica claimed, and the pool's earliest next
+/// fetch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ClaimSourcesReply {
+    /// The sources claimed.
+    pub(super) claimed: Vec<ClaimedSource>,
+    /// The earliest next fetch among the pool's sources (ms, Redis clock; none without
+    /// sources).
+    pub(super) next: Option<u64>,
+}
+
+impl ClaimSourcesReply {
+    /// Decodes `{-1}` or `{1, next, {url, failures, successes, id, ...}}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("claim_sources.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let next = items.due_time()?;
+            let flat = array(items.next()?)?;
+            if flat.len() % 4 != 0 {
+                return Err("claimed sources come in fours".into());
+            }
+            let mut claimed = Vec::with_capacity(flat.len() / 4);
+            let mut flat = flat.into_iter();
+            while let (Some(url), Some(failures), Some(successes), Some(id)) =
+                (flat.next(), flat.next(), flat.next(), flat.next())
+            {
+                claimed.push(ClaimedSource {
+                    url: string(url)?,
+                    failures: count(&failures)?,
+                    successes: count(&successes)?,
+                    id: count(&id)?,
+                });
+            }
+            items.end()?;
+            Ok(Self { claimed, next })
+        })
+    }
+}
+
+/// `record_source.lua`: the source's next fetch, or `None` when it is no longer kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct RecordSourceReply(pub(super) Option<u64>);
+
+impl RecordSourceReply {
+    /// Decodes `{-1}`, `{0}` or `{1, next}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("record_source.lua", value, |value| {
+            let mut items = Items::new(value)?;
+            let next = match items.int()? {
+                -1 => return Err(Problem::NoPool),
+                0 => None,
+                1 => Some(items.count()?),
+                _ => return Err("unknown status".into()),
+            };
+            items.end()?;
+            Ok(Self(next))
+        })
+    }
+}
+
+/// `source_states.lua`: what is kept about each source, by URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct SourceStatesReply(pub(super) std::collections::HashMap<String, SourceState>);
+
+impl SourceStatesReply {
+    /// Decodes `{-1}` or `{1, {field, value, ...}}`, the fields being `n:<url>` (schedule
+    /// and counts) and `l:<url>` (last fetch), see `keys.rs`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("source_states.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let flat = array(items.next()?)?;
+            items.end()?;
+            let mut states = std::collections::HashMap::new();
+            let mut lasts = Vec::new();
+            let mut flat = flat.into_iter();
+            while let (Some(field), Some(text)) = (flat.next(), flat.next()) {
+                let (field, text) = (string(field)?, string(text)?);
+                if let Some(url) = field.strip_prefix("n:") {
+                    let numbers: Vec<u64> = text
+                        .split(' ')
+                        .map(|n| n.parse().map_err(|_| "a source's numbers"))
+                        .collect::<Result<_, _>>()?;
+                    let [next, failures, successes, _id] = numbers[..] else {
+                        return Err("a source's numbers are four".into());
+                    };
+                    states.insert(
+                        url.to_owned(),
+                        SourceState {
+                            next_fetch_at: Timestamp(next),
+                            failures,
+                            successes,
+                            last_fetch: None,
+                        },
+                    );
+                } else if let Some(url) = field.strip_prefix("l:") {
+                    let (at, json) = text.split_once(' ').ok_or("a last fetch has a time")?;
+                    let at = at.parse().map_err(|_| "a last fetch's time")?;
+                    let outcome: FetchOutcome =
+                        serde_json::from_str(json).map_err(|_| "a last fetch's outcome")?;
+                    lasts.push((
+                        url.to_owned(),
+                        SourceFetch {
+                            at: Timestamp(at),
+                            outcome,
+                        },
+                    ));
+                } else if !field.starts_with("u:") {
+                    return Err("an unknown source field".into());
+                }
+            }
+            for (url, last) in lasts {
+                if let Some(state) = states.get_mut(&url) {
+                    state.last_fetch = Some(last);
+                }
+            }
+            Ok(Self(states))
+        })
+    }
+}
+
+/// `prune.lua`: the members removed, and whether a batch was full.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct PruneReply(pub(super) Pruned);
+
+impl PruneReply {
+    /// Decodes `{-1}` or `{1, {member, ...}, more}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("prune.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let removed = members(items.next()?)?;
+            let more = match items.int()? {
+                0 => false,
+                1 => true,
+                _ => return Err("more is 0 or 1".into()),
+            };
+            items.end()?;
+            Ok(Self(Pruned { removed, more }))
         })
     }
 }

@@ -70,6 +70,10 @@ scripts! {
     sweep: with_helpers,
     outcomes: with_helpers,
     claim_check: plain,
+    claim_sources: plain,
+    record_source: plain,
+    source_states: plain,
+    prune: with_helpers,
     claim_due: plain,
     walk: plain,
 }

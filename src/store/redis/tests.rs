@@ -20,9 +20,10 @@ mod redis_server;
 
 use self::redis_server::RedisServer;
 use super::reply::{
-    AssignReply, ClaimCheckReply, ClaimDueReply, DeletePoolReply, DisableOutcome, DisableReply,
-    EnableOutcome, EnableReply, MembersReply, OutcomesReply, PoolInfoReply, ReleaseReply,
-    RemoveReply, RenewReply, Renewal, SeedOutcome, SeedReply, SweepReply, WalkReply,
+    AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply, DeletePoolReply,
+    DisableOutcome, DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply,
+    PoolInfoReply, PruneReply, RecordSourceReply, ReleaseReply, RemoveReply, RenewReply, Renewal,
+    SeedOutcome, SeedReply, SourceStatesReply, SweepReply, WalkReply,
 };
 use super::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
@@ -30,8 +31,9 @@ use crate::domain::{
     RestorePolicy, Timestamp,
 };
 use crate::store::{
-    CheckRound, Effect, LastCheck, MemberState, MemberView, PoolStats, PutPool, Report,
-    ReportSource, Seed, Store, StoreError, Swept,
+    CheckRound, ClaimedSource, Effect, FetchOutcome, ImportCounts, LastCheck, MemberState,
+    MemberView, Origin, PoolStats, Pruned, PutPool, Report, ReportSource, Seed, SourceFetch,
+    SourceState, Store, StoreError, Swept,
 };
 
 const PREFIX: &str = "replies";
@@ -70,6 +72,17 @@ impl TestRedis {
 
     /// Runs the script `name` on `pool`'s keys with `args`.
     async fn eval(&self, name: &str, pool: &PoolId, args: &[&str]) -> Value {
+        self.eval_keyed(name, pool, &[], args).await
+    }
+
+    /// [`TestRedis::eval`] with `extra` keys after the pool's.
+    async fn eval_keyed(
+        &self,
+        name: &str,
+        pool: &PoolId,
+        extra: &[String],
+        args: &[&str],
+    ) -> Value {
         let (_, script) = self
             .store
             .scripts
@@ -78,7 +91,7 @@ impl TestRedis {
             .expect("a script of that name");
         let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
         self.store
-            .eval(script, pool, &args)
+            .eval_keyed(script, pool, None, extra, &args)
             .await
             .expect("the script runs")
     }
@@ -107,6 +120,7 @@ impl TestRedis {
                 result: *result,
                 detail: "HTTP 200".to_owned(),
                 latency_ms: Some(42),
+                target: None,
             })
             .collect();
         self.store
@@ -197,6 +211,10 @@ async fn every_script_s_replies_decode_from_a_real_redis() {
             "outcomes" => outcomes(&redis).await,
             "claim_check" => claim_check(&redis).await,
             "claim_due" => claim_due(&redis).await,
+            "claim_sources" => claim_sources(&redis).await,
+            "record_source" => record_source(&redis).await,
+            "source_states" => source_states(&redis).await,
+            "prune" => prune(&redis).await,
             "walk" => walk(&redis).await,
             other => panic!("{other}.lua has no reply test: add its case to this match"),
         }
@@ -252,6 +270,8 @@ async fn assign(redis: &TestRedis) {
                 "0",
                 "0",
                 "1",
+                "",
+                "",
                 "x",
                 "country=de",
                 "y",
@@ -407,6 +427,7 @@ async fn pool_info(redis: &TestRedis) {
                 abandoned: 0,
                 tripped: 0,
                 recovered: 0,
+                pruned: 0,
             },
         }
     );
@@ -431,6 +452,8 @@ async fn pool_info(redis: &TestRedis) {
             "5",
             "recovered",
             "6",
+            "pruned",
+            "7",
         ])
         .await;
     let expiry = TestRedis::key(&id, "lease_expiry");
@@ -453,6 +476,7 @@ async fn pool_info(redis: &TestRedis) {
                 abandoned: 4,
                 tripped: 5,
                 recovered: 6,
+                pruned: 7,
             },
         }
     );
@@ -475,12 +499,29 @@ async fn delete_pool(redis: &TestRedis) {
     );
     redis.create(&id, PoolConfig::default()).await;
     redis.seed(&id, &["a"], 0).await;
+    redis
+        .store
+        .report(
+            &id,
+            ReportSource::Worker,
+            &[Report {
+                member: member("a"),
+                result: OutcomeResult::Blocked,
+                detail: String::new(),
+                latency_ms: None,
+                target: Some(
+                    crate::domain::Target::parse("target", "example.com").expect("a target"),
+                ),
+            }],
+        )
+        .await
+        .expect("reported");
     let deleted = DeletePoolReply::decode(delete().await);
     let grave = |part: &str| TestRedis::key(&id, &format!("gone:token:{part}"));
     assert_eq!(
         deleted.expect("decodes"),
         DeletePoolReply {
-            graveyard: Some(vec![grave("meta"), grave("eligible")])
+            graveyard: Some(vec![grave("meta"), grave("eligible"), grave("bans")])
         }
     );
     let eligible = TestRedis::key(&id, "eligible");
@@ -498,13 +539,16 @@ async fn seed(redis: &TestRedis) {
     let id = pool("seed");
     let run = |args: &'static [&'static str]| redis.eval("seed", &id, args);
     assert_pool_not_found(SeedReply::decode(
-        run(&["", "0", "0", "0", "0", "a"]).await,
+        run(&["", "0", "0", "0", "0", "", "", "a"]).await,
         1,
     ));
     let mut config = PoolConfig::default();
     config.rules.max_members = Some(2);
     redis.create(&id, config).await;
-    let first = SeedReply::decode(run(&["", "0", "0", "0", "0", "a", "b", "c"]).await, 3);
+    let first = SeedReply::decode(
+        run(&["", "0", "0", "0", "0", "", "", "a", "b", "c"]).await,
+        3,
+    );
     assert_eq!(
         first.expect("decodes"),
         SeedReply {
@@ -512,7 +556,7 @@ async fn seed(redis: &TestRedis) {
             outcomes: vec![SeedOutcome::Added, SeedOutcome::Added, SeedOutcome::Full],
         }
     );
-    let second = SeedReply::decode(run(&["4", "0", "0", "0", "0", "a", "d"]).await, 2);
+    let second = SeedReply::decode(run(&["4", "0", "0", "0", "0", "", "", "a", "d"]).await, 2);
     assert_eq!(
         second.expect("decodes"),
         SeedReply {
@@ -521,7 +565,20 @@ async fn seed(redis: &TestRedis) {
         }
     );
     // Labels follow each member: replaced on `a`, kept (`~`) on `b`.
-    let labelled = run(&["", "0", "0", "0", "1", "a", "country=de\ntier=a", "b", "~"]).await;
+    let labelled = run(&[
+        "",
+        "0",
+        "0",
+        "0",
+        "1",
+        "",
+        "",
+        "a",
+        "country=de\ntier=a",
+        "b",
+        "~",
+    ])
+    .await;
     assert_eq!(
         SeedReply::decode(labelled, 2).expect("decodes"),
         SeedReply {
@@ -542,7 +599,10 @@ async fn seed(redis: &TestRedis) {
 async fn members(redis: &TestRedis) {
     let id = pool("members");
     let page = |counts: &'static [&'static str]| redis.eval("members", &id, counts);
-    assert_pool_not_found(MembersReply::decode(page(&["0", "0", "10", "10"]).await));
+    assert_pool_not_found(MembersReply::decode(
+        page(&["0", "0", "10", "10"]).await,
+        false,
+    ));
     redis
         .create(
             &id,
@@ -554,6 +614,13 @@ async fn members(redis: &TestRedis) {
         .await;
     redis.seed(&id, &["a"], 0).await;
     redis.seed(&id, &["b", "c", "d"], 3).await;
+    // Origins: `b` imported, `d` from the source with id 4 (whose URL the sources hash keeps).
+    let () = redis
+        .side(&["HSET", &TestRedis::key(&id, "origins"), "b", "i", "d", "s4"])
+        .await;
+    let () = redis
+        .side(&["HSET", &TestRedis::key(&id, "sources"), "u:4", LIST_A])
+        .await;
     let before = redis.now_ms().await;
     run_assign(redis, &id, "lease-1", "").await;
     redis
@@ -577,7 +644,8 @@ async fn members(redis: &TestRedis) {
         .expect("disabled");
     let after = redis.now_ms().await;
 
-    let decoded = MembersReply::decode(page(&["0", "0", "10", "10"]).await).expect("decodes");
+    let decoded =
+        MembersReply::decode(page(&["0", "0", "10", "10"]).await, false).expect("decodes");
     // The times are the store's; each must lie within the setup, and is then compared as
     // read back.
     let within = |time: Option<Timestamp>| {
@@ -595,6 +663,7 @@ async fn members(redis: &TestRedis) {
     assert_eq!(d_returns, Timestamp(d_since.0 + 60_000));
     let view = |member_id: &str, state, assignments| MemberView {
         member: member(member_id),
+        origin: Origin::Manual,
         state,
         assignments,
         in_flight: 0,
@@ -605,6 +674,7 @@ async fn members(redis: &TestRedis) {
         returns_at: None,
         last_check: None,
         labels: Labels::default(),
+        banned_until: None,
     };
     assert_eq!(
         decoded,
@@ -622,6 +692,7 @@ async fn members(redis: &TestRedis) {
                 },
                 MemberView {
                     consecutive_failures: 1,
+                    origin: Origin::Import,
                     ..view("b", MemberState::Eligible, 3)
                 },
             ],
@@ -637,13 +708,15 @@ async fn members(redis: &TestRedis) {
                     consecutive_failures: 2,
                     last_cooldown_ms: Some(60_000),
                     returns_at: Some(d_returns),
+                    origin: Origin::Source(LIST_A.to_owned()),
                     ..view("d", MemberState::Ineligible, 3)
                 },
             ],
             next: None,
         }
     );
-    let eligible_only = MembersReply::decode(page(&["0", "0", "10", "0"]).await).expect("decodes");
+    let eligible_only =
+        MembersReply::decode(page(&["0", "0", "10", "0"]).await, false).expect("decodes");
     assert_eq!(eligible_only.eligible, decoded.eligible);
     assert_eq!(eligible_only.ineligible, []);
     // With a label filter: the walk's members, their labels, and where the next page starts
@@ -652,24 +725,72 @@ async fn members(redis: &TestRedis) {
         .eval(
             "seed",
             &id,
-            &["", "0", "0", "0", "1", "a", "tier=a", "c", "tier=a"],
+            &["", "0", "0", "0", "1", "", "", "a", "tier=a", "c", "tier=a"],
         )
         .await;
-    let filtered = MembersReply::decode(page(&["0", "0", "1", "1", "1", "100", "tier a"]).await)
-        .expect("decodes");
+    let filtered = MembersReply::decode(
+        page(&["0", "0", "1", "1", "1", "100", "tier a"]).await,
+        false,
+    )
+    .expect("decodes");
     let tier_a = Labels::from_script_text("tier=a");
     assert_eq!(filtered.eligible.len(), 1);
     assert_eq!(filtered.eligible[0].member, member("a"));
     assert_eq!(filtered.eligible[0].labels, tier_a);
     assert_eq!(filtered.ineligible, []);
     assert_eq!(filtered.next, Some(1));
-    let rest = MembersReply::decode(page(&["1", "0", "1", "1", "1", "100", "tier a"]).await)
-        .expect("decodes");
+    let rest = MembersReply::decode(
+        page(&["1", "0", "1", "1", "1", "100", "tier a"]).await,
+        false,
+    )
+    .expect("decodes");
     assert_eq!(rest.eligible, []);
     assert_eq!(rest.ineligible.len(), 1);
     assert_eq!(rest.ineligible[0].member, member("c"));
     assert_eq!(rest.ineligible[0].labels, tier_a);
     assert_eq!(rest.next, None);
+    // For a target: each member's ban for it, 0 read as none.
+    let site = crate::domain::Target::parse("target", "example.com").expect("a target");
+    let blocked = Report {
+        member: member("c"),
+        result: OutcomeResult::Blocked,
+        detail: String::new(),
+        latency_ms: None,
+        target: Some(site.clone()),
+    };
+    let c_until = redis
+        .store
+        .report(&id, ReportSource::Worker, std::slice::from_ref(&blocked))
+        .await
+        .expect("reported")
+        .applied[0]
+        .banned_until;
+    let keys = redis.store.ban_keys(&id, &[&site]);
+    let banned = MembersReply::decode(
+        redis
+            .eval_keyed("members", &id, &keys, &["0", "0", "10", "10"])
+            .await,
+        true,
+    )
+    .expect("decodes");
+    let bans = |views: &[MemberView]| -> Vec<(String, Option<Option<Timestamp>>)> {
+        views
+            .iter()
+            .map(|v| (v.member.as_str().to_owned(), v.banned_until))
+            .collect()
+    };
+    assert!(c_until.is_some());
+    assert_eq!(
+        bans(&banned.eligible),
+        [("a".to_owned(), Some(None)), ("b".to_owned(), Some(None))]
+    );
+    assert_eq!(
+        bans(&banned.ineligible),
+        [
+            ("c".to_owned(), Some(c_until)),
+            ("d".to_owned(), Some(None))
+        ]
+    );
 }
 
 async fn disable(redis: &TestRedis) {
@@ -847,14 +968,14 @@ async fn outcomes(redis: &TestRedis) {
     let id = pool("outcomes");
     let run = |args: &'static [&'static str]| redis.eval("outcomes", &id, args);
     assert_pool_not_found(OutcomesReply::decode(
-        run(&["worker", "0", "a", "ok", "", ""]).await,
+        run(&["worker", "0", "10", "16", "a", "ok", "", "", ""]).await,
         1,
     ));
     redis.create(&id, tripping_after(2)).await;
     redis.seed(&id, &["a"], 0).await;
     let worker = &[
-        "worker", "0", "a", "failed", "", "", "a", "failed", "", "", "z", "ok", "", "", "a", "ok",
-        "", "",
+        "worker", "0", "10", "16", "a", "failed", "", "", "", "a", "failed", "", "", "", "z", "ok",
+        "", "", "", "a", "ok", "", "", "",
     ];
     let applied = OutcomesReply::decode(run(worker).await, 4);
     let returns_at: u64 = redis
@@ -864,19 +985,60 @@ async fn outcomes(redis: &TestRedis) {
         applied.expect("decodes"),
         OutcomesReply {
             outcomes: vec![
-                Some((Effect::Counted, 1)),
-                Some((Effect::Tripped, 2)),
+                Some((Effect::Counted, 1, None)),
+                Some((Effect::Tripped, 2, None)),
                 None,
-                Some((Effect::Ignored, 2)),
+                Some((Effect::Ignored, 2, None)),
             ],
             due_hint: Some(returns_at),
         }
     );
-    let check = OutcomesReply::decode(run(&["check", "0", "a", "ok", "HTTP 200", "17"]).await, 1);
+    let check = OutcomesReply::decode(
+        run(&["check", "0", "10", "16", "a", "ok", "HTTP 200", "17", ""]).await,
+        1,
+    );
     assert_eq!(
         check.expect("decodes"),
         OutcomesReply {
-            outcomes: vec![Some((Effect::Returned, 0))],
+            outcomes: vec![Some((Effect::Returned, 0, None))],
+            due_hint: None,
+        }
+    );
+    // A block on one target bans the member for it (default 600,000 ms) and leaves its
+    // streak; the same report again changes nothing; a pool at its bound of targets
+    // records no ban for a new one.
+    let site = crate::domain::Target::parse("target", "example.com").expect("a target");
+    let other = crate::domain::Target::parse("target", "example.org").expect("a target");
+    let keys = redis.store.ban_keys(&id, &[&site, &other]);
+    let before = redis.now_ms().await;
+    let banned = OutcomesReply::decode(
+        redis
+            .eval_keyed(
+                "outcomes",
+                &id,
+                &keys,
+                &[
+                    "worker", "0", "1", "16", "a", "blocked", "", "", "23", "a", "blocked", "", "",
+                    "23", "a", "blocked", "", "", "24",
+                ],
+            )
+            .await,
+        3,
+    )
+    .expect("decodes");
+    let after = redis.now_ms().await;
+    let Some((Effect::Banned, 0, Some(until))) = banned.outcomes[0] else {
+        panic!("banned: {banned:?}");
+    };
+    assert!((before + 600_000..=after + 600_000).contains(&until.0));
+    assert_eq!(
+        banned,
+        OutcomesReply {
+            outcomes: vec![
+                Some((Effect::Banned, 0, Some(until))),
+                Some((Effect::Ignored, 0, Some(until))),
+                Some((Effect::Ignored, 0, None)),
+            ],
             due_hint: None,
         }
     );
@@ -915,6 +1077,157 @@ async fn claim_check(redis: &TestRedis) {
         "{} against {}",
         taken.next_round,
         claimed.next_round
+    );
+}
+
+const LIST_A: &str = "http://lists.example/a";
+const LIST_B: &str = "http://lists.example/b";
+
+async fn claim_sources(redis: &TestRedis) {
+    let id = pool("claim-sources");
+    let run = || redis.eval("claim_sources", &id, &["60000", LIST_A, LIST_B]);
+    assert_pool_not_found(ClaimSourcesReply::decode(run().await));
+    redis.create(&id, PoolConfig::default()).await;
+    let before = redis.now_ms().await;
+    let first = ClaimSourcesReply::decode(run().await).expect("decodes");
+    let after = redis.now_ms().await;
+    let fresh = |url: &str, id| ClaimedSource {
+        url: url.to_owned(),
+        failures: 0,
+        successes: 0,
+        id,
+    };
+    assert_eq!(first.claimed, [fresh(LIST_A, 1), fresh(LIST_B, 2)]);
+    let next = first.next.expect("a next fetch");
+    assert!((before + 60_000..=after + 60_000).contains(&next), "{next}");
+    let held = ClaimSourcesReply::decode(run().await).expect("decodes");
+    assert_eq!((held.claimed, held.next), (vec![], Some(next)));
+    let none = ClaimSourcesReply::decode(redis.eval("claim_sources", &id, &["60000"]).await)
+        .expect("decodes");
+    assert_eq!((none.claimed, none.next), (vec![], None));
+    // Three hundred URLs one after another beside LIST_A (id 3): the hash keeps the URLs of
+    // the last 256 ids and of LIST_A, however old its id, and the current state only.
+    for i in 0..300 {
+        let url = format!("http://lists.example/{i}");
+        redis
+            .eval("claim_sources", &id, &["60000", LIST_A, &url])
+            .await;
+    }
+    let sources = TestRedis::key(&id, "sources");
+    let fields: Vec<String> = redis.side(&["HKEYS", &sources]).await;
+    let urls = fields.iter().filter(|f| f.starts_with("u:")).count();
+    assert_eq!((urls, fields.len()), (257, 259), "{fields:?}");
+    let kept: Option<String> = redis.side(&["HGET", &sources, "u:3"]).await;
+    assert_eq!(kept.as_deref(), Some(LIST_A));
+}
+
+async fn record_source(redis: &TestRedis) {
+    let id = pool("record-source");
+    let ok = serde_json::to_string(&FetchOutcome::Ok {
+        counts: ImportCounts::default(),
+    })
+    .expect("serialises");
+    let args = [LIST_A, "1", "5000", ok.as_str()];
+    let run = || redis.eval("record_source", &id, &args);
+    assert_pool_not_found(RecordSourceReply::decode(run().await));
+    redis.create(&id, PoolConfig::default()).await;
+    assert_eq!(
+        RecordSourceReply::decode(run().await).expect("decodes"),
+        RecordSourceReply(None)
+    );
+    redis.eval("claim_sources", &id, &["60000", LIST_A]).await;
+    let before = redis.now_ms().await;
+    let RecordSourceReply(next) = RecordSourceReply::decode(run().await).expect("decodes");
+    let after = redis.now_ms().await;
+    let next = next.expect("a next fetch");
+    assert!((before + 5_000..=after + 5_000).contains(&next), "{next}");
+}
+
+async fn source_states(redis: &TestRedis) {
+    let id = pool("source-states");
+    let run = || redis.eval("source_states", &id, &[]);
+    assert_pool_not_found(SourceStatesReply::decode(run().await));
+    redis.create(&id, PoolConfig::default()).await;
+    let SourceStatesReply(empty) = SourceStatesReply::decode(run().await).expect("decodes");
+    assert!(empty.is_empty());
+    redis
+        .eval("claim_sources", &id, &["60000", LIST_A, LIST_B])
+        .await;
+    let failed = FetchOutcome::Failed {
+        error: "status 404".to_owned(),
+    };
+    let json = serde_json::to_string(&failed).expect("serialises");
+    redis
+        .eval("record_source", &id, &[LIST_A, "0", "1000", &json])
+        .await;
+    let SourceStatesReply(states) = SourceStatesReply::decode(run().await).expect("decodes");
+    let a = states.get(LIST_A).expect("a is kept").clone();
+    let last = a.last_fetch.clone().expect("a was fetched");
+    assert_eq!(
+        a,
+        SourceState {
+            next_fetch_at: Timestamp(last.at.0 + 1_000),
+            failures: 1,
+            successes: 0,
+            last_fetch: Some(SourceFetch {
+                at: last.at,
+                outcome: failed,
+            }),
+        }
+    );
+    assert_eq!(
+        states.get(LIST_B).map(|b| b.last_fetch.is_none()),
+        Some(true)
+    );
+}
+
+async fn prune(redis: &TestRedis) {
+    let id = pool("prune");
+    let run = |args: &'static [&'static str]| redis.eval("prune", &id, args);
+    assert_pool_not_found(PruneReply::decode(run(&["2", "", ""]).await));
+    let config = PoolConfig {
+        prune: Some(crate::domain::PruneConfig {
+            after_failed_checks: None,
+            absent_from_source_fetches: Some(1),
+            manual: false,
+        }),
+        ..PoolConfig::default()
+    };
+    redis.create(&id, config).await;
+    assert_eq!(
+        PruneReply::decode(run(&["2", "", ""]).await).expect("decodes"),
+        PruneReply(Pruned::default())
+    );
+    // Three members of source 1, last seen at fetches 1, 1 and 2: the first two are stale
+    // up to fetch 1, and a batch of 2 is full, so more may follow.
+    redis.seed(&id, &["a", "b", "c"], 0).await;
+    let origins = TestRedis::key(&id, "origins");
+    let () = redis
+        .side(&["HSET", &origins, "a", "s1", "b", "s1", "c", "s1"])
+        .await;
+    let span: u64 = 1 << 32;
+    let (one, two) = ((span + 1).to_string(), (span + 2).to_string());
+    let () = redis
+        .side(&[
+            "ZADD",
+            &TestRedis::key(&id, "seen"),
+            &one,
+            "a",
+            &one,
+            "b",
+            &two,
+            "c",
+        ])
+        .await;
+    let (low, high) = (span.to_string(), (span + 1).to_string());
+    let args = ["2", low.as_str(), high.as_str()];
+    let value = redis.eval("prune", &id, &args).await;
+    assert_eq!(
+        PruneReply::decode(value).expect("decodes"),
+        PruneReply(Pruned {
+            removed: vec![member("a"), member("b")],
+            more: true,
+        })
     );
 }
 
@@ -1041,10 +1354,10 @@ fn a_reply_longer_or_shorter_than_its_script_s_is_refused_naming_the_script() {
 
 #[test]
 fn a_named_reply_with_another_name_in_its_place_is_refused() {
-    let renamed = Value::Array(vec![Value::Int(1), text("configuration"), text("{}")]);
+    let renamed = Value::Array(vec![Value::Int(1), text("eligibles"), Value::Array(vec![])]);
     assert_eq!(
-        refusal(PoolInfoReply::decode(renamed)),
-        "unexpected reply to pool_info.lua: expected the name `config`"
+        refusal(MembersReply::decode(renamed, false)),
+        "unexpected reply to members.lua: expected the name `eligible`"
     );
 }
 
@@ -1061,7 +1374,7 @@ fn a_list_of_outcomes_for_other_members_than_asked_is_refused() {
 fn an_outcome_code_the_script_never_returns_is_refused() {
     let unknown = Value::Array(vec![
         Value::Int(1),
-        Value::Array(vec![Value::Int(5), Value::Int(0)]),
+        Value::Array(vec![Value::Int(6), Value::Int(0), Value::Int(0)]),
         Value::Int(0),
     ]);
     assert_eq!(

@@ -19,9 +19,20 @@
 -- leases to reclaim first, ARGV[4] how many due members to return first, ARGV[5] most
 -- candidates a label filter may check, ARGV[6] how many members, ARGV[7..] label groups
 -- "key value value ...".
+-- With a target, KEYS[23] is its ban hash (see outcomes.lua) and KEYS[24] its pacing set:
+-- members banned for it are skipped in the choosing order, each costing one check of the
+-- ARGV[5] budget; when the budget is spent on skipped members the answer is {0, ms} until
+-- the first of them is free again. Without a target there is no KEYS[23] and bans cost
+-- nothing.
+-- Pacing (meta `pacing`, "<min_interval_ms> <per_target 0|1>"): each member handed out
+-- rests until now + min_interval_ms, in KEYS[22] (pool-wide) or KEYS[24] (per target;
+-- assigns without a target are then not paced), and resting members are skipped the same
+-- way. Since the choice and the rest are one script, no two assigns, whatever their
+-- replica, ever hand out a resting member.
 -- Returns {-1} when the pool does not exist, {-2} when the label filter would check more
 -- than ARGV[5] candidates, {0} when there is nothing to assign,
--- {0, ms} when nothing is eligible and the earliest cooldown ends in ms,
+-- {0, ms} when nothing is eligible and the earliest cooldown (or ban for the target) ends
+-- in ms,
 -- {1, member, assignments, member, assignments, ...} on a least-used pool,
 -- {2, expires_ms, ttl_ms, due hint, member, assignments, in_flight, ...} on a
 -- least-in-flight pool, the i-th member leased under the i-th id; the hint is the pool's
@@ -36,15 +47,122 @@ if first_due then
 end
 local wanted = tonumber(ARGV[6])
 local groups = filter_groups(7)
--- Only on the empty path: how long until the earliest cooling-down member returns. With a
--- label filter that member may not carry the labels, so no wait is given.
-local function nothing_eligible()
-    if groups then
-        return {0}
+
+-- With a target the pool has live bans for: whether its ban hash is to be read. A hash the
+-- ban index does not list (or lists as forgotten) is a deleted pool's.
+local bans = false
+if #KEYS >= 23 then
+    local forget = redis.call('ZSCORE', KEYS[21], string.sub(KEYS[23], #KEYS[21] + 2))
+    now = now or now_ms()
+    bans = forget and tonumber(forget) > now
+end
+-- The pacing set this assign rests its member in and skips resting members by (nil when
+-- the pool is not paced for it), and the interval.
+local rests, interval = nil, nil
+if meta[6] then
+    local ms, per_target = string.match(meta[6], '^(%d+) ([01])$')
+    if per_target == '0' then
+        rests = KEYS[22]
+    elseif #KEYS >= 24 then
+        rests = KEYS[24]
     end
-    local due = redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')[2]
-    if due then
-        return {0, tonumber(due) - (now or now_ms())}
+    interval = tonumber(ms)
+    now = now or now_ms()
+end
+
+-- Until when a member is not to be handed out for this request (banned for its target, or
+-- resting), nil when it is free. nil as a whole when nothing is skipped.
+local held_until = nil
+if bans or rests then
+    held_until = function(member)
+        local ends = nil
+        if bans then
+            local text = redis.call('HGET', KEYS[23], member)
+            local banned = tonumber(string.match(text or '', '^(%d+)') or 0)
+            ends = banned > now and banned or nil
+        end
+        if rests then
+            local rest = tonumber(redis.call('ZSCORE', rests, member) or 0)
+            if rest > now then
+                ends = math.max(ends or rest, rest)
+            end
+        end
+        return ends
+    end
+end
+
+-- The first `wanted` entries of the sorted set `key` (the choosing order) whose members
+-- are free, each as {entry, score}, in order; fewer after `budget` held members or at the
+-- end of the order. Also the earliest time one of the members skipped is free again. The
+-- first chunk is small: usually the first members are free.
+local function first_free(key, budget, lif)
+    local found = {}
+    local earliest = nil
+    local offset = 0
+    local held = 0
+    while #found < wanted and held < budget do
+        local size = offset == 0 and wanted + 3 or 64
+        local entries = redis.call('ZRANGE', key, offset, offset + size - 1, 'WITHSCORES')
+        if #entries == 0 then
+            break
+        end
+        for i = 1, #entries, 2 do
+            local ends = held_until(lif and string.sub(entries[i], 21) or entries[i])
+            if not ends then
+                found[#found + 1] = {entries[i], entries[i + 1]}
+                if #found == wanted then
+                    break
+                end
+            else
+                earliest = math.min(earliest or ends, ends)
+                held = held + 1
+                if held >= budget then
+                    break
+                end
+            end
+        end
+        offset = offset + #entries / 2
+    end
+    return found, earliest
+end
+
+-- Rests the member handed out until now + interval. Its entry replaces its last; up to
+-- 16 entries already over are removed, and the set expires with its last entry, so the
+-- set holds no more than what rests now, give or take what the next assigns clear.
+local function rest(member)
+    local over = redis.call('ZRANGE', rests, '-inf', now, 'BYSCORE', 'LIMIT', 0, 16)
+    if #over > 0 then
+        redis.call('ZREM', rests, unpack(over))
+    end
+    redis.call('ZADD', rests, now + interval, member)
+    redis.call('PEXPIREAT', rests, now + interval)
+end
+
+-- Only on the empty path: how long until the earliest cooling-down member returns, or the
+-- earliest of `banned_until` (the bans skipped) ends. With a label filter, the first of the
+-- RETURNS_CHECKED soonest returns whose member carries the labels; when none of them does,
+-- the last of them, which no member carrying the labels can beat (a lower bound); none
+-- when fewer are cooling down.
+local RETURNS_CHECKED = 16
+local function nothing_eligible(banned_until)
+    local due
+    if groups then
+        local soonest = redis.call('ZRANGE', KEYS[10], 0, RETURNS_CHECKED - 1, 'WITHSCORES')
+        for i = 1, #soonest, 2 do
+            if passes(labels_table(redis.call('HGET', KEYS[13], soonest[i])), groups, 0) then
+                due = tonumber(soonest[i + 1])
+                break
+            end
+        end
+        if not due and #soonest == 2 * RETURNS_CHECKED then
+            due = tonumber(soonest[#soonest])
+        end
+    else
+        due = tonumber(redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')[2] or nil)
+    end
+    local first = due and banned_until and math.min(due, banned_until) or due or banned_until
+    if first then
+        return {0, first - (now or now_ms())}
     end
     return {0}
 end
@@ -53,25 +171,34 @@ if lif then
     now = now or now_ms()
     reclaim_expired(now, tonumber(ARGV[3]))
 end
--- The order texts (see order_text in labels.lua) of the members to hand out, in order.
-local orders
+-- The order texts (see order_text in labels.lua) of the members to hand out, in order,
+-- and the earliest time a member skipped for this request is free again.
+local orders, banned_until
 if groups then
-    orders = pick_labelled(groups, tonumber(ARGV[5]), lif, wanted)
+    orders, banned_until = pick_labelled(groups, tonumber(ARGV[5]), lif, held_until, wanted)
     if orders == false then
         return {-2}
     end
 else
+    local heads = {}
+    if held_until then
+        heads, banned_until = first_free(KEYS[lif and 5 or 2], tonumber(ARGV[5]), lif)
+    else
+        local head = redis.call('ZRANGE', KEYS[lif and 5 or 2], 0, wanted - 1, 'WITHSCORES')
+        for i = 1, #head, 2 do
+            heads[#heads + 1] = {head[i], head[i + 1]}
+        end
+    end
     orders = {}
-    local head = redis.call('ZRANGE', KEYS[lif and 5 or 2], 0, wanted - 1, 'WITHSCORES')
-    for i = 1, #head, 2 do
+    for _, head in ipairs(heads) do
         -- By live leases on a least-in-flight pool (the entry holds the rest), else by
         -- assignments.
-        orders[#orders + 1] = lif and (string.format('%020d', tonumber(head[i + 1])) .. head[i])
-            or order_of(head[i + 1], head[i])
+        orders[#orders + 1] = lif and (string.format('%020d', tonumber(head[2])) .. head[1])
+            or order_of(head[2], head[1])
     end
 end
 if #orders == 0 then
-    return nothing_eligible()
+    return nothing_eligible(banned_until)
 end
 if not lif then
     local reply = {1}
@@ -83,6 +210,9 @@ if not lif then
         local assignments = redis.call('ZINCRBY', KEYS[2], 1, member)
         if labels then
             label(member, false, labels, order_of(assignments, member))
+        end
+        if rests then
+            rest(member)
         end
         reply[#reply + 1] = member
         reply[#reply + 1] = tonumber(assignments)
@@ -101,8 +231,8 @@ local cap = meta[4] and tonumber(meta[4])
 local leased = 0
 for _, order in ipairs(orders) do
     local live = tonumber(string.sub(order, 1, 20))
-    -- The order puts the fewest live leases first: from the first at the cap on, every
-    -- member is at it.
+    -- The order puts the fewest live leases first (of those not held): from the first at
+    -- the cap on, every member is at it; a held one may come back below it.
     if cap and live >= cap then
         break
     end
@@ -118,6 +248,9 @@ for _, order in ipairs(orders) do
     if labels then
         label(member, true, labels, order_of(assignments, member, live))
     end
+    if rests then
+        rest(member)
+    end
     redis.call('HSET', KEYS[7], ids[leased], member)
     redis.call('ZADD', KEYS[8], expires, ids[leased])
     reply[#reply + 1] = member
@@ -125,7 +258,7 @@ for _, order in ipairs(orders) do
     reply[#reply + 1] = live
 end
 if leased == 0 then
-    return {0}
+    return banned_until and {0, banned_until - now} or {0}
 end
 redis.call('HINCRBY', KEYS[1], 'total_assignments', leased)
 due_by(expires)

@@ -5,6 +5,11 @@
 --   [10] returns sorted set (cooling-down member -> when it comes back, ms, Redis clock),
 --   [11] checks hash (member -> "<at_ms> <result>[/<latency_ms>] <detail>", the last active check),
 --   [12] check round lease (a string with a ttl; see claim_check.lua).
+--   [16] sources hash (see claim_sources.lua), and for pruning (prune.lua): [17] origins
+--   hash (member -> 'i' imported | 's<id>' from source id; absent: added by hand), [18]
+--   seen sorted set (member of a source -> id * 2^32 + the last fetch that listed it),
+--   [19] check_fails hash (member -> checks failed in a row), [20] prune sorted set
+--   (member due for removal -> when it was last looked at).
 -- A member is cooling down exactly when it is in [10]; an ineligible member that is not
 -- there was taken out by an operator and never comes back by itself.
 
@@ -138,4 +143,33 @@ local function trip(member, reason, now, streak, trips, cfg, draw, lif)
     due_by(now + cooldown)
     set_health(member, streak, trips, cooldown)
     redis.call('HINCRBY', KEYS[1], 'tripped', 1)
+end
+
+-- Members of one source share the range [id * 2^32, (id + 1) * 2^32) of the seen set.
+local SOURCE_SPAN = 4294967296
+
+-- The pool's prune rules, as put_pool.lua stored them (PruneConfig::script_arg).
+local function prune_config()
+    local text = redis.call('HGET', KEYS[1], 'prune') or '0 0 0'
+    local n, k, m = string.match(text, '^(%d+) (%d+) (%d)$')
+    return {checks = tonumber(n), absent = tonumber(k), manual = m == '1'}
+end
+
+-- Forgets a member entirely, history, health and origin included (not its leases: see
+-- remove.lua). Returns 1 when it was a member, else 0.
+local function forget(member, lif)
+    if lif then
+        unplace(member)
+    end
+    drop_labels(member, lif)
+    local removed = redis.call('ZREM', KEYS[2], member) + redis.call('ZREM', KEYS[3], member)
+    redis.call('HDEL', KEYS[4], member)
+    redis.call('HDEL', KEYS[9], member)
+    redis.call('ZREM', KEYS[10], member)
+    redis.call('HDEL', KEYS[11], member)
+    redis.call('HDEL', KEYS[17], member)
+    redis.call('ZREM', KEYS[18], member)
+    redis.call('HDEL', KEYS[19], member)
+    redis.call('ZREM', KEYS[20], member)
+    return math.min(removed, 1)
 end

@@ -1,5 +1,7 @@
 -- Reads one page of a pool's members from each of its two sets, with their health.
--- KEYS as in labels.lua, leases.lua and health.lua.
+-- KEYS as in labels.lua, leases.lua and health.lua (then [16] sources, [17..20] pruning,
+-- [21] the ban index, [22] pacing); for a listing that names a target, [23] its ban hash
+-- (as in outcomes.lua).
 -- ARGV[1] eligible offset, ARGV[2] ineligible offset, ARGV[3] how many eligible and
 -- ARGV[4] how many ineligible members to read (0 skips that set).
 -- With a label filter, ARGV[1] is instead how many entries of the label index earlier
@@ -14,8 +16,9 @@
 -- {member, count, ...} pairs, then one entry per member of the page in each of
 -- `taken_out` (ineligible only) "<since_ms> <reason>", `in_flight` the live leases,
 -- `health` "<streak> <trips> <cooldown_ms>", `returns` (ineligible only) the ms it comes
--- back at, `checks` "<at_ms> <result>[/<latency_ms>] <detail>", `labels` its labels (each
--- nil when none).
+-- back at, `checks` "<at_ms> <result>[/<latency_ms>] <detail>", `labels` its labels,
+-- `origins` 'import' or the URL of the source that added it (each nil when none), and for
+-- a target `banned_until` the end of its ban (0 when none).
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
@@ -101,6 +104,40 @@ local function lookup(command, key, fields)
     end
     return redis.call(command, key, unpack(fields))
 end
+-- Origins as listed: 'import', or the URL the source id stands for (kept for the last 256
+-- ids given, see claim_sources.lua); nil for members added by hand.
+local function origins(members)
+    local out = lookup('HMGET', KEYS[17], members)
+    local urls = {}
+    for n, code in ipairs(out) do
+        if code == 'i' then
+            out[n] = 'import'
+        elseif code then
+            local id = string.sub(code, 2)
+            urls[id] = urls[id] or redis.call('HGET', KEYS[16], 'u:' .. id)
+                or ('removed source #' .. id)
+            out[n] = urls[id]
+        end
+    end
+    return out
+end
+-- The end of each member's ban for the target, 0 when it has none: a hash the index
+-- does not list (or lists as forgotten) is a deleted pool's, and means nothing here.
+local function bans(members)
+    local out = {}
+    local now = now_ms()
+    local target = string.sub(KEYS[23], #KEYS[21] + 2)
+    local forget = redis.call('ZSCORE', KEYS[21], target)
+    local texts = {}
+    if forget and tonumber(forget) > now and #members > 0 then
+        texts = redis.call('HMGET', KEYS[23], unpack(members))
+    end
+    for n = 1, #members do
+        local ends = tonumber(string.match(texts[n] or '', '^(%d+)') or 0)
+        out[n] = ends > now and ends or 0
+    end
+    return out
+end
 local e, i = names(eligible), names(ineligible)
 local reply = {
     status,
@@ -110,6 +147,7 @@ local reply = {
         'health', lookup('HMGET', KEYS[9], e),
         'checks', lookup('HMGET', KEYS[11], e),
         'labels', lookup('HMGET', KEYS[13], e),
+        'origins', origins(e),
     },
     'ineligible', {
         'members', ineligible,
@@ -119,8 +157,17 @@ local reply = {
         'returns', lookup('ZMSCORE', KEYS[10], i),
         'checks', lookup('HMGET', KEYS[11], i),
         'labels', lookup('HMGET', KEYS[13], i),
+        'origins', origins(i),
     },
 }
+if #KEYS >= 23 then
+    local function add(page, list)
+        page[#page + 1] = 'banned_until'
+        page[#page + 1] = list
+    end
+    add(reply[3], bans(e))
+    add(reply[5], bans(i))
+end
 if next_offset then
     reply[#reply + 1] = 'next'
     reply[#reply + 1] = next_offset

@@ -1,11 +1,14 @@
 -- Reads a pool's configuration and numbers in one consistent snapshot.
--- KEYS as in leases.lua.
--- Returns {-1} when the pool does not exist, else {1, name, value, name, value, ...}: every
--- value after its name, in the order below (`PoolInfoReply` in reply.rs reads them so);
--- min_assignments and max_assignments are nil when no member is eligible, abandoned,
--- tripped and recovered when they never happened.
+-- KEYS: the first eight of leases.lua's (POOL_INFO_KEY_PARTS in keys.rs); it reads 1 (meta),
+-- 2 (eligible), 3 (ineligible) and 8 (lease_expiry).
+-- Returns {-1} when the pool does not exist, else {1, config, created_ms, total_assignments,
+-- eligible, ineligible, min_assignments, max_assignments, in_flight, abandoned, tripped,
+-- recovered, pruned}. Positional, unlike the other replies read by an operator: a page of the
+-- pool listing reads a thousand of them, and names doubled each reply's items.
+-- min_assignments and max_assignments are nil when no member is eligible; total_assignments,
+-- abandoned, tripped, recovered and pruned nil when they never happened.
 local meta = redis.call('HMGET', KEYS[1], 'config', 'created_ms', 'total_assignments', 'abandoned',
-    'tripped', 'recovered')
+    'tripped', 'recovered', 'pruned')
 if not meta[1] then
     return {-1}
 end
@@ -13,15 +16,16 @@ local lowest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 local highest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 return {
     1,
-    'config', meta[1],
-    'created_ms', meta[2],
-    'total_assignments', meta[3],
-    'eligible', redis.call('ZCARD', KEYS[2]),
-    'ineligible', redis.call('ZCARD', KEYS[3]),
-    'min_assignments', lowest[2] or false,
-    'max_assignments', highest[2] or false,
-    'in_flight', redis.call('ZCARD', KEYS[8]),
-    'abandoned', meta[4],
-    'tripped', meta[5],
-    'recovered', meta[6],
+    meta[1],
+    meta[2],
+    meta[3],
+    redis.call('ZCARD', KEYS[2]),
+    redis.call('ZCARD', KEYS[3]),
+    lowest[2] or false,
+    highest[2] or false,
+    redis.call('ZCARD', KEYS[8]),
+    meta[4],
+    meta[5],
+    meta[6],
+    meta[7],
 }

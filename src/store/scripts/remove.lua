@@ -12,17 +12,8 @@ local removed = {}
 local outcome = {}
 for i = 1, #ARGV do
     local member = ARGV[i]
-    if lif then
-        unplace(member)
-    end
-    drop_labels(member, lif)
     removed[member] = true
-    local removed = redis.call('ZREM', KEYS[2], member) + redis.call('ZREM', KEYS[3], member)
-    redis.call('HDEL', KEYS[4], member)
-    redis.call('HDEL', KEYS[9], member)
-    redis.call('ZREM', KEYS[10], member)
-    redis.call('HDEL', KEYS[11], member)
-    outcome[#outcome + 1] = math.min(removed, 1)
+    outcome[#outcome + 1] = forget(member, lif)
 end
 if lif and redis.call('HLEN', KEYS[7]) > 0 then
     -- Leases are kept by id, so finding a member's takes one pass over the pool's live

@@ -8,7 +8,10 @@
 -- ARGV[3] '1' for a dry run (nothing is written), ARGV[4] members earlier chunks of the
 -- same dry run would have added, ARGV[5] '1' when each member id is followed by its
 -- labels ("key=value" lines; '' for none; '~' to keep what it has), else '0',
--- ARGV[6..] member ids (validated and de-duplicated), each with its labels when asked.
+-- ARGV[6] the new members' origin ('' by hand, 'i' imported, 's<id>' from a source; see
+-- health.lua), ARGV[7] with a source, its fetch's place in the seen set (else ''): new
+-- members take it, and so do members already there from the same source (seen again),
+-- ARGV[8..] member ids (validated and de-duplicated), each with its labels when asked.
 -- Returns {-1} when the pool does not exist, else
 -- {1, start, {1 = added | 0 = existing | 2 = full ...}}.
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -30,7 +33,8 @@ local dry_run = ARGV[3] == '1'
 local lif = least_in_flight() and not dry_run
 local outcomes = {}
 local step = ARGV[5] == '1' and 2 or 1
-for i = 6, #ARGV, step do
+local origin, seen = ARGV[6], ARGV[7]
+for i = 8, #ARGV, step do
     local member = ARGV[i]
     local labels = step == 2 and ARGV[i + 1] or '~'
     local holder = nil
@@ -51,6 +55,9 @@ for i = 6, #ARGV, step do
         if labels ~= '~' and not dry_run then
             set_labels(member, labels, lif)
         end
+        if seen ~= '' and not dry_run and redis.call('HGET', KEYS[17], member) == origin then
+            redis.call('ZADD', KEYS[18], seen, member)
+        end
         outcomes[#outcomes + 1] = 0
     elseif max and size >= max then
         outcomes[#outcomes + 1] = 2
@@ -59,6 +66,12 @@ for i = 6, #ARGV, step do
             redis.call('ZADD', KEYS[2], start, member)
             if labels ~= '~' and labels ~= '' then
                 set_labels(member, labels, lif)
+            end
+            if origin ~= '' then
+                redis.call('HSET', KEYS[17], member, origin)
+            end
+            if seen ~= '' then
+                redis.call('ZADD', KEYS[18], seen, member)
             end
         end
         size = size + 1

@@ -20,6 +20,8 @@ from .client import (
     Leased,
     LeaseScope,
     Outcome,
+    Source,
+    SourceFetch,
 )
 from .errors import (
     Forbidden,
@@ -46,6 +48,8 @@ __all__ = [
     "Outcome",
     "ProxyAllocatorError",
     "RESULTS",
+    "Source",
+    "SourceFetch",
     "Unauthorized",
     "Unavailable",
     "Unreachable",

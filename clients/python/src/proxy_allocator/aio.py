@@ -95,14 +95,15 @@ class AsyncClient:
         return self._session
 
     async def assign(self, pool: str, ttl_ms: Optional[int] = None, *,
-                     labels: Optional[Labels] = None, count: Optional[int] = None,
-                     raise_if_empty: bool = False
+                     labels: Optional[Labels] = None, target: Optional[str] = None,
+                     count: Optional[int] = None, raise_if_empty: bool = False
                      ) -> Union[Optional[Assignment], List[Assignment]]:
-        """As :meth:`Client.assign`: a member (carrying ``labels`` when given), ``None`` on
-        204 (or with ``raise_if_empty`` :class:`NoProxyAvailable` with ``retry_after``);
-        with ``count``, a list of up to that many distinct members, empty on 204."""
+        """As :meth:`Client.assign`: a member (carrying ``labels`` when given, not banned
+        for ``target``), ``None`` on 204 (or with ``raise_if_empty``
+        :class:`NoProxyAvailable` with ``retry_after``); with ``count``, a list of up to
+        that many distinct members, empty on 204."""
         answer = await self._call("/pools/{}/assign".format(_segment(pool)),
-                                  _assign_body(ttl_ms, labels, count))
+                                  _assign_body(ttl_ms, labels, target, count))
         return _assigned(pool, answer, raise_if_empty, count)
 
     async def release(self, pool: str, lease_id: str) -> None:
@@ -117,12 +118,14 @@ class AsyncClient:
         return Lease.from_json(_expect(answer.data)["lease"])
 
     async def report(self, pool: str, proxy: str, result: str,
-                     status: Optional[int] = None) -> Outcome:
+                     status: Optional[int] = None, *,
+                     target: Optional[str] = None) -> Outcome:
         """As :meth:`Client.report`: returns what the service did with the report, an
         :class:`Outcome` with its ``effect`` (``tripped`` when this report took the proxy
-        out) and the proxy's ``consecutive_failures``."""
+        out) and the proxy's ``consecutive_failures``; with ``target``, a ``blocked``
+        report bans the proxy for that host only (``banned``, ``banned_until``)."""
         answer = await self._call("/pools/{}/outcomes".format(_segment(pool)),
-                                  _report_body(proxy, result, status))
+                                  _report_body(proxy, result, status, target))
         return Outcome.from_answer(result, _expect(answer.data))
 
     def lease(self, pool: str, ttl_ms: Optional[int] = None, renew: bool = False,

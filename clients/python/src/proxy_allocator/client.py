@@ -1,4 +1,5 @@
-"""The worker client: assign, leases with release and renewal, outcome reports."""
+"""The worker client: assign, leases with release and renewal, outcome reports; and, with
+the admin token, a pool's sources."""
 
 import http.client
 import json
@@ -12,8 +13,18 @@ import urllib.parse
 import weakref
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import (Any, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Type,
-                    Union)
+from typing import (
+    Any,
+    Dict,
+    List,
+    Mapping,
+    NamedTuple,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+)
 
 from .errors import (
     Forbidden,
@@ -88,14 +99,73 @@ class Assignment:
 
 
 @dataclass
+class SourceFetch:
+    """The last fetch of a pool's source: when it ended (RFC 3339, the store's clock), its
+    ``outcome`` (``ok`` or ``failed``), on ``ok`` the counts of the import it made (lines
+    ``accepted`` = ``added`` + ``existing``, ``duplicates``, ``rejected``), on ``failed``
+    the ``error`` (``timed out``, ``private address refused``, ``status 404``, ...)."""
+
+    at: str
+    outcome: str
+    accepted: Optional[int] = None
+    added: Optional[int] = None
+    existing: Optional[int] = None
+    duplicates: Optional[int] = None
+    rejected: Optional[int] = None
+    error: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "SourceFetch":
+        """The fetch as the service writes it."""
+        counts = data.get("counts") or {}
+
+        def count(name: str) -> Optional[int]:
+            return None if counts.get(name) is None else int(counts[name])
+
+        return cls(at=data["at"], outcome=data["outcome"], accepted=count("accepted"),
+                   added=count("added"), existing=count("existing"),
+                   duplicates=count("duplicates"), rejected=count("rejected"),
+                   error=data.get("error"))
+
+
+@dataclass
+class Source:
+    """One of a pool's sources (its ``sources`` configuration: ``url``, ``interval_ms``,
+    ``format``, ``default_scheme``) with its schedule: ``next_fetch_at`` (``None`` before
+    the service first saw it), ``failures`` in a row, ``successes`` so far and the
+    ``last_fetch`` (``None`` before the first)."""
+
+    url: str
+    interval_ms: int
+    format: str
+    default_scheme: str
+    next_fetch_at: Optional[str]
+    failures: int
+    successes: int
+    last_fetch: Optional[SourceFetch]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Source":
+        """The source as ``GET /pools/{pool}/sources`` lists it."""
+        last = data.get("last_fetch")
+        return cls(url=data["url"], interval_ms=int(data["interval_ms"]),
+                   format=data["format"], default_scheme=data["default_scheme"],
+                   next_fetch_at=data.get("next_fetch_at"),
+                   failures=int(data["failures"]), successes=int(data["successes"]),
+                   last_fetch=None if last is None else SourceFetch.from_json(last))
+
+
+@dataclass
 class Outcome:
     """What the service did with one outcome report.
 
     ``proxy`` is the member as the pool stores it (its canonical id), ``result`` the result
     reported. ``effect`` is ``counted`` (the member's failure streak was extended or
-    cleared), ``tripped`` (the report took the member out to cool down), ``ignored`` (the
-    member was not eligible, so the report changed nothing), ``unknown`` (the pool has no
-    such member) or ``rejected`` (not a valid member id; ``reason`` says why).
+    cleared), ``tripped`` (the report took the member out to cool down), ``banned`` (a
+    ``blocked`` report with a target banned it for that target until ``banned_until``),
+    ``ignored`` (the member was not eligible, or already banned for the target, so the
+    report changed nothing), ``unknown`` (the pool has no such member) or ``rejected`` (not
+    a valid member id; ``reason`` says why).
     ``consecutive_failures`` is the member's failure streak after the report, ``None`` for
     ``unknown`` and ``rejected``.
     """
@@ -105,6 +175,9 @@ class Outcome:
     effect: str
     consecutive_failures: Optional[int]
     reason: Optional[str] = None
+    #: For a ``blocked`` report with a target: until when (RFC 3339) the proxy is banned
+    #: for that target.
+    banned_until: Optional[str] = None
 
     @classmethod
     def from_answer(cls, result: str, data: Mapping[str, Any]) -> "Outcome":
@@ -116,7 +189,8 @@ class Outcome:
         if applied:
             return cls(proxy=applied[0]["proxy"], result=applied[0]["result"],
                        effect=applied[0]["effect"],
-                       consecutive_failures=int(applied[0]["consecutive_failures"]))
+                       consecutive_failures=int(applied[0]["consecutive_failures"]),
+                       banned_until=applied[0].get("banned_until"))
         if unknown:
             return cls(proxy=unknown[0], result=result, effect="unknown",
                        consecutive_failures=None)
@@ -164,6 +238,7 @@ Labels = Mapping[str, Union[str, Sequence[str]]]
 
 
 def _assign_body(ttl_ms: Optional[int], labels: Optional[Labels],
+                 target: Optional[str] = None,
                  count: Optional[int] = None) -> Optional[Dict[str, Any]]:
     """The optional body of an assign. New assign fields of the service join here, and only
     once the service accepts them: it refuses unknown fields."""
@@ -175,15 +250,21 @@ def _assign_body(ttl_ms: Optional[int], labels: Optional[Labels],
                           for key, value in labels.items()}
     if count is not None:
         body["count"] = int(count)
+    if target is not None:
+        body["target"] = target
     return body or None
 
 
-def _report_body(proxy: str, result: str, status: Optional[int]) -> Dict[str, Any]:
-    """One outcome report, ``{"proxy", "result", "status"?}``, after checking ``result``."""
+def _report_body(proxy: str, result: str, status: Optional[int],
+                 target: Optional[str] = None) -> Dict[str, Any]:
+    """One outcome report, ``{"proxy", "result", "status"?, "target"?}``, after checking
+    ``result``."""
     _check_result(result)
     body: Dict[str, Any] = {"proxy": proxy, "result": result}
     if status is not None:
         body["status"] = int(status)
+    if target is not None:
+        body["target"] = target
     return body
 
 
@@ -288,22 +369,25 @@ class Client:
         return "Client({!r})".format(self.base_url)
 
     def assign(self, pool: str, ttl_ms: Optional[int] = None, *,
-               labels: Optional[Labels] = None, count: Optional[int] = None,
+               labels: Optional[Labels] = None, target: Optional[str] = None,
+               count: Optional[int] = None,
                raise_if_empty: bool = False) -> Union[Optional[Assignment], List[Assignment]]:
         """Asks for a member of ``pool``; ``None`` when it has none to give (HTTP 204: skip
         this request), or with ``raise_if_empty`` :class:`NoProxyAvailable`, whose
         ``retry_after`` says when the first member cooling down returns. ``ttl_ms`` asks
         least-in-flight pools for a lease ttl other than the pool's. ``labels``
         (``{"country": "de"}`` or ``{"country": ["de", "fr"]}``) chooses among the members
-        carrying them only. ``count`` (1 to 100) asks for up to that many distinct members
-        at once: the answer is then a list of assignments in pick order (each with its own
-        lease on a least-in-flight pool), shorter when fewer fit, empty on 204.
+        carrying them only. ``target`` names the host the request goes to: proxies that
+        host blocked (see :meth:`report`) are skipped while their ban lasts. ``count`` (1 to
+        100) asks for up to that many distinct members at once: the answer is then a list of
+        assignments in pick order (each with its own lease on a least-in-flight pool),
+        shorter when fewer fit, empty on 204.
 
         Raises :class:`NotFound` (``pool_not_found``), :class:`Unauthorized`,
         :class:`Unavailable`, or :class:`ProxyAllocatorError` for other error answers.
         """
         answer = self._call("POST", "/pools/{}/assign".format(_segment(pool)),
-                            _assign_body(ttl_ms, labels, count))
+                            _assign_body(ttl_ms, labels, target, count))
         return _assigned(pool, answer, raise_if_empty, count)
 
     def release(self, pool: str, lease_id: str) -> None:
@@ -321,15 +405,24 @@ class Client:
         return Lease.from_json(_expect(data)["lease"])
 
     def report(self, pool: str, proxy: str, result: str,
-               status: Optional[int] = None) -> Outcome:
+               status: Optional[int] = None, *, target: Optional[str] = None) -> Outcome:
         """Reports how a request through ``proxy`` went: ``ok``, ``failed`` or ``blocked``,
         with the target's HTTP ``status`` when there was one
         (``POST /pools/{pool}/outcomes``). Returns what the service did with it: its
         ``effect`` (``tripped`` when this report took the proxy out) and the proxy's
-        ``consecutive_failures``."""
+        ``consecutive_failures``. With ``target`` (the host the request went to), a
+        ``blocked`` report bans the proxy for that host only: ``effect`` is then ``banned``
+        and ``banned_until`` says until when."""
         _, data, _ = self._call("POST", "/pools/{}/outcomes".format(_segment(pool)),
-                                _report_body(proxy, result, status))
+                                _report_body(proxy, result, status, target))
         return Outcome.from_answer(result, _expect(data))
+
+    def sources(self, pool: str) -> List[Source]:
+        """The pool's sources in configuration order, each with its last fetch
+        (``GET /pools/{pool}/sources``; needs the admin token). Raises :class:`NotFound`
+        (``pool_not_found``), :class:`Forbidden` with the worker token."""
+        _, data, _ = self._call("GET", "/pools/{}/sources".format(_segment(pool)))
+        return [Source.from_json(source) for source in _expect(data)["sources"]]
 
     def lease(self, pool: str, ttl_ms: Optional[int] = None, renew: bool = False,
               report: bool = False) -> "LeaseScope":
