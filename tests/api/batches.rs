@@ -221,6 +221,50 @@ async fn a_count_outside_one_to_a_hundred_or_with_a_session_answers_400(app: Tes
     assert_eq!(info["stats"]["total_assignments"], json!(0));
 }
 
+async fn a_batch_skips_members_banned_for_its_target_and_rests_every_member_it_hands_out(
+    app: TestApp,
+) {
+    app.create_pool(
+        "p",
+        json!({"pacing": {"min_interval_ms": 60000, "per_target": true}}),
+    )
+    .await;
+    app.seed("p", &["a", "b", "c", "d"], Some(0)).await;
+    let response = app
+        .anonymous(Method::POST, "/pools/p/outcomes")
+        .json(&json!({"proxy": "a", "result": "blocked", "target": "shop.example.com"}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::OK);
+    let shop = json!({"count": 3, "target": "shop.example.com"});
+    assert_eq!(
+        batch(&app, "p", shop.clone()).await,
+        picks(&[("b", 1), ("c", 1), ("d", 1)])
+    );
+    // b, c and d rest for shop.example.com and a is banned there: nothing is free for it,
+    // and the 204 says how long until the first rest ends.
+    let response = app
+        .anonymous(Method::POST, "/pools/p/assign")
+        .json(&shop)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    let wait: u64 = response
+        .headers()
+        .get("retry-after-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After-Ms");
+    assert!((50_000..=60_000).contains(&wait), "{wait}");
+    // Another target: nothing rests or is banned there.
+    assert_eq!(
+        batch(&app, "p", json!({"count": 2, "target": "news.example.org"})).await,
+        picks(&[("a", 1), ("b", 2)])
+    );
+}
+
 async fn concurrent_assigns_with_count_keep_members_within_one_assignment(app: TestApp) {
     let app = Arc::new(app);
     app.create_pool("hot", json!({})).await;
@@ -273,5 +317,6 @@ for_each_store!(
     an_assign_with_count_and_labels_picks_among_the_labelled_members,
     on_a_least_in_flight_pool_each_member_of_a_batch_gets_its_own_lease_within_the_cap,
     a_count_outside_one_to_a_hundred_or_with_a_session_answers_400,
+    a_batch_skips_members_banned_for_its_target_and_rests_every_member_it_hands_out,
     concurrent_assigns_with_count_keep_members_within_one_assignment,
 );
