@@ -21,7 +21,7 @@ import time
 from assign import BINARY, PREFIX, TOKEN, free_port, wait_port
 
 TARGETS = int(os.environ.get("TARGETS", "100000"))
-BATCH = 10_000
+BATCH = int(os.environ.get("BATCH", "10000"))
 BAN_MS = 2_000
 
 

@@ -200,6 +200,13 @@ pub fn members(members: &[Value]) -> String {
     }
     // The labels column only when some member has labels: pools without keep their table.
     let labelled = members.iter().any(|member| member.get("labels").is_some());
+    // The origin column only when some member was not added by hand: pools fed by hand
+    // keep their table.
+    let traced = members.iter().any(|member| {
+        member
+            .get("origin")
+            .is_some_and(|origin| origin != "manual")
+    });
     // The bans column only for a listing that named a target.
     let targeted = members
         .iter()
@@ -218,6 +225,9 @@ pub fn members(members: &[Value]) -> String {
             if labelled {
                 row.push(labels_cell(&member["labels"]));
             }
+            if traced {
+                row.push(cell(&member["origin"]));
+            }
             if targeted {
                 row.push(cell(&member["banned_until"]));
             }
@@ -234,6 +244,9 @@ pub fn members(members: &[Value]) -> String {
     ];
     if labelled {
         headers.push("LABELS");
+    }
+    if traced {
+        headers.push("ORIGIN");
     }
     if targeted {
         headers.push("BANNED_UNTIL");
@@ -487,6 +500,25 @@ pub fn imported(answer: &Value, dry_run: bool) -> Report {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_origin_column_shows_only_when_some_member_was_not_added_by_hand() {
+        let by_hand = serde_json::json!({"member": "a", "origin": "manual", "state": "eligible",
+            "assignments": 0, "in_flight": 0});
+        let listed = serde_json::json!({"member": "b", "origin": "https://l.example/p",
+            "state": "eligible", "assignments": 1, "in_flight": 0});
+        assert_eq!(
+            members(std::slice::from_ref(&by_hand)),
+            "MEMBER  STATE     ASSIGNMENTS  IN_FLIGHT  REASON  SINCE\n\
+             a       eligible            0          0       -      -\n"
+        );
+        assert_eq!(
+            members(&[by_hand, listed]),
+            "MEMBER  STATE     ASSIGNMENTS  IN_FLIGHT  REASON  SINCE  ORIGIN\n\
+             a       eligible            0          0       -      -  manual\n\
+             b       eligible            1          0       -      -  https://l.example/p\n"
+        );
+    }
 
     #[test]
     fn a_table_aligns_numbers_right_text_left_and_leaves_no_trailing_spaces() {

@@ -48,7 +48,7 @@ impl OutcomeResult {
 /// in between multiplies the cooldown by `backoff`, up to `max_cooldown_ms`; a success
 /// resets both the streak and the backoff.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "RawHealthConfig")]
+#[serde(try_from = "super::object::Object<RawHealthConfig>")]
 pub struct HealthConfig {
     /// Failures in a row that take a member out (1 to 1,000; default 3).
     pub max_consecutive_failures: u32,
@@ -194,10 +194,12 @@ pub struct InvalidHealthConfig(&'static str);
 
 const DAY_MS: u64 = 24 * 60 * 60 * 1000;
 
-impl TryFrom<RawHealthConfig> for HealthConfig {
+impl TryFrom<super::object::Object<RawHealthConfig>> for HealthConfig {
     type Error = InvalidHealthConfig;
 
-    fn try_from(raw: RawHealthConfig) -> Result<Self, InvalidHealthConfig> {
+    fn try_from(
+        super::object::Object(raw): super::object::Object<RawHealthConfig>,
+    ) -> Result<Self, InvalidHealthConfig> {
         let fail = |why| Err(InvalidHealthConfig(why));
         if !(1..=1000).contains(&raw.max_consecutive_failures) {
             return fail("max_consecutive_failures is 1 to 1000");
@@ -254,7 +256,7 @@ pub const CHECK_BODY_WINDOW_BYTES: usize = 64 * 1024;
 /// Active checks of a pool: each round probes the eligible and cooling-down members and
 /// feeds the results into the same rules as worker reports.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "RawCheckConfig")]
+#[serde(try_from = "super::object::Object<RawCheckConfig>")]
 pub struct CheckConfig {
     /// How a member is probed.
     pub kind: CheckKind,
@@ -324,10 +326,12 @@ fn default_concurrency() -> u32 {
     8
 }
 
-impl TryFrom<RawCheckConfig> for CheckConfig {
+impl TryFrom<super::object::Object<RawCheckConfig>> for CheckConfig {
     type Error = InvalidHealthConfig;
 
-    fn try_from(raw: RawCheckConfig) -> Result<Self, InvalidHealthConfig> {
+    fn try_from(
+        super::object::Object(raw): super::object::Object<RawCheckConfig>,
+    ) -> Result<Self, InvalidHealthConfig> {
         let fail = |why| Err(InvalidHealthConfig(why));
         match (raw.kind, raw.url.as_deref()) {
             (CheckKind::Http, None) => return fail("check.url is required for kind http"),

@@ -32,3 +32,11 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
             .map(Object)
     }
 }
+
+/// For `#[serde(deserialize_with = ...)]`: the field's `T`, which must be written as an
+/// object.
+pub fn only<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<T, D::Error> {
+    Object::deserialize(deserializer).map(|Object(value)| value)
+}

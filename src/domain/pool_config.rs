@@ -108,10 +108,10 @@ pub struct PoolConfig {
     #[serde(default, deserialize_with = "super::count::optional_non_zero")]
     pub max_in_flight: Option<NonZeroU64>,
     /// Which candidates the pool accepts as members, on import and on seeding.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::object::only")]
     pub rules: Rules,
     /// When reported or probed failures take members out, and when they come back.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::object::only")]
     pub health: HealthConfig,
     /// Lists fetched on a schedule and imported through `rules` (at most 16; shown only
     /// when there are some).
@@ -144,6 +144,21 @@ mod tests {
         assert_eq!(History.restored_count(30, Some(10)), 30);
         assert_eq!(History.restored_count(30, None), 30);
         assert_eq!(Zero.restored_count(30, Some(10)), 0);
+    }
+
+    #[test]
+    fn nested_parts_written_as_arrays_are_refused_rather_than_read_by_position() {
+        for body in [
+            r#"{"rules": [["http"]]}"#,
+            r#"{"rules": {"ports": [[[1, 2]]]}}"#,
+            r#"{"health": [3]}"#,
+            r#"{"health": {"check": ["http", "http://example.com/"]}}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<PoolConfig>(body).is_err(),
+                "{body} was read by position"
+            );
+        }
     }
 
     #[test]

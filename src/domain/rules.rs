@@ -22,7 +22,7 @@ pub struct Rules {
     #[serde(default = "default_schemes")]
     pub schemes: BTreeSet<Scheme>,
     /// Allowed and denied ports.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::object::only")]
     pub ports: PortRules,
     /// Whether non-public addresses (loopback, RFC 1918, RFC 4193, link-local, CGNAT,
     /// multicast, unspecified, documentation, reserved) are accepted (default `false`).

@@ -143,7 +143,7 @@ async fn pools_on_every_primary_seed_assign_disable_enable_and_lease() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bans_for_a_target_live_on_the_pool_s_primary_and_steer_its_targeted_assigns() {
+async fn bans_and_rests_for_a_target_live_on_the_pool_s_primary_and_steer_its_assigns() {
     let cluster = RedisCluster::start();
     let app = app_on(&cluster).await;
     for (pool, port) in pool_per_primary(&cluster, "banned") {
@@ -183,6 +183,39 @@ async fn bans_for_a_target_live_on_the_pool_s_primary_and_steer_its_targeted_ass
         assert_eq!(body["members"][0]["member"], json!("a"), "{body}");
         assert!(body["members"][0]["banned_until"].is_string(), "{body}");
         assert_eq!(body["members"][1]["banned_until"], Value::Null, "{body}");
+        // Pacing per target rests the member handed out in the same slot.
+        app.configure(
+            &pool,
+            &json!({"pacing": {"min_interval_ms": 60000, "per_target": true}}),
+        )
+        .await;
+        let (status, body) = app
+            .post_json(
+                &format!("/pools/{pool}/assign"),
+                json!({"target": "news.example.org"}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let rests = format!("{}:{{{pool}}}:paced:news.example.org", app.key_prefix);
+        assert_eq!(
+            redis_cli(&cluster.url(port), &["EXISTS", &rests]),
+            redis::Value::Int(1),
+            "{rests}"
+        );
+        let (status, body) = app
+            .post_json(
+                &format!("/pools/{pool}/assign"),
+                json!({"target": "news.example.org"}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let (status, _) = app
+            .post_json(
+                &format!("/pools/{pool}/assign"),
+                json!({"target": "news.example.org"}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::NO_CONTENT);
     }
 }
 

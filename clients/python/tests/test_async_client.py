@@ -2,17 +2,20 @@
 cannot be made to give, against the fake."""
 
 import asyncio
+import threading
 import unittest
 from collections import defaultdict
-from typing import ClassVar, Dict, List, Optional
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar, Dict, List, Optional
 
-from harness import WORKER, RedisServer, Service, free_port
+from harness import ADMIN, WORKER, RedisServer, Service, free_port
 from test_fake_service import P1 as FAKE_P1
 from test_fake_service import LEASE_ID, LEASED, NO_CONTENT, RELEASE, FakeService, json_answer
 
 from proxy_allocator import (
     AsyncClient,
     Assignment,
+    Forbidden,
     NoProxyAvailable,
     NotFound,
     Outcome,
@@ -234,6 +237,37 @@ class AsyncBehaviour(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(sorted(inside.count(m) for m in members), [20] * 10)
         stats = self.service.stats(pool)
         self.assertEqual((stats["in_flight"], stats["abandoned"]), (0, 0))
+
+    async def test_sources_lists_each_source_with_its_last_fetch_for_the_admin_only(self) -> None:
+        class List(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                body = b"p1.example.net:3128\n"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), List)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.addCleanup(server.server_close)
+        self.addCleanup(server.shutdown)
+        url = "http://127.0.0.1:{}/free.txt".format(server.server_address[1])
+        pool = self.service.create_pool({"rules": {"allow_private_sources": True},
+                                         "sources": [{"url": url, "interval_ms": 60000}]})
+        async with AsyncClient(self.service.base, token=ADMIN) as admin:
+            for _ in range(200):
+                [source] = await admin.sources(pool)
+                if source.last_fetch is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert source.last_fetch is not None
+            self.assertEqual((source.url, source.successes, source.last_fetch.outcome,
+                              source.last_fetch.added), (url, 1, "ok", 1))
+        with self.assertRaises(Forbidden):
+            await self.client.sources(pool)
 
 
 class OnRedis(AsyncBehaviour):

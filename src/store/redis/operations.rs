@@ -571,19 +571,21 @@ impl Store for RedisStore {
         // Each distinct target's ban hash is passed once, after the pool's keys; a report
         // names its target by the key's slot in KEYS (counted from 1).
         let mut targets: Vec<&Target> = Vec::new();
-        for target in reports.iter().filter_map(|r| r.target.as_ref()) {
-            if !targets.contains(&target) {
-                targets.push(target);
-            }
-        }
+        let mut places: std::collections::HashMap<&Target, usize> =
+            std::collections::HashMap::new();
         let slots: Vec<String> = reports
             .iter()
             .map(|report| {
                 report
                     .target
                     .as_ref()
-                    .and_then(|t| targets.iter().position(|known| *known == t))
-                    .map(|at| (POOL_KEY_PARTS.len() + 1 + at).to_string())
+                    .map(|target| {
+                        let at = *places.entry(target).or_insert_with(|| {
+                            targets.push(target);
+                            targets.len() - 1
+                        });
+                        (POOL_KEY_PARTS.len() + 1 + at).to_string()
+                    })
                     .unwrap_or_default()
             })
             .collect();

@@ -24,6 +24,7 @@ from .client import (
     Lease,
     Leased,
     Outcome,
+    Source,
     _Answer,
     _Scope,
     _answer,
@@ -128,6 +129,12 @@ class AsyncClient:
                                   _report_body(proxy, result, status, target))
         return Outcome.from_answer(result, _expect(answer.data))
 
+    async def sources(self, pool: str) -> List[Source]:
+        """As :meth:`Client.sources`: the pool's sources with their last fetch (needs the
+        admin token)."""
+        answer = await self._call("/pools/{}/sources".format(_segment(pool)), method="GET")
+        return [Source.from_json(source) for source in _expect(answer.data)["sources"]]
+
     def lease(self, pool: str, ttl_ms: Optional[int] = None, renew: bool = False,
               report: bool = False) -> "AsyncLeaseScope":
         """A lease for the length of an ``async with`` block, as :meth:`Client.lease`::
@@ -141,15 +148,17 @@ class AsyncClient:
         """
         return AsyncLeaseScope(self, pool, ttl_ms=ttl_ms, renew=renew, report=report)
 
-    async def _call(self, path: str, body: Optional[Any] = None) -> _Answer:
-        """POSTs one request (every worker route is a POST); returns the answer or raises
-        the error matching it."""
+    async def _call(self, path: str, body: Optional[Any] = None,
+                    method: str = "POST") -> _Answer:
+        """Sends one request (a POST unless said otherwise: every worker route is one);
+        returns the answer or raises the error matching it."""
         content = None if body is None else json.dumps(body).encode("utf-8")
         headers = None if body is None else {"Content-Type": "application/json"}
         # The path is escaped already (_segment): it is sent as it is.
         url = URL(self.base_url + path, encoded=True)
         try:
-            async with self._http().post(url, data=content, headers=headers) as response:
+            async with self._http().request(method, url, data=content,
+                                            headers=headers) as response:
                 raw = await response.read()
                 status, retry_after = response.status, response.headers.get("Retry-After")
         except (aiohttp.ClientError, asyncio.TimeoutError) as failure:
