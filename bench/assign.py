@@ -366,8 +366,9 @@ def redis_and_embedded_rows():
                     seed(base, pool, size)
                     keys = [f"{PREFIX}:{{{pool}}}:{part}" for part in KEY_PARTS]
                     # ARGV as the service sends them: a lease id (unused on a
-                    # least-used pool), no ttl, and the reclaim and return batch sizes.
-                    args = ["0123456789abcdef0123456789abcdef", "", "16", "16", "2000"]
+                    # least-used pool), no ttl, the reclaim and return batch sizes, the
+                    # label check budget and one member.
+                    args = ["0123456789abcdef0123456789abcdef", "", "16", "16", "2000", "1"]
                     service, yardstick, two_threads = [], [], []
                     compare_threads = store == "redis" and size == SIZES[len(SIZES) // 2] \
                         and WRK_THREADS != 2

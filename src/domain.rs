@@ -21,6 +21,7 @@ pub use candidate::{
     Candidate, Host, MASKED_MAX_CHARS, Rejection, Scheme, canonical_member_id, looks_like_address,
     mask_credentials,
 };
+pub use count::{AssignCount, InvalidAssignCount};
 pub use health::{
     CHECK_BODY_WINDOW_BYTES, CheckConfig, CheckKind, HealthConfig, InvalidHealthConfig,
     OutcomeResult,

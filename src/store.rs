@@ -52,8 +52,8 @@ pub use self::chunks::{CHUNK_BUDGET, CHUNK_GRANULE, MAX_CHUNK, MIN_CHUNK};
 pub use self::embedded::{DataDirOptions, EmbeddedStore, OpenError};
 pub use self::redis::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
-    LabelFilter, Labels, LeaseId, LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId,
-    RestorePolicy, Target, Timestamp,
+    AssignCount, LabelFilter, Labels, LeaseId, LeaseTtl, MemberId, OutcomeResult, PoolConfig,
+    PoolId, RestorePolicy, Target, Timestamp,
 };
 
 /// How many expired leases an assign reclaims before it chooses, at most. It keeps the
@@ -177,6 +177,17 @@ pub enum Assignment {
         /// of them comes back.
         next_return: Option<Duration>,
     },
+}
+
+/// The answer to an assign of several members ([`Store::assign_several`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// The members handed out, in pick order, each an [`Assignment::Assigned`] or an
+    /// [`Assignment::Leased`]; empty when none fits.
+    pub assigned: Vec<Assignment>,
+    /// When `assigned` is empty, no label filter was given and some members are cooling
+    /// down: how long until the first of them comes back.
+    pub next_return: Option<Duration>,
 }
 
 /// A live lease as its holder sees it.
@@ -755,6 +766,20 @@ pub trait Store: Send + Sync + 'static {
         pool: &PoolId,
         request: &AssignRequest,
     ) -> Result<Assignment, StoreError>;
+
+    /// Hands out up to `count` distinct eligible members that fit the request, in the
+    /// order an assign takes them (the first is the one [`Store::assign`] would choose),
+    /// each counted once, in one atomic step; on a least-in-flight pool each gets its own
+    /// lease, and only members below `max_in_flight` are taken. Fewer when fewer fit.
+    ///
+    /// # Errors
+    /// As [`Store::assign`].
+    async fn assign_several(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+        count: AssignCount,
+    ) -> Result<Batch, StoreError>;
 
     /// Ends a live lease and frees its place on its member.
     ///

@@ -41,6 +41,40 @@ pub fn optional_non_zero<'de, D: Deserializer<'de>>(
     }
 }
 
+/// How many members one assign hands out (`count` in the API): 1 to 100, so that the one
+/// script or lock turn an assign takes stays short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "u64")]
+pub struct AssignCount(u8);
+
+/// Why a number is not an [`AssignCount`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("count is 1 to {max} members", max = AssignCount::MAX)]
+pub struct InvalidAssignCount;
+
+impl AssignCount {
+    /// The most members one assign hands out.
+    pub const MAX: u8 = 100;
+    /// One member: what an assign without `count` hands out.
+    pub const ONE: Self = Self(1);
+
+    /// The count as a number.
+    pub fn get(self) -> usize {
+        usize::from(self.0)
+    }
+}
+
+impl TryFrom<u64> for AssignCount {
+    type Error = InvalidAssignCount;
+
+    fn try_from(n: u64) -> Result<Self, InvalidAssignCount> {
+        match u8::try_from(n) {
+            Ok(n @ 1..=Self::MAX) => Ok(Self(n)),
+            _ => Err(InvalidAssignCount),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,5 +101,24 @@ mod tests {
         assert!(serde_json::from_str::<Counts>(r#"{"cap": 0}"#).is_err());
         let none: Counts = serde_json::from_str(r#"{"n": null}"#).expect("null is none");
         assert_eq!(none.n, None);
+    }
+
+    #[test]
+    fn an_assign_count_is_one_to_a_hundred() {
+        let counts: Vec<Result<usize, InvalidAssignCount>> = [0, 1, 100, 101, 256, u64::MAX]
+            .into_iter()
+            .map(|n| AssignCount::try_from(n).map(AssignCount::get))
+            .collect();
+        assert_eq!(
+            counts,
+            [
+                Err(InvalidAssignCount),
+                Ok(1),
+                Ok(100),
+                Err(InvalidAssignCount),
+                Err(InvalidAssignCount),
+                Err(InvalidAssignCount)
+            ]
+        );
     }
 }

@@ -12,7 +12,7 @@ use super::auth::Worker;
 use super::error::ApiError;
 use super::extract::{JsonBody, JsonOrDefault, PoolPath};
 use super::log::Outcome;
-use crate::domain::{LabelFilter, LeaseTtl, MemberId, PoolId, Target};
+use crate::domain::{AssignCount, LabelFilter, LeaseTtl, MemberId, PoolId, Target};
 use crate::store::{AssignRequest, Assignment, Lease, MAX_LABEL_CHECKS, StoreError};
 
 /// Optional body of an assign; every field is optional.
@@ -28,11 +28,29 @@ pub struct AssignBody {
     /// The host the worker will contact: members banned for it are skipped.
     #[serde(default)]
     target: Option<serde_json::Value>,
+    /// Up to this many distinct members (1 to 100), answered as a batch.
+    #[serde(default)]
+    count: Option<AssignCount>,
+    /// Sticky sessions are not served yet; the field is read so that `count` with it gets
+    /// the contract's answer (a session pins one member, so the two never combine).
+    #[serde(default)]
+    session: Option<serde::de::IgnoredAny>,
 }
 
 impl AssignBody {
-    /// The store's request, labels parsed.
-    fn request(self) -> Result<AssignRequest, ApiError> {
+    /// The store's request, labels parsed, and the count when one was asked for.
+    fn request(self) -> Result<(AssignRequest, Option<AssignCount>), ApiError> {
+        if self.session.is_some() {
+            return Err(ApiError::InvalidRequest(
+                if self.count.is_some() {
+                    "count: an assign with a session hands out its one pinned member; \
+                     count does not combine with session"
+                } else {
+                    "session: sticky sessions are not served by this version"
+                }
+                .to_owned(),
+            ));
+        }
         let labels = match &self.labels {
             Some(value) => LabelFilter::from_json("labels", value)
                 .map_err(|e| ApiError::InvalidRequest(e.to_string()))?,
@@ -44,11 +62,14 @@ impl AssignBody {
             .map(|value| Target::from_json("target", value))
             .transpose()
             .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-        Ok(AssignRequest {
-            ttl: self.ttl_ms,
-            labels,
-            target,
-        })
+        Ok((
+            AssignRequest {
+                ttl: self.ttl_ms,
+                labels,
+                target,
+            },
+            self.count,
+        ))
     }
 }
 
@@ -68,29 +89,97 @@ struct Leased<'a> {
     lease: &'a Lease,
 }
 
+/// One member of a batch, as a single assign answers it.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Entry<'a> {
+    Assigned(Assigned<'a>),
+    Leased(Leased<'a>),
+}
+
+#[derive(Serialize)]
+struct Several<'a> {
+    pool: &'a PoolId,
+    assigned: Vec<Entry<'a>>,
+}
+
+impl<'a> Entry<'a> {
+    /// `None` for [`Assignment::Empty`], which a batch never holds.
+    fn of(pool: &'a PoolId, assignment: &'a Assignment) -> Option<Self> {
+        match assignment {
+            Assignment::Assigned {
+                member,
+                assignments,
+            } => Some(Self::Assigned(Assigned {
+                pool,
+                proxy: member,
+                assignments: *assignments,
+            })),
+            Assignment::Leased {
+                member,
+                assignments,
+                in_flight,
+                lease,
+            } => Some(Self::Leased(Leased {
+                pool,
+                proxy: member,
+                in_flight: *in_flight,
+                assignments: *assignments,
+                lease,
+            })),
+            Assignment::Empty { .. } => None,
+        }
+    }
+}
+
 /// Hands out a member under the pool's policy: 200 with it (and, on a least-in-flight
 /// pool, its lease), 204 when the pool has no member to give (the worker skips its
 /// request; `Retry-After` says when the first member cooling down comes back, if any),
 /// 404 when there is no pool. The body is optional: `{"ttl_ms": n}` asks for a
 /// lease ttl other than the pool's (ignored by least-used pools, which give no leases);
 /// `{"labels": {...}}` chooses among the members whose labels match only;
-/// `{"target": "host"}` skips members banned for that host.
+/// `{"target": "host"}` skips members banned for that host; `{"count": n}` hands out up to
+/// n distinct members at once, as `{"pool", "assigned": [...]}`.
 pub async fn assign(
     _: Worker,
     State(state): State<AppState>,
     PoolPath(pool): PoolPath,
     JsonOrDefault(body): JsonOrDefault<AssignBody>,
 ) -> Result<Response, ApiError> {
-    let request = body.request()?;
-    let assignment = match state.store.assign(&pool, &request).await {
-        Err(StoreError::FilterTooCostly) => {
-            return Err(ApiError::InvalidRequest(format!(
-                "labels: this filter would check more than {MAX_LABEL_CHECKS} members; \
-                 filter on one key, or give the members a label that combines the keys"
-            )));
-        }
-        other => other?,
-    };
+    let (request, count) = body.request()?;
+    if let Some(count) = count {
+        let batch = state
+            .store
+            .assign_several(&pool, &request, count)
+            .await
+            .map_err(filter_refused)?;
+        let mut response = if batch.assigned.is_empty() {
+            no_content(batch.next_return)
+        } else {
+            let assigned = batch
+                .assigned
+                .iter()
+                .filter_map(|a| Entry::of(&pool, a))
+                .collect();
+            axum::Json(Several {
+                pool: &pool,
+                assigned,
+            })
+            .into_response()
+        };
+        let outcome = match batch.assigned.first() {
+            None => "empty",
+            Some(Assignment::Leased { .. }) => "leased",
+            Some(_) => "assigned",
+        };
+        response.extensions_mut().insert(Outcome(outcome));
+        return Ok(response);
+    }
+    let assignment = state
+        .store
+        .assign(&pool, &request)
+        .await
+        .map_err(filter_refused)?;
     let (outcome, mut response) = match assignment {
         Assignment::Assigned {
             member,
@@ -124,6 +213,18 @@ pub async fn assign(
     };
     response.extensions_mut().insert(Outcome(outcome));
     Ok(response)
+}
+
+/// The store's refusal of a costly label filter as the 400 that explains it; other errors
+/// as they are.
+fn filter_refused(error: StoreError) -> ApiError {
+    match error {
+        StoreError::FilterTooCostly => ApiError::InvalidRequest(format!(
+            "labels: this filter would check more than {MAX_LABEL_CHECKS} members; \
+             filter on one key, or give the members a label that combines the keys"
+        )),
+        other => other.into(),
+    }
 }
 
 /// The exact wait of a 204, in milliseconds, next to `Retry-After`'s whole seconds.

@@ -41,7 +41,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Applied, AssignRequest, Assignment, CHECK_CLAIM_HOLD, CheckRound, ClaimedSource, Cursor,
+    Applied, AssignRequest, Assignment, Batch, CHECK_CLAIM_HOLD, CheckRound, ClaimedSource, Cursor,
     DisableReport, Effect, EnableReport, FetchOutcome, Health, LastCheck, Lease, MAX_LABEL_CHECKS,
     MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, Origin, PRUNE_BATCH, PoolInfo,
     PoolPage, PoolStats, Pruned, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport,
@@ -50,8 +50,8 @@ use super::{
     Store, StoreError, StoreStatus, Swept,
 };
 use crate::domain::{
-    LabelFilter, LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId,
-    RestorePolicy, Target, Timestamp,
+    AssignCount, LabelFilter, LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig,
+    PoolId, RestorePolicy, Target, Timestamp,
 };
 
 use self::codec::{MemberImage, PoolImage, Provenance, SourceBook};
@@ -937,17 +937,36 @@ impl Pool {
         member: impl Fn(&T) -> &MemberId,
         holds: &Holds<'_>,
     ) -> Result<&'a T, Option<Timestamp>> {
+        let (mut found, earliest) = self.free_entries(order, member, holds, 1);
+        found.pop().ok_or(earliest)
+    }
+
+    /// The first `wanted` entries of a choosing order whose members are free for the
+    /// request, skipping at most [`MAX_LABEL_CHECKS`] held members, with the earliest time
+    /// one of those skipped is free again.
+    fn free_entries<'a, T: 'a>(
+        &self,
+        order: impl Iterator<Item = &'a T>,
+        member: impl Fn(&T) -> &MemberId,
+        holds: &Holds<'_>,
+        wanted: usize,
+    ) -> (Vec<&'a T>, Option<Timestamp>) {
+        let mut found = Vec::new();
         let mut earliest: Option<Timestamp> = None;
-        for (skipped, entry) in order.enumerate() {
-            if skipped as u64 >= MAX_LABEL_CHECKS {
+        let mut held = 0u64;
+        for entry in order {
+            if found.len() == wanted || held >= MAX_LABEL_CHECKS {
                 break;
             }
             match self.held_until(holds, member(entry)) {
-                Some(until) => earliest = Some(earliest.map_or(until, |e| e.min(until))),
-                None => return Ok(entry),
+                Some(until) => {
+                    earliest = Some(earliest.map_or(until, |e| e.min(until)));
+                    held += 1;
+                }
+                None => found.push(entry),
             }
         }
-        Err(earliest)
+        (found, earliest)
     }
 
     /// What may hold members back for this request: the bans of its target, when it has
@@ -1047,8 +1066,8 @@ impl Pool {
                     .map(|(_, member)| member.clone()),
             }
         } else {
-            let (first, banned_until) = self.pick_labelled(labels, holds.as_ref())?;
-            match first {
+            let (mut first, banned_until) = self.pick_labelled(labels, holds.as_ref(), 1)?;
+            match first.pop() {
                 Some((_, _, member)) => Some(member),
                 None => {
                     return Ok(Assignment::Empty {
@@ -1062,16 +1081,48 @@ impl Pool {
                 next_return: self.wait_for(labels, now),
             });
         };
+        Ok(self.count_one(member, holds.as_ref()))
+    }
+
+    /// Counts one more assignment for an eligible member, keeping its places in step, and
+    /// rests it when the request is paced.
+    fn count_one(&mut self, member: MemberId, holds: Option<&Holds<'_>>) -> Assignment {
         self.unplace(&member);
         let assignments = self.eligible.get(&member).unwrap_or(0) + 1;
         self.eligible.set(member.clone(), assignments);
         self.place(&member);
         self.total_assignments += 1;
-        self.rest(holds.as_ref(), &member);
-        Ok(Assignment::Assigned {
+        self.rest(holds, &member);
+        Assignment::Assigned {
             member,
             assignments,
-        })
+        }
+    }
+
+    /// Leases an eligible member that has `in_flight` live leases, counting one more
+    /// assignment for it and resting it when the request is paced.
+    fn lease_one(
+        &mut self,
+        member: MemberId,
+        in_flight: u64,
+        now: Timestamp,
+        ttl: LeaseTtl,
+        holds: Option<&Holds<'_>>,
+    ) -> Assignment {
+        self.unplace(&member);
+        let assignments = self.eligible.get(&member).unwrap_or(0) + 1;
+        self.eligible.set(member.clone(), assignments);
+        self.in_flight.insert(member.clone(), in_flight + 1);
+        self.place(&member);
+        self.total_assignments += 1;
+        self.rest(holds, &member);
+        let lease = self.lease_for(&member, now, ttl);
+        Assignment::Leased {
+            member,
+            assignments,
+            in_flight: in_flight + 1,
+            lease,
+        }
     }
 
     fn assign_least_in_flight(
@@ -1082,7 +1133,9 @@ impl Pool {
         self.reclaim_expired(now, RECLAIM_ON_ASSIGN);
         let holds = self.holds(request, now);
         let (first, banned_until) = if !request.labels.is_empty() {
-            self.pick_labelled(&request.labels, holds.as_ref())?
+            let (mut found, banned_until) =
+                self.pick_labelled(&request.labels, holds.as_ref(), 1)?;
+            (found.pop(), banned_until)
         } else if let Some(holds) = &holds {
             match self.first_free(self.order.iter(), |e| &e.2, holds) {
                 Ok(entry) => (Some(entry.clone()), None),
@@ -1108,20 +1161,82 @@ impl Pool {
                 next_return: bans::wait_until(banned_until, now),
             });
         }
-        self.unplace(&member);
-        let assignments = self.eligible.get(&member).unwrap_or(0) + 1;
-        self.eligible.set(member.clone(), assignments);
-        self.in_flight.insert(member.clone(), in_flight + 1);
-        self.place(&member);
-        self.total_assignments += 1;
-        self.rest(holds.as_ref(), &member);
         let ttl = request.ttl.unwrap_or(self.config.lease_ttl_ms);
-        let lease = self.lease_for(&member, now, ttl);
-        Ok(Assignment::Leased {
-            member,
-            assignments,
-            in_flight: in_flight + 1,
-            lease,
+        Ok(self.lease_one(member, in_flight, now, ttl, holds.as_ref()))
+    }
+
+    /// Up to `count` distinct members in the choosing order among those that fit
+    /// `request` (labels; not banned for its target, not resting), each counted once (and
+    /// leased on a least-in-flight pool, below the cap), as `assign.lua` does.
+    fn assign_several(
+        &mut self,
+        request: &AssignRequest,
+        count: AssignCount,
+        now: Timestamp,
+    ) -> Result<Batch, StoreError> {
+        let lif = self.config.policy == Policy::LeastInFlight;
+        if lif {
+            self.reclaim_expired(now, RECLAIM_ON_ASSIGN);
+        }
+        let holds = self.holds(request, now);
+        let wanted = count.get();
+        // (live leases on a least-in-flight pool else 0, assignments, member), in order.
+        let (chosen, banned_until): (Vec<labelled::OrderEntry>, Option<Timestamp>) =
+            if !request.labels.is_empty() {
+                self.pick_labelled(&request.labels, holds.as_ref(), wanted)?
+            } else if lif {
+                match &holds {
+                    Some(holds) => {
+                        let (found, earliest) =
+                            self.free_entries(self.order.iter(), |e| &e.2, holds, wanted);
+                        (found.into_iter().cloned().collect(), earliest)
+                    }
+                    None => (self.order.iter().take(wanted).cloned().collect(), None),
+                }
+            } else {
+                let (entries, earliest): (Vec<&(u64, MemberId)>, Option<Timestamp>) = match &holds {
+                    Some(holds) => {
+                        self.free_entries(self.eligible.order.iter(), |e| &e.1, holds, wanted)
+                    }
+                    None => (self.eligible.order.iter().take(wanted).collect(), None),
+                };
+                (
+                    entries
+                        .into_iter()
+                        .map(|(assignments, member)| (0, *assignments, member.clone()))
+                        .collect(),
+                    earliest,
+                )
+            };
+        if chosen.is_empty() {
+            return Ok(Batch {
+                assigned: Vec::new(),
+                next_return: self.wait_with_bans(&request.labels, banned_until, now),
+            });
+        }
+        let ttl = request.ttl.unwrap_or(self.config.lease_ttl_ms);
+        let cap = self.config.max_in_flight;
+        let mut assigned = Vec::with_capacity(chosen.len());
+        for (in_flight, _, member) in chosen {
+            if !lif {
+                assigned.push(self.count_one(member, holds.as_ref()));
+                continue;
+            }
+            // The fewest live leases come first (of those not held): from the first at the
+            // cap on, all are; a held one may come back below it.
+            if cap.is_some_and(|cap| in_flight >= cap.get()) {
+                break;
+            }
+            assigned.push(self.lease_one(member, in_flight, now, ttl, holds.as_ref()));
+        }
+        let next_return = if assigned.is_empty() {
+            bans::wait_until(banned_until, now)
+        } else {
+            None
+        };
+        Ok(Batch {
+            assigned,
+            next_return,
         })
     }
 
@@ -1447,6 +1562,49 @@ impl Store for EmbeddedStore {
         // A lease issued is on disk before the worker holds it.
         let change = match answer.0 {
             Ok(Assignment::Leased { .. }) => Change::Durable,
+            _ => Change::Counts,
+        };
+        self.settle(answer, change).await?
+    }
+
+    async fn assign_several(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+        count: AssignCount,
+    ) -> Result<Batch, StoreError> {
+        let answer = self.with_pool(pool, |p, journal| {
+            let now = Timestamp::now();
+            p.return_due(now, RETURN_ON_ASSIGN);
+            let batch = p.assign_several(request, count, now)?;
+            if let Some(journal) = journal {
+                for assignment in &batch.assigned {
+                    if let Assignment::Assigned {
+                        member,
+                        assignments,
+                    }
+                    | Assignment::Leased {
+                        member,
+                        assignments,
+                        ..
+                    } = assignment
+                    {
+                        journal.assigned(pool, member, *assignments, p.total_assignments);
+                    }
+                }
+            }
+            Ok(batch)
+        })?;
+        // Leases issued are on disk before the worker holds them.
+        let change = match &answer.0 {
+            Ok(batch)
+                if batch
+                    .assigned
+                    .iter()
+                    .any(|a| matches!(a, Assignment::Leased { .. })) =>
+            {
+                Change::Durable
+            }
             _ => Change::Counts,
         };
         self.settle(answer, change).await?

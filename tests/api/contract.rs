@@ -203,3 +203,29 @@ fn the_target_pattern_accepts_exactly_what_the_service_takes_as_a_target() {
         );
     }
 }
+
+#[test]
+fn the_contract_bounds_count_as_the_service_does_and_documents_the_batch_answer() {
+    let spec = spec();
+    let count = &spec["components"]["schemas"]["AssignRequest"]["properties"]["count"]["oneOf"][0];
+    assert_eq!(
+        (count["minimum"].as_u64(), count["maximum"].as_u64()),
+        (
+            Some(1),
+            Some(u64::from(proxy_allocator::domain::AssignCount::MAX))
+        )
+    );
+    let batch = &spec["components"]["schemas"]["Batch"];
+    assert_eq!(
+        batch["properties"]["assigned"]["maxItems"].as_u64(),
+        Some(u64::from(proxy_allocator::domain::AssignCount::MAX))
+    );
+    let answers = &spec["paths"]["/pools/{pool}/assign"]["post"]["responses"]["200"]["content"]["application/json"]
+        ["schema"]["anyOf"];
+    assert!(
+        answers
+            .as_sequence()
+            .is_some_and(|s| s.iter().any(|a| a["$ref"] == "#/components/schemas/Batch")),
+        "the 200 answer of assign lists Batch: {answers:?}"
+    );
+}

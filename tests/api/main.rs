@@ -10,6 +10,7 @@ mod helpers;
 
 mod assign;
 mod auth;
+mod batches;
 mod check_targets;
 mod checks;
 mod cli;

@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use proxy_allocator::config::Config;
 use proxy_allocator::domain::{
-    LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy, Target,
+    AssignCount, LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy,
+    Target,
 };
 use proxy_allocator::store::{
-    AssignRequest, Assignment, CheckRound, ClaimedSource, Cursor, DisableReport, EnableReport,
-    FetchOutcome, MemberPage, PoolInfo, PoolPage, Pruned, PutPool, RemoveReport, Renewed, Report,
-    ReportSource, ReportSummary, Seed, SeedReport, SourceState, StateFilter, Store, StoreError,
-    StoreStatus, Swept,
+    AssignRequest, Assignment, Batch, CheckRound, ClaimedSource, Cursor, DisableReport,
+    EnableReport, FetchOutcome, MemberPage, PoolInfo, PoolPage, Pruned, PutPool, RemoveReport,
+    Renewed, Report, ReportSource, ReportSummary, Seed, SeedReport, SourceState, StateFilter,
+    Store, StoreError, StoreStatus, Swept,
 };
 
 use crate::helpers::TestApp;
@@ -151,6 +152,15 @@ impl Store for Spy {
         request: &AssignRequest,
     ) -> Result<Assignment, StoreError> {
         self.inner.assign(pool, request).await
+    }
+
+    async fn assign_several(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+        count: AssignCount,
+    ) -> Result<Batch, StoreError> {
+        self.inner.assign_several(pool, request, count).await
     }
 
     async fn release(&self, pool: &PoolId, lease: &LeaseId) -> Result<(), StoreError> {

@@ -87,6 +87,14 @@ class AsyncBehaviour(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(await self.client.assign(pool),
                          Assignment(pool=pool, proxy=P1, assignments=1))
 
+    async def test_assign_with_count_returns_distinct_members_in_pick_order(self) -> None:
+        pool = self.service.create_pool()
+        self.service.seed(pool, [P2, P1])
+        self.assertEqual(await self.client.assign(pool, count=3),
+                         [Assignment(pool=pool, proxy=P1, assignments=1),
+                          Assignment(pool=pool, proxy=P2, assignments=1)])
+        self.assertEqual(await self.client.assign(pool, labels={"country": "us"}, count=3), [])
+
     async def test_assign_returns_the_least_used_proxy_and_none_when_nothing_is_eligible(
             self) -> None:
         pool = self.service.create_pool()

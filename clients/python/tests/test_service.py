@@ -103,6 +103,21 @@ class ClientBehaviour(unittest.TestCase):
             client.assign(pool, target="https://shop.example.com/")
         self.assertEqual(raised.exception.code, "invalid_request")
 
+    def test_assign_with_count_returns_distinct_members_in_pick_order(self) -> None:
+        pool = self.service.create_pool()
+        self.service.seed(pool, [P2, P1])
+        client = self.service.client()
+        self.assertEqual(client.assign(pool, count=5),
+                         [Assignment(pool=pool, proxy=P1, assignments=1),
+                          Assignment(pool=pool, proxy=P2, assignments=1)])
+        leasing = self.leasing_pool(max_in_flight=1)
+        self.service.seed(leasing, [P1, P2])
+        batch = client.assign(leasing, count=2)
+        assert isinstance(batch, list)
+        self.assertEqual([a.proxy for a in batch], [P1, P2])
+        self.assertEqual(len({a.lease.id for a in batch if a.lease is not None}), 2)
+        self.assertEqual(client.assign(leasing, count=2), [])
+
     def test_assign_returns_none_when_every_member_is_disabled(self) -> None:
         pool = self.service.create_pool()
         self.service.seed(pool, [P1])

@@ -105,17 +105,19 @@ impl Pool {
         }
     }
 
-    /// The first eligible member in the choosing order that passes `filter`, by the rule
-    /// of `pick_labelled` in `scripts/labels.lua`: with one key, the first entry of each
-    /// value's set; with several, a walk over the key with the fewest entries that checks
-    /// at most [`MAX_LABEL_CHECKS`] candidates. With `holds`, members banned for the
-    /// request's target or resting are skipped, each counting as a check; the earliest
-    /// time one of those that pass the filter is free again comes second.
+    /// The first `wanted` eligible members in the choosing order that pass `filter`, in
+    /// that order, by the rule of `pick_labelled` in `scripts/labels.lua`: with one key
+    /// and nothing held, the first entries of each value's set; otherwise a walk over the
+    /// key with the fewest entries that checks at most [`MAX_LABEL_CHECKS`] candidates.
+    /// With `holds`, members banned for the request's target or resting are skipped, each
+    /// counting as a check; the earliest time one of those that pass the filter is free
+    /// again comes second.
     pub(super) fn pick_labelled(
         &self,
         filter: &LabelFilter,
         holds: Option<&Holds<'_>>,
-    ) -> Result<(Option<OrderEntry>, Option<Timestamp>), StoreError> {
+        wanted: usize,
+    ) -> Result<(Vec<OrderEntry>, Option<Timestamp>), StoreError> {
         let banned_until =
             |member: &MemberId| holds.and_then(|holds| self.held_until(holds, member));
         let mut earliest: Option<Timestamp> = None;
@@ -128,47 +130,47 @@ impl Pool {
                 .sum()
         };
         let Some(walk) = (0..groups.len()).min_by_key(|&i| size(&groups[i])) else {
-            return Ok((None, None));
+            return Ok((Vec::new(), None));
         };
         let (key, values) = groups[walk];
-        let mut best: Option<&(u64, u64, MemberId)> = None;
+        let mut found: Vec<&(u64, u64, MemberId)> = Vec::new();
         let mut checked = 0u64;
         for value in values {
             let Some(entries) = set(key, value) else {
                 continue;
             };
-            let mut found = None;
+            let mut taken = 0;
             for entry in entries {
-                if groups.len() == 1 && holds.is_none() {
-                    found = Some(entry);
+                if taken == wanted {
                     break;
                 }
-                checked += 1;
-                if checked > MAX_LABEL_CHECKS {
-                    return Err(StoreError::FilterTooCostly);
-                }
-                if self
-                    .labels
-                    .of
-                    .get(&entry.2)
-                    .is_some_and(|labels| labels.matches(filter))
-                {
-                    match banned_until(&entry.2) {
-                        Some(until) => earliest = Some(earliest.map_or(until, |e| e.min(until))),
-                        None => {
-                            found = Some(entry);
-                            break;
-                        }
+                if groups.len() > 1 || holds.is_some() {
+                    checked += 1;
+                    if checked > MAX_LABEL_CHECKS {
+                        return Err(StoreError::FilterTooCostly);
+                    }
+                    if !self
+                        .labels
+                        .of
+                        .get(&entry.2)
+                        .is_some_and(|labels| labels.matches(filter))
+                    {
+                        continue;
+                    }
+                    if let Some(until) = banned_until(&entry.2) {
+                        earliest = Some(earliest.map_or(until, |e| e.min(until)));
+                        continue;
                     }
                 }
-            }
-            if let Some(found) = found
-                && best.is_none_or(|best| found < best)
-            {
-                best = Some(found);
+                found.push(entry);
+                taken += 1;
             }
         }
-        Ok((best.cloned(), earliest))
+        // Each set is in order already; with several values, merge them. A member has one
+        // value per key, so the sets never share a member.
+        found.sort();
+        found.truncate(wanted);
+        Ok((found.into_iter().cloned().collect(), earliest))
     }
 
     /// A page of a listing with a label filter (see `Store::members`).

@@ -15,10 +15,11 @@ use super::reply::{
     RenewReply, SeedOutcome, SeedReply, SourceStatesReply, SweepReply, WalkReply,
 };
 use crate::domain::{
-    LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy, Target,
+    AssignCount, LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy,
+    Target,
 };
 use crate::store::{
-    Applied, AssignRequest, Assignment, BAN_CLEANUP, CheckRound, ClaimedSource, Cursor,
+    Applied, AssignRequest, Assignment, BAN_CLEANUP, Batch, CheckRound, ClaimedSource, Cursor,
     DisableReport, EnableReport, FetchOutcome, Lease, MAX_BAN_TARGETS, MAX_LABEL_CHECKS,
     MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PRUNE_BATCH, PoolInfo, PoolPage, Pruned,
     PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
@@ -61,6 +62,98 @@ fn seen_place(id: u64, fetch: u64) -> String {
 }
 
 impl RedisStore {
+    /// Runs `assign.lua` for up to `count` members (one script call whatever the count).
+    async fn assign_batch(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+        count: AssignCount,
+    ) -> Result<Batch, StoreError> {
+        // The ids are drawn for every assign, used only on least-in-flight pools: deciding
+        // here would need the pool's policy, which only the script reads.
+        let ids: Vec<LeaseId> = (0..count.get()).map(|_| LeaseId::random()).collect();
+        let id_arg = match &ids[..] {
+            [one] => std::borrow::Cow::Borrowed(one.as_str()),
+            many => std::borrow::Cow::Owned(
+                many.iter()
+                    .map(LeaseId::as_str)
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
+        };
+        let ttl_arg = request
+            .ttl
+            .map(|t| t.as_millis().to_string())
+            .unwrap_or_default();
+        let [reclaim, returns, checks] = &*ASSIGN_BATCHES;
+        let count_arg = match count.get() {
+            1 => std::borrow::Cow::Borrowed("1"),
+            n => std::borrow::Cow::Owned(n.to_string()),
+        };
+        let groups = request.labels.script_args();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(6 + groups.len());
+        args.extend([
+            id_arg.as_bytes(),
+            ttl_arg.as_bytes(),
+            reclaim.as_bytes(),
+            returns.as_bytes(),
+            checks.as_bytes(),
+            count_arg.as_bytes(),
+        ]);
+        args.extend(groups.iter().map(|group| group.as_bytes()));
+        let extra = match &request.target {
+            Some(target) => self.target_keys(pool, target),
+            None => Vec::new(),
+        };
+        let value = self
+            .eval_keyed(&self.scripts.assign, pool, None, &extra, &args)
+            .await?;
+        Ok(match AssignReply::decode(value)? {
+            AssignReply::TooCostly => return Err(StoreError::FilterTooCostly),
+            AssignReply::Empty { next_return } => Batch {
+                assigned: Vec::new(),
+                next_return,
+            },
+            AssignReply::Assigned(members) => Batch {
+                assigned: members
+                    .into_iter()
+                    .map(|(member, assignments)| Assignment::Assigned {
+                        member,
+                        assignments,
+                    })
+                    .collect(),
+                next_return: None,
+            },
+            AssignReply::Leased {
+                expires_at,
+                ttl_ms,
+                due_hint,
+                members,
+            } => {
+                self.hint_due(pool, due_hint).await?;
+                Batch {
+                    assigned: members
+                        .into_iter()
+                        .zip(ids)
+                        .map(
+                            |((member, assignments, in_flight), id)| Assignment::Leased {
+                                member,
+                                assignments,
+                                in_flight,
+                                lease: Lease {
+                                    id,
+                                    expires_at,
+                                    ttl_ms,
+                                },
+                            },
+                        )
+                        .collect(),
+                    next_return: None,
+                }
+            }
+        })
+    }
+
     /// Takes up to `limit` due pools from the index at `key`, holding them for `hold`
     /// (removing them with a zero hold).
     async fn take_due(
@@ -376,62 +469,23 @@ impl Store for RedisStore {
         pool: &PoolId,
         request: &AssignRequest,
     ) -> Result<Assignment, StoreError> {
-        // The id is drawn for every assign, used only on least-in-flight pools: deciding
-        // here would need the pool's policy, which only the script reads.
-        let id = LeaseId::random();
-        let ttl_arg = request
-            .ttl
-            .map(|t| t.as_millis().to_string())
-            .unwrap_or_default();
-        let [reclaim, returns, checks] = &*ASSIGN_BATCHES;
-        let groups = request.labels.script_args();
-        let mut args: Vec<&[u8]> = Vec::with_capacity(5 + groups.len());
-        args.extend([
-            id.as_str().as_bytes(),
-            ttl_arg.as_bytes(),
-            reclaim.as_bytes(),
-            returns.as_bytes(),
-            checks.as_bytes(),
-        ]);
-        args.extend(groups.iter().map(|group| group.as_bytes()));
-        let extra = match &request.target {
-            Some(target) => self.target_keys(pool, target),
-            None => Vec::new(),
-        };
-        let value = self
-            .eval_keyed(&self.scripts.assign, pool, None, &extra, &args)
-            .await?;
-        Ok(match AssignReply::decode(value)? {
-            AssignReply::TooCostly => return Err(StoreError::FilterTooCostly),
-            AssignReply::Empty { next_return } => Assignment::Empty { next_return },
-            AssignReply::Assigned {
-                member,
-                assignments,
-            } => Assignment::Assigned {
-                member,
-                assignments,
-            },
-            AssignReply::Leased {
-                member,
-                assignments,
-                in_flight,
-                expires_at,
-                ttl_ms,
-                due_hint,
-            } => {
-                self.hint_due(pool, due_hint).await?;
-                Assignment::Leased {
-                    member,
-                    assignments,
-                    in_flight,
-                    lease: Lease {
-                        id,
-                        expires_at,
-                        ttl_ms,
-                    },
-                }
-            }
-        })
+        let batch = self.assign_batch(pool, request, AssignCount::ONE).await?;
+        Ok(batch
+            .assigned
+            .into_iter()
+            .next()
+            .unwrap_or(Assignment::Empty {
+                next_return: batch.next_return,
+            }))
+    }
+
+    async fn assign_several(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+        count: AssignCount,
+    ) -> Result<Batch, StoreError> {
+        self.assign_batch(pool, request, count).await
     }
 
     async fn release(&self, pool: &PoolId, lease: &LeaseId) -> Result<(), StoreError> {

@@ -145,34 +145,28 @@ pub(super) enum AssignReply {
         /// How long until the first cooling-down member returns.
         next_return: Option<Duration>,
     },
-    /// A least-used pool's choice.
-    Assigned {
-        /// The chosen member.
-        member: MemberId,
-        /// Its count including this assignment.
-        assignments: u64,
-    },
-    /// A least-in-flight pool's choice, leased under the id the assign passed in.
+    /// A least-used pool's choices, in pick order: each member with its count including
+    /// this assignment.
+    Assigned(Vec<(MemberId, u64)>),
+    /// A least-in-flight pool's choices, in pick order, the i-th leased under the i-th id
+    /// the assign passed in.
     Leased {
-        /// The chosen member.
-        member: MemberId,
-        /// Its count including this assignment.
-        assignments: u64,
-        /// Its live leases including this one.
-        in_flight: u64,
-        /// When the lease expires.
+        /// When the leases expire.
         expires_at: Timestamp,
-        /// The ttl it was given.
+        /// The ttl they were given.
         ttl_ms: LeaseTtl,
-        /// The pool's new earliest due time when this lease moved it earlier (the hint for
-        /// the due index, see `keys.rs`).
+        /// The pool's new earliest due time when these leases moved it earlier (the hint
+        /// for the due index, see `keys.rs`).
         due_hint: Option<u64>,
+        /// Each member with its count including this assignment and its live leases
+        /// including this one.
+        members: Vec<(MemberId, u64, u64)>,
     },
 }
 
 impl AssignReply {
-    /// Decodes `{-1}`, `{-2}`, `{0}`, `{0, ms}`, `{1, member, assignments}` or
-    /// `{2, member, assignments, in_flight, expires_ms, ttl_ms, due hint}`.
+    /// Decodes `{-1}`, `{-2}`, `{0}`, `{0, ms}`, `{1, member, assignments, ...}` or
+    /// `{2, expires_ms, ttl_ms, due hint, member, assignments, in_flight, ...}`.
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
         decode("assign.lua", value, |value| {
             let mut items = Items::new(value)?;
@@ -188,18 +182,34 @@ impl AssignReply {
                         .transpose()?
                         .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
                 },
-                1 => Self::Assigned {
-                    member: items.member()?,
-                    assignments: items.count()?,
-                },
-                2 => Self::Leased {
-                    member: items.member()?,
-                    assignments: items.count()?,
-                    in_flight: items.count()?,
-                    expires_at: Timestamp(items.count()?),
-                    ttl_ms: lease_ttl(items.count()?)?,
-                    due_hint: items.due_time()?,
-                },
+                1 => {
+                    let mut members = Vec::new();
+                    while !items.0.as_slice().is_empty() {
+                        members.push((items.member()?, items.count()?));
+                    }
+                    if members.is_empty() {
+                        return Err("reply too short".into());
+                    }
+                    Self::Assigned(members)
+                }
+                2 => {
+                    let expires_at = Timestamp(items.count()?);
+                    let ttl_ms = lease_ttl(items.count()?)?;
+                    let due_hint = items.due_time()?;
+                    let mut members = Vec::new();
+                    while !items.0.as_slice().is_empty() {
+                        members.push((items.member()?, items.count()?, items.count()?));
+                    }
+                    if members.is_empty() {
+                        return Err("reply too short".into());
+                    }
+                    Self::Leased {
+                        expires_at,
+                        ttl_ms,
+                        due_hint,
+                        members,
+                    }
+                }
                 _ => return Err("unknown status".into()),
             };
             items.end()?;

@@ -224,7 +224,7 @@ async fn every_script_s_replies_decode_from_a_real_redis() {
 /// Runs `assign.lua` with a lease id and a ttl (`""` for the pool's).
 async fn run_assign(redis: &TestRedis, pool: &PoolId, lease: &str, ttl: &str) -> Value {
     redis
-        .eval("assign", pool, &[lease, ttl, "16", "16", "2000"])
+        .eval("assign", pool, &[lease, ttl, "16", "16", "2000", "1"])
         .await
 }
 
@@ -244,17 +244,22 @@ async fn assign(redis: &TestRedis) {
     let assigned = AssignReply::decode(run_assign(redis, &used, "l0", "").await);
     assert_eq!(
         assigned.expect("decodes"),
-        AssignReply::Assigned {
-            member: member("a"),
-            assignments: 1
-        }
+        AssignReply::Assigned(vec![(member("a"), 1)])
+    );
+    // Several: the first members of the order, each counted once.
+    let several = redis
+        .eval("assign", &used, &["l0", "", "16", "16", "2000", "3"])
+        .await;
+    assert_eq!(
+        AssignReply::decode(several).expect("decodes"),
+        AssignReply::Assigned(vec![(member("a"), 2), (member("b"), 6)])
     );
     // With label groups: the least-used member carrying them, or {-2} when a filter over
     // several keys would check more candidates than ARGV[5] allows.
     let labelled = pool("assign-labelled");
     redis.create(&labelled, PoolConfig::default()).await;
     let run = |args: &'static [&'static str]| redis.eval("assign", &labelled, args);
-    run(&["l0", "", "16", "16", "2000"]).await;
+    run(&["l0", "", "16", "16", "2000", "1"]).await;
     redis
         .eval(
             "seed",
@@ -276,15 +281,12 @@ async fn assign(redis: &TestRedis) {
             ],
         )
         .await;
-    let picked = run(&["l0", "", "16", "16", "2000", "country fr"]).await;
+    let picked = run(&["l0", "", "16", "16", "2000", "1", "country fr"]).await;
     assert_eq!(
         AssignReply::decode(picked).expect("decodes"),
-        AssignReply::Assigned {
-            member: member("y"),
-            assignments: 1
-        }
+        AssignReply::Assigned(vec![(member("y"), 1)])
     );
-    let costly = run(&["l0", "", "16", "16", "0", "country fr", "tier a"]).await;
+    let costly = run(&["l0", "", "16", "16", "0", "1", "country fr", "tier a"]).await;
     assert_eq!(
         AssignReply::decode(costly).expect("decodes"),
         AssignReply::TooCostly
@@ -327,12 +329,10 @@ async fn assign(redis: &TestRedis) {
     assert_eq!(
         lease.expect("decodes"),
         AssignReply::Leased {
-            member: member("a"),
-            assignments: 5,
-            in_flight: 1,
             expires_at: Timestamp(expires_ms),
             ttl_ms: ttl(5000),
             due_hint: Some(expires_ms),
+            members: vec![(member("a"), 5, 1)],
         }
     );
     // A lease expiring after the pool's earliest due work sends no hint.
@@ -342,12 +342,10 @@ async fn assign(redis: &TestRedis) {
     assert_eq!(
         later.expect("decodes"),
         AssignReply::Leased {
-            member: member("b"),
-            assignments: 5,
-            in_flight: 1,
             expires_at: Timestamp(later_ms),
             ttl_ms: ttl(60000),
             due_hint: None,
+            members: vec![(member("b"), 5, 1)],
         }
     );
     let at_cap = AssignReply::decode(run_assign(redis, &leased, "lease-3", "").await);
@@ -355,6 +353,31 @@ async fn assign(redis: &TestRedis) {
         at_cap.expect("decodes"),
         AssignReply::Empty { next_return: None }
     );
+    // Several leases: the i-th member under the i-th id, all with one expiry.
+    let two = pool("assign-two-leases");
+    redis.create(&two, least_in_flight()).await;
+    redis.seed(&two, &["a", "b"], 0).await;
+    let both = redis
+        .eval(
+            "assign",
+            &two,
+            &["id-1 id-2", "5000", "16", "16", "2000", "2"],
+        )
+        .await;
+    let expiry = TestRedis::key(&two, "lease_expiry");
+    let expires_ms: u64 = redis.side(&["ZSCORE", &expiry, "id-2"]).await;
+    assert_eq!(
+        AssignReply::decode(both).expect("decodes"),
+        AssignReply::Leased {
+            expires_at: Timestamp(expires_ms),
+            ttl_ms: ttl(5000),
+            due_hint: Some(expires_ms),
+            members: vec![(member("a"), 1, 1), (member("b"), 1, 1)],
+        }
+    );
+    let leases = TestRedis::key(&two, "leases");
+    let holder: String = redis.side(&["HGET", &leases, "id-1"]).await;
+    assert_eq!(holder, "a");
 }
 
 async fn put_pool(redis: &TestRedis) {
@@ -1312,10 +1335,15 @@ fn refusal<T: std::fmt::Debug>(decoded: Result<T, StoreError>) -> String {
 
 #[test]
 fn a_reply_longer_or_shorter_than_its_script_s_is_refused_naming_the_script() {
-    let longer = Value::Array(vec![Value::Int(1), text("a"), Value::Int(1), Value::Int(9)]);
+    let longer = Value::Array(vec![Value::Int(0), Value::Int(5), Value::Int(9)]);
     assert_eq!(
         refusal(AssignReply::decode(longer)),
         "unexpected reply to assign.lua: reply too long"
+    );
+    let half = Value::Array(vec![Value::Int(1), text("a"), Value::Int(1), text("b")]);
+    assert_eq!(
+        refusal(AssignReply::decode(half)),
+        "unexpected reply to assign.lua: reply too short"
     );
     let shorter = Value::Array(vec![Value::Int(1)]);
     assert_eq!(

@@ -1,4 +1,4 @@
--- Chooses a member under the pool's policy and counts one more assignment for it, in one
+-- Chooses members under the pool's policy and counts one more assignment for each, in one
 -- script so that no other client runs between the choice and the update: two concurrent
 -- assigns never both take the same member's last free place. One script for both
 -- policies, so an assign is one round trip whatever the pool.
@@ -8,31 +8,35 @@
 -- least-used: the fewest assignments, equal counts by member bytes (Redis's order for
 -- equal scores).
 -- least-in-flight: first reclaims a few expired leases of this pool, then takes the first
--- member of the choosing order (see `entry` in leases.lua) unless it is at max_in_flight,
--- and leases it until now + ttl.
--- With label groups (ARGV[6..]), the choice is the first member of the same order among
--- those that pass every group (pick_labelled in labels.lua); the rest is the same.
--- ARGV[1] id for the new lease (random, from the service), ARGV[2] ttl in ms or '' for
--- the pool's, ARGV[3] how many expired leases to reclaim first, ARGV[4] how many due
--- members to return first, ARGV[5] most candidates a label filter may check, ARGV[6..]
--- label groups "key value value ...".
+-- members of the choosing order (see `entry` in leases.lua) that are below max_in_flight,
+-- and leases each until now + ttl.
+-- It hands out the first ARGV[6] members of that order: distinct, each counted once, in
+-- pick order (an assign of several, `count` in the API). With label groups (ARGV[7..]),
+-- they are the first members of the same order among those that pass every group
+-- (pick_labelled in labels.lua); the rest is the same.
+-- ARGV[1] ids for the new leases, one per member asked for, separated by spaces (random,
+-- from the service), ARGV[2] ttl in ms or '' for the pool's, ARGV[3] how many expired
+-- leases to reclaim first, ARGV[4] how many due members to return first, ARGV[5] most
+-- candidates a label filter may check, ARGV[6] how many members, ARGV[7..] label groups
+-- "key value value ...".
 -- With a target, KEYS[23] is its ban hash (see outcomes.lua) and KEYS[24] its pacing set:
 -- members banned for it are skipped in the choosing order, each costing one check of the
 -- ARGV[5] budget; when the budget is spent on skipped members the answer is {0, ms} until
 -- the first of them is free again. Without a target there is no KEYS[23] and bans cost
 -- nothing.
--- Pacing (meta `pacing`, "<min_interval_ms> <per_target 0|1>"): the member handed out rests
--- until now + min_interval_ms, in KEYS[22] (pool-wide) or KEYS[24] (per target; assigns
--- without a target are then not paced), and resting members are skipped the same way.
--- Since the choice and the rest are one script, no two assigns, whatever their replica,
--- ever hand out a resting member.
+-- Pacing (meta `pacing`, "<min_interval_ms> <per_target 0|1>"): each member handed out
+-- rests until now + min_interval_ms, in KEYS[22] (pool-wide) or KEYS[24] (per target;
+-- assigns without a target are then not paced), and resting members are skipped the same
+-- way. Since the choice and the rest are one script, no two assigns, whatever their
+-- replica, ever hand out a resting member.
 -- Returns {-1} when the pool does not exist, {-2} when the label filter would check more
 -- than ARGV[5] candidates, {0} when there is nothing to assign,
 -- {0, ms} when nothing is eligible and the earliest cooldown (or ban for the target) ends
 -- in ms,
--- {1, member, assignments} on a least-used pool,
--- {2, member, assignments, in_flight, expires_ms, ttl_ms, due hint} on a least-in-flight
--- pool, the hint being the pool's new earliest due time, or 0 (see `due_by` in leases.lua).
+-- {1, member, assignments, member, assignments, ...} on a least-used pool,
+-- {2, expires_ms, ttl_ms, due hint, member, assignments, in_flight, ...} on a
+-- least-in-flight pool, the i-th member leased under the i-th id; the hint is the pool's
+-- new earliest due time, or 0 (see `due_by` in leases.lua).
 -- `meta` and `first_due` come from assign_fast.lua, which also answers the common assign.
 local now = false
 if first_due then
@@ -41,7 +45,8 @@ if first_due then
         return_due(now, tonumber(ARGV[4]))
     end
 end
-local groups = filter_groups(6)
+local wanted = tonumber(ARGV[6])
+local groups = filter_groups(7)
 
 -- With a target the pool has live bans for: whether its ban hash is to be read. A hash the
 -- ban index does not list (or lists as forgotten) is a deleted pool's.
@@ -86,15 +91,17 @@ if bans or rests then
     end
 end
 
--- The first entry of the sorted set `key` (the choosing order) whose member is free, with
--- its score; nil after `budget` held members or at the end of the order. Also the earliest
--- time one of the members skipped is free again. The first chunk is small: usually the
--- first member is free.
+-- The first `wanted` entries of the sorted set `key` (the choosing order) whose members
+-- are free, each as {entry, score}, in order; fewer after `budget` held members or at the
+-- end of the order. Also the earliest time one of the members skipped is free again. The
+-- first chunk is small: usually the first members are free.
 local function first_free(key, budget, lif)
+    local found = {}
     local earliest = nil
     local offset = 0
-    while offset < budget do
-        local size = math.min(offset == 0 and 4 or 64, budget - offset)
+    local held = 0
+    while #found < wanted and held < budget do
+        local size = offset == 0 and wanted + 3 or 64
         local entries = redis.call('ZRANGE', key, offset, offset + size - 1, 'WITHSCORES')
         if #entries == 0 then
             break
@@ -102,13 +109,21 @@ local function first_free(key, budget, lif)
         for i = 1, #entries, 2 do
             local ends = held_until(lif and string.sub(entries[i], 21) or entries[i])
             if not ends then
-                return entries[i], entries[i + 1], earliest
+                found[#found + 1] = {entries[i], entries[i + 1]}
+                if #found == wanted then
+                    break
+                end
+            else
+                earliest = math.min(earliest or ends, ends)
+                held = held + 1
+                if held >= budget then
+                    break
+                end
             end
-            earliest = math.min(earliest or ends, ends)
         end
         offset = offset + #entries / 2
     end
-    return nil, nil, earliest
+    return found, earliest
 end
 
 -- Rests the member handed out until now + interval. Its entry replaces its last; up to
@@ -151,92 +166,101 @@ local function nothing_eligible(banned_until)
     end
     return {0}
 end
-if meta[2] ~= 'least-in-flight' then
-    local chosen, order
-    if groups then
-        local banned_until
-        order, banned_until = pick_labelled(groups, tonumber(ARGV[5]), false, held_until)
-        if order == false then
-            return {-2}
-        end
-        if not order then
-            return nothing_eligible(banned_until)
-        end
-        chosen = order_member(order, false)
-    elseif held_until then
-        local score, banned_until
-        chosen, score, banned_until = first_free(KEYS[2], tonumber(ARGV[5]), false)
-        if not chosen then
-            return nothing_eligible(banned_until)
-        end
-        order = order_of(score, chosen)
-    else
-        local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-        chosen = first[1]
-        order = chosen and order_of(first[2], chosen)
-    end
-    if not chosen then
-        return nothing_eligible()
-    end
-    -- A pool where no member ever had labels skips the label index: no call at all. The
-    -- order texts are known here, so the index upkeep reads no numbers again.
-    local labels = meta[5] and unlabel(chosen, false, order)
-    local assignments = redis.call('ZINCRBY', KEYS[2], 1, chosen)
-    if labels then
-        label(chosen, false, labels, order_of(assignments, chosen))
-    end
-    redis.call('HINCRBY', KEYS[1], 'total_assignments', 1)
-    if rests then
-        rest(chosen)
-    end
-    return {1, chosen, tonumber(assignments)}
+local lif = meta[2] == 'least-in-flight'
+if lif then
+    now = now or now_ms()
+    reclaim_expired(now, tonumber(ARGV[3]))
 end
-now = now or now_ms()
-reclaim_expired(now, tonumber(ARGV[3]))
--- The first entry of the choosing order (see `entry` in leases.lua) and its live leases.
-local first, live
-local banned_until = nil
+-- The order texts (see order_text in labels.lua) of the members to hand out, in order,
+-- and the earliest time a member skipped for this request is free again.
+local orders, banned_until
 if groups then
-    local order
-    order, banned_until = pick_labelled(groups, tonumber(ARGV[5]), true, held_until)
-    if order == false then
+    orders, banned_until = pick_labelled(groups, tonumber(ARGV[5]), lif, held_until, wanted)
+    if orders == false then
         return {-2}
     end
-    -- An order text is the live leases (20 digits) in front of the entry.
-    first = order and string.sub(order, 21)
-    live = order and tonumber(string.sub(order, 1, 20))
-elseif held_until then
-    first, live, banned_until = first_free(KEYS[5], tonumber(ARGV[5]), true)
-    live = live and tonumber(live)
 else
-    local head = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
-    first, live = head[1], tonumber(head[2])
+    local heads = {}
+    if held_until then
+        heads, banned_until = first_free(KEYS[lif and 5 or 2], tonumber(ARGV[5]), lif)
+    else
+        local head = redis.call('ZRANGE', KEYS[lif and 5 or 2], 0, wanted - 1, 'WITHSCORES')
+        for i = 1, #head, 2 do
+            heads[#heads + 1] = {head[i], head[i + 1]}
+        end
+    end
+    orders = {}
+    for _, head in ipairs(heads) do
+        -- By live leases on a least-in-flight pool (the entry holds the rest), else by
+        -- assignments.
+        orders[#orders + 1] = lif and (string.format('%020d', tonumber(head[2])) .. head[1])
+            or order_of(head[2], head[1])
+    end
 end
-if not first then
+if #orders == 0 then
     return nothing_eligible(banned_until)
 end
--- The first entry has the fewest live leases of all (the first not banned: of all those not
--- banned): if it is at the cap, so is every other; a banned one may come back below it.
-if meta[4] and live >= tonumber(meta[4]) then
-    return banned_until and {0, banned_until - now} or {0}
-end
-local member = string.sub(first, 21)
-local labels = meta[5] and unlabel(member, true, string.format('%020d', live) .. first)
-redis.call('ZREM', KEYS[5], first)
-local assignments = redis.call('ZINCRBY', KEYS[2], 1, member)
-live = redis.call('HINCRBY', KEYS[6], member, 1)
--- `place` with the numbers in hand.
-redis.call('ZADD', KEYS[5], live, entry(assignments, member))
-if labels then
-    label(member, true, labels, order_of(assignments, member, live))
-end
-redis.call('HINCRBY', KEYS[1], 'total_assignments', 1)
-if rests then
-    rest(member)
+if not lif then
+    local reply = {1}
+    for _, order in ipairs(orders) do
+        local member = order_member(order, false)
+        -- A pool where no member ever had labels skips the label index: no call at all.
+        -- The order texts are known here, so the index upkeep reads no numbers again.
+        local labels = meta[5] and unlabel(member, false, order)
+        local assignments = redis.call('ZINCRBY', KEYS[2], 1, member)
+        if labels then
+            label(member, false, labels, order_of(assignments, member))
+        end
+        if rests then
+            rest(member)
+        end
+        reply[#reply + 1] = member
+        reply[#reply + 1] = tonumber(assignments)
+    end
+    redis.call('HINCRBY', KEYS[1], 'total_assignments', #orders)
+    return reply
 end
 local ttl = tonumber(ARGV[2]) or tonumber(meta[3])
 local expires = now + ttl
-redis.call('HSET', KEYS[7], ARGV[1], member)
-redis.call('ZADD', KEYS[8], expires, ARGV[1])
+local reply = {2, expires, ttl, 0}
+local ids = {}
+for id in string.gmatch(ARGV[1], '%S+') do
+    ids[#ids + 1] = id
+end
+local cap = meta[4] and tonumber(meta[4])
+local leased = 0
+for _, order in ipairs(orders) do
+    local live = tonumber(string.sub(order, 1, 20))
+    -- The order puts the fewest live leases first (of those not held): from the first at
+    -- the cap on, every member is at it; a held one may come back below it.
+    if cap and live >= cap then
+        break
+    end
+    leased = leased + 1
+    local first = string.sub(order, 21)
+    local member = string.sub(first, 21)
+    local labels = meta[5] and unlabel(member, true, order)
+    redis.call('ZREM', KEYS[5], first)
+    local assignments = redis.call('ZINCRBY', KEYS[2], 1, member)
+    live = redis.call('HINCRBY', KEYS[6], member, 1)
+    -- `place` with the numbers in hand.
+    redis.call('ZADD', KEYS[5], live, entry(assignments, member))
+    if labels then
+        label(member, true, labels, order_of(assignments, member, live))
+    end
+    if rests then
+        rest(member)
+    end
+    redis.call('HSET', KEYS[7], ids[leased], member)
+    redis.call('ZADD', KEYS[8], expires, ids[leased])
+    reply[#reply + 1] = member
+    reply[#reply + 1] = tonumber(assignments)
+    reply[#reply + 1] = live
+end
+if leased == 0 then
+    return banned_until and {0, banned_until - now} or {0}
+end
+redis.call('HINCRBY', KEYS[1], 'total_assignments', leased)
 due_by(expires)
-return {2, member, tonumber(assignments), live, expires, ttl, due_hint or 0}
+reply[4] = due_hint or 0
+return reply

@@ -172,15 +172,17 @@ local function range_of(key, value)
     return '[' .. pair .. '\0', '(' .. pair .. '\1', #pair + 2
 end
 
--- The first eligible member, in the choosing order, that passes every group: its order
--- text, nil when none does, or false when finding out would take more than `budget`
--- candidate checks. With one group it reads the first entry of each value's range. With
--- several it walks the ranges of the group with the fewest entries (ZLEXCOUNT) in order,
--- checking the other groups on each member's labels, and stops at the first that passes
--- in each range: the cost is the members skipped, at most `budget`. With `held_until` (see
--- assign.lua), members banned for the request's target or resting are skipped too, each a
--- check, and the earliest time one of those that pass the groups is free comes second.
-local function pick_labelled(groups, budget, lif, held_until)
+-- The first `wanted` eligible members, in the choosing order, that pass every group: their
+-- order texts in that order (empty when none does), or false when finding out would take
+-- more than `budget` candidate checks. With one group and nothing held it reads the first
+-- `wanted` entries of each value's range. Otherwise it walks the ranges of the group with
+-- the fewest entries (ZLEXCOUNT) in order, checking the other groups on each member's
+-- labels, and stops at the `wanted`-th that passes in each range: the cost is the members
+-- skipped, at most `budget`. With `held_until` (see assign.lua), members banned for the
+-- request's target or resting are skipped too, each a check, and the earliest time one of
+-- those that pass the groups is free comes second. A member has one value per key, so the
+-- ranges never share a member.
+local function pick_labelled(groups, budget, lif, held_until, wanted)
     local smallest, fewest = 1, nil
     if #groups > 1 then
         for i, group in ipairs(groups) do
@@ -194,46 +196,59 @@ local function pick_labelled(groups, budget, lif, held_until)
             end
         end
     end
-    local best = nil
+    local found = {}
     local earliest = nil
     local checked = 0
     local walk = groups[smallest]
     for _, value in ipairs(walk.values) do
         local low, high, skip = range_of(walk.key, value)
         local offset = 0
-        local found = nil
-        while not found do
-            local first_is_choice = #groups == 1 and not held_until
-            local chunk = first_is_choice and 1 or 64
+        local taken = 0
+        local first_is_choice = #groups == 1 and not held_until
+        while taken < wanted do
+            local chunk = first_is_choice and wanted or 64
             local entries = redis.call('ZRANGE', KEYS[14], low, high, 'BYLEX', 'LIMIT', offset, chunk)
             if #entries == 0 then
                 break
             end
             for _, e in ipairs(entries) do
                 local order = string.sub(e, skip)
-                if first_is_choice then
-                    found = order
-                    break
+                local free = first_is_choice
+                if not free then
+                    checked = checked + 1
+                    if checked > budget then
+                        return false
+                    end
+                    local member = order_member(order, lif)
+                    if passes(labels_table(redis.call('HGET', KEYS[13], member)), groups, smallest) then
+                        local banned = held_until and held_until(member)
+                        if banned then
+                            earliest = math.min(earliest or banned, banned)
+                        else
+                            free = true
+                        end
+                    end
                 end
-                checked = checked + 1
-                if checked > budget then
-                    return false
-                end
-                local member = order_member(order, lif)
-                if passes(labels_table(redis.call('HGET', KEYS[13], member)), groups, smallest) then
-                    local banned = held_until and held_until(member)
-                    if not banned then
-                        found = order
+                if free then
+                    found[#found + 1] = order
+                    taken = taken + 1
+                    if taken == wanted then
                         break
                     end
-                    earliest = math.min(earliest or banned, banned)
                 end
             end
             offset = offset + #entries
-        end
-        if found and (not best or bytes_before(found, best)) then
-            best = found
+            if #entries < chunk then
+                break
+            end
         end
     end
-    return best, earliest
+    -- Each range is in order already; with several values, merge them.
+    if #walk.values > 1 then
+        table.sort(found, bytes_before)
+        for i = #found, wanted + 1, -1 do
+            found[i] = nil
+        end
+    end
+    return found, earliest
 end

@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 from types import TracebackType
-from typing import Any, List, Optional, Tuple, Type
+from typing import Any, List, Optional, Tuple, Type, Union
 
 import aiohttp
 from yarl import URL
@@ -97,13 +97,15 @@ class AsyncClient:
 
     async def assign(self, pool: str, ttl_ms: Optional[int] = None, *,
                      labels: Optional[Labels] = None, target: Optional[str] = None,
-                     raise_if_empty: bool = False) -> Optional[Assignment]:
+                     count: Optional[int] = None, raise_if_empty: bool = False
+                     ) -> Union[Optional[Assignment], List[Assignment]]:
         """As :meth:`Client.assign`: a member (carrying ``labels`` when given, not banned
         for ``target``), ``None`` on 204 (or with ``raise_if_empty``
-        :class:`NoProxyAvailable` with ``retry_after``)."""
+        :class:`NoProxyAvailable` with ``retry_after``); with ``count``, a list of up to
+        that many distinct members, empty on 204."""
         answer = await self._call("/pools/{}/assign".format(_segment(pool)),
-                                  _assign_body(ttl_ms, labels, target))
-        return _assigned(pool, answer, raise_if_empty)
+                                  _assign_body(ttl_ms, labels, target, count))
+        return _assigned(pool, answer, raise_if_empty, count)
 
     async def release(self, pool: str, lease_id: str) -> None:
         """As :meth:`Client.release`: ends a lease, :class:`NotFound` when it is not live."""

@@ -238,7 +238,8 @@ Labels = Mapping[str, Union[str, Sequence[str]]]
 
 
 def _assign_body(ttl_ms: Optional[int], labels: Optional[Labels],
-                 target: Optional[str] = None) -> Optional[Dict[str, Any]]:
+                 target: Optional[str] = None,
+                 count: Optional[int] = None) -> Optional[Dict[str, Any]]:
     """The optional body of an assign. New assign fields of the service join here, and only
     once the service accepts them: it refuses unknown fields."""
     body: Dict[str, Any] = {}
@@ -247,6 +248,8 @@ def _assign_body(ttl_ms: Optional[int], labels: Optional[Labels],
     if labels is not None:
         body["labels"] = {key: value if isinstance(value, str) else list(value)
                           for key, value in labels.items()}
+    if count is not None:
+        body["count"] = int(count)
     if target is not None:
         body["target"] = target
     return body or None
@@ -367,21 +370,25 @@ class Client:
 
     def assign(self, pool: str, ttl_ms: Optional[int] = None, *,
                labels: Optional[Labels] = None, target: Optional[str] = None,
-               raise_if_empty: bool = False) -> Optional[Assignment]:
+               count: Optional[int] = None,
+               raise_if_empty: bool = False) -> Union[Optional[Assignment], List[Assignment]]:
         """Asks for a member of ``pool``; ``None`` when it has none to give (HTTP 204: skip
         this request), or with ``raise_if_empty`` :class:`NoProxyAvailable`, whose
         ``retry_after`` says when the first member cooling down returns. ``ttl_ms`` asks
         least-in-flight pools for a lease ttl other than the pool's. ``labels``
         (``{"country": "de"}`` or ``{"country": ["de", "fr"]}``) chooses among the members
         carrying them only. ``target`` names the host the request goes to: proxies that
-        host blocked (see :meth:`report`) are skipped while their ban lasts.
+        host blocked (see :meth:`report`) are skipped while their ban lasts. ``count`` (1 to
+        100) asks for up to that many distinct members at once: the answer is then a list of
+        assignments in pick order (each with its own lease on a least-in-flight pool),
+        shorter when fewer fit, empty on 204.
 
         Raises :class:`NotFound` (``pool_not_found``), :class:`Unauthorized`,
         :class:`Unavailable`, or :class:`ProxyAllocatorError` for other error answers.
         """
         answer = self._call("POST", "/pools/{}/assign".format(_segment(pool)),
-                            _assign_body(ttl_ms, labels, target))
-        return _assigned(pool, answer, raise_if_empty)
+                            _assign_body(ttl_ms, labels, target, count))
+        return _assigned(pool, answer, raise_if_empty, count)
 
     def release(self, pool: str, lease_id: str) -> None:
         """Ends a lease. Raises :class:`NotFound` (``lease_not_found``) when it is not live:
@@ -468,12 +475,16 @@ class Client:
         return _answer(status, raw, retry_after)
 
 
-def _assigned(pool: str, answer: _Answer, raise_if_empty: bool) -> Optional[Assignment]:
-    """The assignment in an assign's answer; ``None`` or :class:`NoProxyAvailable` on 204."""
+def _assigned(pool: str, answer: _Answer, raise_if_empty: bool,
+              count: Optional[int] = None) -> Union[Optional[Assignment], List[Assignment]]:
+    """The assignment in an assign's answer (with ``count``, the list of them); ``None``
+    (an empty list) or :class:`NoProxyAvailable` on 204."""
     if answer.status == 204 or answer.data is None:
         if raise_if_empty:
             raise NoProxyAvailable(pool, retry_after=answer.retry_after)
-        return None
+        return None if count is None else []
+    if count is not None:
+        return [Assignment.from_json(entry) for entry in answer.data["assigned"]]
     return Assignment.from_json(answer.data)
 
 
