@@ -177,6 +177,35 @@ def compared(runs, base, other):
     )
 
 
+def against_plain(side, body, seed, what):
+    """Runs the plain assign (no body) and the assign with `body` alternating on one pool
+    `p` that `seed(base, pool)` fills, on the embedded store and then on a Redis of its own,
+    printing per store the median rates and the side/plain ratios with `what` (the pool)."""
+    redis_port = free_port()
+    redis = subprocess.Popen(
+        ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(redis_port)
+    try:
+        for store, url in [("embedded", None), ("redis", f"redis://127.0.0.1:{redis_port}")]:
+            proc, base = start_service(url)
+            try:
+                seed(base, "p")
+                target = base + "/pools/p/assign"
+                runs = alternating(
+                    ["plain", side],
+                    lambda name: wrk(target, body=body if name == side else None))
+                print(f"{store:8} {what}  {compared(runs, 'plain', side)}  "
+                      f"load {load_average()}", flush=True)
+            finally:
+                proc.terminate()
+                proc.wait()
+    finally:
+        redis.terminate()
+        redis.wait()
+
+
 def load_average():
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])

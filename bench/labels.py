@@ -10,7 +10,6 @@ labelled/plain ratios of neighbouring runs. A measurement, not a check.
 """
 
 import os
-import subprocess
 
 import assign as bench
 
@@ -34,30 +33,7 @@ def seed(base, pool):
 
 
 def main():
-    redis_port = bench.free_port()
-    redis = subprocess.Popen(
-        ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    bench.wait_port(redis_port)
-    try:
-        for store, url in [("embedded", None), ("redis", f"redis://127.0.0.1:{redis_port}")]:
-            proc, base = bench.start_service(url)
-            try:
-                seed(base, "p")
-                target = base + "/pools/p/assign"
-                runs = bench.alternating(
-                    ["plain", "labelled"],
-                    lambda side: bench.wrk(target, body=FILTER if side == "labelled" else None))
-                print(f"{store:8} {SIZE:>9,} members, 1% labelled  "
-                      f"{bench.compared(runs, 'plain', 'labelled')}  "
-                      f"load {bench.load_average()}", flush=True)
-            finally:
-                proc.terminate()
-                proc.wait()
-    finally:
-        redis.terminate()
-        redis.wait()
+    bench.against_plain("labelled", FILTER, seed, f"{SIZE:>9,} members, 1% labelled")
 
 
 if __name__ == "__main__":
