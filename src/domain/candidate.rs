@@ -347,8 +347,21 @@ fn parse_credentials(userinfo: &str) -> Result<(&str, &str), Rejection> {
     }
 }
 
+/// Whether every dot-separated label of `name` is 1 to 63 bytes of ASCII letters, digits,
+/// `-` and `_`, with no `-` at either end (the length of the whole is the caller's).
+pub(super) fn is_dns_name(name: &str) -> bool {
+    name.split('.').all(|label| {
+        (1..=63).contains(&label.len())
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
+    })
+}
+
 /// An IPv6 literal when `bracketed` (and only then), else an IPv4 literal or a host name.
-/// Shared with [`super::Target`], which names a host the same way.
+/// [`super::Target`] shares its label rule ([`is_dns_name`]) but not its numeric-last-label rule.
 pub(super) fn parse_host(text: &str, bracketed: bool) -> Result<Host, Rejection> {
     if bracketed {
         return text
@@ -361,15 +374,7 @@ pub(super) fn parse_host(text: &str, bracketed: bool) -> Result<Host, Rejection>
         return Ok(Host::Ip(IpAddr::V4(v4)));
     }
     let name = text.to_ascii_lowercase();
-    let labels_ok = name.len() <= 253
-        && name.split('.').all(|label| {
-            (1..=63).contains(&label.len())
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
-        });
+    let labels_ok = name.len() <= 253 && is_dns_name(&name);
     // URL parsers read a name whose last label is a number as an IPv4 address in another
     // notation (`2130706433`, `127.1`, `0x7f.1` are all 127.0.0.1): refusing them keeps
     // the private-address rule from being bypassed.

@@ -58,15 +58,7 @@ impl Target {
         // name it is rather than refused as another notation of an address. So the set of
         // targets is exactly what the contract's pattern describes.
         let name = text.to_ascii_lowercase();
-        let labels_ok = name.split('.').all(|label| {
-            (1..=63).contains(&label.len())
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
-        });
-        if labels_ok {
+        if super::candidate::is_dns_name(&name) {
             Ok(Self(name))
         } else {
             Err(invalid())
