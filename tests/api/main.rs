@@ -35,6 +35,7 @@ mod prune;
 mod redis_faults;
 mod requests;
 mod round_trips;
+mod sessions;
 mod sources;
 mod spy;
 mod targets;
