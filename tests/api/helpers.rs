@@ -168,6 +168,8 @@ pub struct TestApp {
     pub base: String,
     /// The HTTP client.
     pub client: reqwest::Client,
+    /// The gateway's address, `127.0.0.1:<port>`, when `GATEWAY_LISTEN` is set.
+    pub gateway: Option<SocketAddr>,
     /// The Redis URL, when on Redis.
     pub redis_url: Option<String>,
     /// The key prefix, when on Redis.
@@ -294,6 +296,7 @@ impl TestApp {
         };
         let app = app.expect("the application starts");
         let base = format!("http://{}", app.local_addr());
+        let gateway = app.gateway_addr();
         let (tx, rx) = oneshot::channel();
         let handle = tokio::spawn(app.run_until_stopped(async move {
             let _ = rx.await;
@@ -304,6 +307,7 @@ impl TestApp {
                 .pool_max_idle_per_host(64)
                 .build()
                 .expect("an HTTP client"),
+            gateway,
             redis_url,
             key_prefix,
             shutdown: Some(tx),

@@ -18,6 +18,7 @@ mod concurrency;
 mod contract;
 mod deploy;
 mod due;
+mod gateway;
 mod health;
 mod import;
 mod labels;
