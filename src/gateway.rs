@@ -244,20 +244,21 @@ const HOP_BY_HOP: [HeaderName; 6] = [
 ];
 
 impl Gateway {
-    /// A gateway over `store`; `token` is the worker token (none: any password is taken,
-    /// which startup only allows on loopback).
+    /// A gateway over `store` dialling with `dialer`; `token` is the worker token (none: any
+    /// password is taken, which startup only allows on loopback).
     pub fn new(
         store: Arc<dyn Store>,
         token: Option<String>,
         settings: Settings,
         snapshot: PoolSnapshot,
+        dialer: Dialer,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
                 token,
                 settings,
-                dialer: Dialer::default(),
+                dialer,
                 snapshot,
                 tunnels: Tunnels::default(),
                 rules: Mutex::new(HashMap::new()),

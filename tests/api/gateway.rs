@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::helpers::{Backend, TestApp, backend_config};
-use crate::proxies::{HttpProxy, Server, closed_port, socks5, target};
+use crate::proxies::{HttpProxy, Server, TestCa, closed_port, socks4, socks5, target};
 
 /// The worker token, which is the gateway's proxy password.
 const TOKEN: &str = "gateway-test-token";
@@ -841,5 +841,150 @@ async fn gateway_max_connections_caps_the_open_tunnels() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     drop(two);
+    app.stop().await;
+}
+
+/// A file holding `ca`'s certificate, removed when dropped.
+struct CaFile(std::path::PathBuf);
+
+impl CaFile {
+    fn new(ca: &TestCa) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("gateway-ca-{:016x}.pem", rand::random::<u64>()));
+        std::fs::write(&path, ca.pem()).expect("written");
+        Self(path)
+    }
+}
+
+impl Drop for CaFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_socks4_and_socks5h_members_are_dialled_by_their_scheme() {
+    let ca = TestCa::new();
+    let ca_file = CaFile::new(&ca);
+    let trusted = ca_file.0.clone();
+    let app = spawn_on(Backend::Embedded, move |config| {
+        config.gateway_ca_file = Some(trusted)
+    })
+    .await;
+    let site = target(None).await;
+    let tls = HttpProxy {
+        tls: Some(ca.acceptor(&["127.0.0.1"])),
+        authorization: Some(MEMBER_BASIC),
+        ..HttpProxy::default()
+    }
+    .start()
+    .await;
+    let four = socks4().await;
+    let five = socks5(None).await;
+    for (pool, id) in [
+        ("tls", member("https", &tls)),
+        ("four", format!("socks4://127.0.0.1:{}", four.port())),
+        ("fiveh", format!("socks5h://127.0.0.1:{}", five.port())),
+    ] {
+        proxy_pool(&app, pool).await;
+        app.seed(pool, &[&id], None).await;
+    }
+    let port = site.port();
+    let url = format!("http://127.0.0.1:{port}/health");
+    assert_eq!(
+        curl(&app, "tls", &["--proxytunnel", &url]).await,
+        (0, HEALTHY.to_owned())
+    );
+    assert_eq!(curl(&app, "tls", &[&url]).await, (0, HEALTHY.to_owned()));
+    assert_eq!(
+        tls.seen(),
+        vec![
+            format!("CONNECT 127.0.0.1:{port} HTTP/1.1 | {MEMBER_BASIC}"),
+            format!("GET {url} HTTP/1.1 | {MEMBER_BASIC}"),
+        ],
+        "over TLS to the proxy, trusted through GATEWAY_CA_FILE"
+    );
+    assert_eq!(
+        curl(&app, "four", &["--proxytunnel", &url]).await,
+        (0, HEALTHY.to_owned())
+    );
+    assert_eq!(four.seen(), vec![format!("socks4 127.0.0.1:{port}")]);
+    let by_name = format!("http://localhost:{port}/health");
+    assert_eq!(
+        curl(&app, "fiveh", &["--proxytunnel", &by_name]).await,
+        (0, HEALTHY.to_owned())
+    );
+    assert_eq!(
+        five.seen(),
+        vec![format!("socks5 name localhost:{port}")],
+        "socks5h leaves the name to the proxy"
+    );
+    app.stop().await;
+
+    // Without the CA the proxy's certificate is refused: a failed attempt, reported.
+    let app = spawn().await;
+    proxy_pool(&app, "tls").await;
+    app.seed("tls", &[&member("https", &tls)], None).await;
+    let (status, _, body) = raw(
+        &app,
+        &format!("CONNECT 127.0.0.1:{port} HTTP/1.1"),
+        basic("tls", TOKEN),
+    )
+    .await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(
+        health(&app, "tls").await,
+        vec![(member("https", &tls), 3, 3)]
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_requests_reaches_http_and_https_targets_through_the_gateway() {
+    let ca = TestCa::new();
+    let ca_file = CaFile::new(&ca);
+    let app = spawn().await;
+    let secure = target(Some(ca.acceptor(&["127.0.0.1"]))).await;
+    let plain = target(None).await;
+    let proxy = http_proxy().await;
+    proxy_pool(&app, "web").await;
+    app.seed("web", &[&member("http", &proxy)], None).await;
+    let script = r#"
+import sys, requests
+proxy, ca = sys.argv[1], sys.argv[2]
+proxies = {"http": proxy, "https": proxy}
+for url in sys.argv[3:]:
+    answer = requests.get(url, proxies=proxies, verify=ca, timeout=20)
+    print(answer.status_code, answer.text)
+"#;
+    let output = tokio::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(format!("http://web:{TOKEN}@{}", gateway(&app)))
+        .arg(&ca_file.0)
+        .arg(format!("https://127.0.0.1:{}/health", secure.port()))
+        .arg(format!("http://127.0.0.1:{}/health", plain.port()))
+        .output()
+        .await
+        .expect("python3 runs");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        format!("200 {HEALTHY}\n200 {HEALTHY}\n"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        proxy.seen(),
+        vec![
+            format!(
+                "CONNECT 127.0.0.1:{} HTTP/1.1 | {MEMBER_BASIC}",
+                secure.port()
+            ),
+            format!(
+                "GET http://127.0.0.1:{}/health HTTP/1.1 | {MEMBER_BASIC}",
+                plain.port()
+            ),
+        ]
+    );
     app.stop().await;
 }
