@@ -657,6 +657,21 @@ impl Held {
             }
         };
         let status = response.status();
+        if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED
+            && matches!(upstream.scheme(), Scheme::Http | Scheme::Https)
+        {
+            // The member's proxy refused its own credentials: a proxy failure, not an
+            // answer of the target.
+            gateway
+                .failed(
+                    &self.pool,
+                    &self.member,
+                    "the proxy answered 407",
+                    self.hold,
+                )
+                .await;
+            return Err(Refusal::UpstreamFailed { attempts: 1 });
+        }
         if matches!(
             status,
             StatusCode::FORBIDDEN | StatusCode::TOO_MANY_REQUESTS

@@ -988,3 +988,32 @@ for url in sys.argv[3:]:
     );
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_proxy_refuses_its_credentials_is_reported_failed_not_passed_on() {
+    let app = spawn().await;
+    let site = target(None).await;
+    let proxy = HttpProxy {
+        authorization: Some("Basic b3RoZXI6Y3JlZGVudGlhbHM="),
+        ..HttpProxy::default()
+    }
+    .start()
+    .await;
+    proxy_pool(&app, "web").await;
+    app.seed("web", &[&member("http", &proxy)], None).await;
+    let url = format!("http://127.0.0.1:{}/health", site.port());
+    let (status, head, body) = raw(&app, &format!("GET {url} HTTP/1.1"), basic("web", TOKEN)).await;
+    assert_eq!(status, 502, "{head}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).expect("JSON"),
+        error(
+            "upstream_failed",
+            "1 member(s) tried, none could be reached"
+        )
+    );
+    assert_eq!(
+        health(&app, "web").await,
+        vec![(member("http", &proxy), 1, 1)]
+    );
+    app.stop().await;
+}
