@@ -244,20 +244,21 @@ const HOP_BY_HOP: [HeaderName; 6] = [
 ];
 
 impl Gateway {
-    /// A gateway over `store`; `token` is the worker token (none: any password is taken,
-    /// which startup only allows on loopback).
+    /// A gateway over `store` dialling with `dialer`; `token` is the worker token (none: any
+    /// password is taken, which startup only allows on loopback).
     pub fn new(
         store: Arc<dyn Store>,
         token: Option<String>,
         settings: Settings,
         snapshot: PoolSnapshot,
+        dialer: Dialer,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
                 token,
                 settings,
-                dialer: Dialer::default(),
+                dialer,
                 snapshot,
                 tunnels: Tunnels::default(),
                 rules: Mutex::new(HashMap::new()),
@@ -656,6 +657,21 @@ impl Held {
             }
         };
         let status = response.status();
+        if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED
+            && matches!(upstream.scheme(), Scheme::Http | Scheme::Https)
+        {
+            // The member's proxy refused its own credentials: a proxy failure, not an
+            // answer of the target.
+            gateway
+                .failed(
+                    &self.pool,
+                    &self.member,
+                    "the proxy answered 407",
+                    self.hold,
+                )
+                .await;
+            return Err(Refusal::UpstreamFailed { attempts: 1 });
+        }
         if matches!(
             status,
             StatusCode::FORBIDDEN | StatusCode::TOO_MANY_REQUESTS
