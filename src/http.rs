@@ -13,6 +13,7 @@ mod members;
 mod outcomes;
 mod pools;
 mod probes;
+mod sessions;
 mod sources;
 mod ui;
 
@@ -196,6 +197,13 @@ pub fn routes() -> Vec<Route> {
             Worker,
             OptionalJson,
             leases::renew,
+        ),
+        route(
+            "/pools/{pool}/sessions/{session}",
+            Method::DELETE,
+            Worker,
+            Ignored,
+            sessions::end_session,
         ),
         route(
             "/pools/{pool}/members",

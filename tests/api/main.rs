@@ -36,6 +36,7 @@ mod prune;
 mod redis_faults;
 mod requests;
 mod round_trips;
+mod sessions;
 mod sources;
 mod spy;
 mod targets;

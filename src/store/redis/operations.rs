@@ -7,16 +7,17 @@ use async_trait::async_trait;
 use redis::{Script, Value};
 
 use super::RedisStore;
-use super::keys::{POOL_INFO_KEY_PARTS, POOL_KEY_PARTS};
+use super::keys::{DELETE_KEY_PARTS, POOL_INFO_KEY_PARTS, POOL_KEY_PARTS};
 use super::reply::{
     self, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply, DeletePoolReply,
-    DisableOutcome, DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply,
-    PoolInfoReply, PruneReply, PutPoolReply, RecordSourceReply, ReleaseReply, RemoveReply,
-    RenewReply, SeedOutcome, SeedReply, SourceStatesReply, SweepReply, WalkReply,
+    DisableOutcome, DisableReply, EnableOutcome, EnableReply, EndSessionReply, MembersReply,
+    OutcomesReply, PoolInfoReply, PruneReply, PutPoolReply, RecordSourceReply, ReleaseReply,
+    RemoveReply, RenewReply, SeedOutcome, SeedReply, SessionAssignReply, SourceStatesReply,
+    SweepReply, WalkReply,
 };
 use crate::domain::{
-    AssignCount, LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy,
-    Target,
+    AssignCount, LabelFilter, LeaseId, LeaseTtl, MAX_SESSIONS, MemberId, PoolConfig, PoolId,
+    RestorePolicy, SessionId, SessionTtl, Target,
 };
 use crate::store::{
     Applied, AssignRequest, Assignment, BAN_CLEANUP, Batch, CheckRound, ClaimedSource, Cursor,
@@ -24,7 +25,8 @@ use crate::store::{
     MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PRUNE_BATCH, PoolInfo, PoolPage, Pruned,
     PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
     ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin,
-    SeedReport, SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
+    SeedReport, SessionAssignment, SessionPin, SessionRequest, SourceState, StateFilter, Store,
+    StoreError, StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
@@ -69,6 +71,19 @@ impl RedisStore {
         request: &AssignRequest,
         count: AssignCount,
     ) -> Result<Batch, StoreError> {
+        let (value, ids) = self.run_assign(pool, request, count, None).await?;
+        self.batch_of(pool, AssignReply::decode(value)?, ids).await
+    }
+
+    /// Runs `assign.lua` once, in `session` when there is one (then for one member); answers
+    /// its reply and the lease ids it was given.
+    async fn run_assign(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+        count: AssignCount,
+        session: Option<&SessionRequest>,
+    ) -> Result<(Value, Vec<LeaseId>), StoreError> {
         // The ids are drawn for every assign, used only on least-in-flight pools: deciding
         // here would need the pool's policy, which only the script reads.
         let ids: Vec<LeaseId> = (0..count.get()).map(|_| LeaseId::random()).collect();
@@ -86,9 +101,16 @@ impl RedisStore {
             .map(|t| t.as_millis().to_string())
             .unwrap_or_default();
         let [reclaim, returns, checks] = &*ASSIGN_BATCHES;
-        let count_arg = match count.get() {
-            1 => std::borrow::Cow::Borrowed("1"),
-            n => std::borrow::Cow::Owned(n.to_string()),
+        let count_arg = match (session, count.get()) {
+            // The session's ttl (0: the pool's), bound and the ttl of pools that never set
+            // one; see assign.lua.
+            (Some(session), _) => std::borrow::Cow::Owned(format!(
+                "session {} {MAX_SESSIONS} {}",
+                session.ttl.map_or(0, SessionTtl::as_millis),
+                SessionTtl::DEFAULT_MS
+            )),
+            (None, 1) => std::borrow::Cow::Borrowed("1"),
+            (None, n) => std::borrow::Cow::Owned(n.to_string()),
         };
         let groups = request.labels.script_args();
         let mut args: Vec<&[u8]> = Vec::with_capacity(6 + groups.len());
@@ -101,14 +123,28 @@ impl RedisStore {
             count_arg.as_bytes(),
         ]);
         args.extend(groups.iter().map(|group| group.as_bytes()));
-        let extra = match &request.target {
+        let mut extra = match &request.target {
             Some(target) => self.target_keys(pool, target),
             None => Vec::new(),
         };
+        if let Some(session) = session {
+            extra.extend(self.session_keys(pool, &session.id));
+        }
         let value = self
             .eval_keyed(&self.scripts.assign, pool, None, &extra, &args)
             .await?;
-        Ok(match AssignReply::decode(value)? {
+        Ok((value, ids))
+    }
+
+    /// The batch an assign's reply hands out, the i-th lease under the i-th of `ids`; lowers
+    /// the pool's entry in the due index when the leases moved its due time earlier.
+    async fn batch_of(
+        &self,
+        pool: &PoolId,
+        reply: AssignReply,
+        ids: Vec<LeaseId>,
+    ) -> Result<Batch, StoreError> {
+        Ok(match reply {
             AssignReply::TooCostly => return Err(StoreError::FilterTooCostly),
             AssignReply::Empty { next_return } => Batch {
                 assigned: Vec::new(),
@@ -488,6 +524,52 @@ impl Store for RedisStore {
         self.assign_batch(pool, request, count).await
     }
 
+    async fn assign_in_session(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+        session: &SessionRequest,
+    ) -> Result<SessionAssignment, StoreError> {
+        let (value, ids) = self
+            .run_assign(pool, request, AssignCount::ONE, Some(session))
+            .await?;
+        let (ends_at, repinned, reply) = match SessionAssignReply::decode(value)? {
+            SessionAssignReply::TooManySessions => return Err(StoreError::TooManySessions),
+            SessionAssignReply::Answered {
+                ends_at,
+                repinned,
+                reply,
+            } => (ends_at, repinned, reply),
+        };
+        let batch = self.batch_of(pool, reply, ids).await?;
+        let assignment = batch
+            .assigned
+            .into_iter()
+            .next()
+            .unwrap_or(Assignment::Empty {
+                next_return: batch.next_return,
+            });
+        Ok(SessionAssignment {
+            assignment,
+            session: ends_at.map(|expires_at| SessionPin {
+                id: session.id.clone(),
+                expires_at,
+                repinned,
+            }),
+        })
+    }
+
+    async fn end_session(&self, pool: &PoolId, session: &SessionId) -> Result<(), StoreError> {
+        let keys = self.session_keys(pool, session);
+        let value = self
+            .eval_keyed(&self.scripts.end_session, pool, None, &keys, &[])
+            .await?;
+        match EndSessionReply::decode(value)? {
+            EndSessionReply { ended: true } => Ok(()),
+            EndSessionReply { ended: false } => Err(StoreError::SessionNotFound),
+        }
+    }
+
     async fn release(&self, pool: &PoolId, lease: &LeaseId) -> Result<(), StoreError> {
         let value = self
             .eval(&self.scripts.release, pool, &[lease.as_str().as_bytes()])
@@ -755,7 +837,8 @@ impl Store for RedisStore {
             .pacing
             .map(|pacing| pacing.script_arg())
             .unwrap_or_default();
-        let args: [&[u8]; 11] = [
+        let session_ttl = config.session_ttl_ms.as_millis().to_string();
+        let args: [&[u8]; 12] = [
             &json,
             config.restore.as_str().as_bytes(),
             start.as_bytes(),
@@ -767,6 +850,7 @@ impl Store for RedisStore {
             prune.as_bytes(),
             ban.as_bytes(),
             pacing.as_bytes(),
+            session_ttl.as_bytes(),
         ];
         let value = self.eval(&self.scripts.put_pool, pool, &args).await?;
         let created = match PutPoolReply::decode(value)? {
@@ -848,7 +932,13 @@ impl Store for RedisStore {
         // graveyard name from ever naming a key that exists.
         let token = format!("{:016x}", rand::random::<u64>());
         let value = self
-            .eval_with(&self.scripts.delete_pool, pool, Some(&token), &[])
+            .eval_parts_with(
+                &self.scripts.delete_pool,
+                pool,
+                &DELETE_KEY_PARTS,
+                Some(&token),
+                &[],
+            )
             .await?;
         let mut zrem = redis::cmd("ZREM");
         zrem.arg(self.registry_key()).arg(pool.as_str());
