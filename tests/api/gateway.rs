@@ -1017,3 +1017,51 @@ async fn a_member_whose_proxy_refuses_its_credentials_is_reported_failed_not_pas
     );
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_in_the_user_name_pins_one_upstream() {
+    for backend in [Backend::Embedded, Backend::Redis] {
+        let app = spawn_on(backend, |_| {}).await;
+        let site = target(None).await;
+        // One proxy server; three members reaching it with credentials of their own, so its
+        // record says which member carried each request.
+        let proxy = HttpProxy::default().start().await;
+        proxy_pool(&app, "web").await;
+        let members: Vec<String> = (0..3)
+            .map(|i| format!("http://u{i}:p@127.0.0.1:{}", proxy.port()))
+            .collect();
+        let ids: Vec<&str> = members.iter().map(String::as_str).collect();
+        app.seed("web", &ids, Some(0)).await;
+        let url = format!("http://127.0.0.1:{}/health", site.port());
+        for _ in 0..4 {
+            assert_eq!(
+                curl(&app, "web-session-abc", &[&url]).await,
+                (0, HEALTHY.to_owned())
+            );
+        }
+        for _ in 0..2 {
+            let answer = curl(
+                &app,
+                "web-session-x--y-sessionttl-60000",
+                &["--proxytunnel", &url],
+            )
+            .await;
+            assert_eq!(answer, (0, HEALTHY.to_owned()));
+        }
+        let seen = proxy.seen();
+        assert_eq!(seen.len(), 6, "{backend:?}");
+        let credential = |line: &String| line.rsplit(" | ").next().unwrap_or_default().to_owned();
+        let first = credential(&seen[0]);
+        assert!(
+            seen[..4].iter().all(|line| credential(line) == first),
+            "{seen:?}"
+        );
+        let second = credential(&seen[4]);
+        assert_eq!(credential(&seen[5]), second, "{seen:?}");
+        assert_ne!(
+            first, second,
+            "the second session was pinned to a less-used member"
+        );
+        app.stop().await;
+    }
+}
