@@ -777,7 +777,7 @@ impl hyper::body::Body for Forwarded {
     }
 }
 
-/// A lease held for as long as a request or tunnel is open: renewed at half its ttl,
+/// A lease held for as long as a request or tunnel is open: renewed at a third of its ttl,
 /// released when it ends (or, if dropped without [`LeaseHold::release`], in a task).
 struct LeaseHold {
     store: Arc<dyn Store>,
@@ -789,7 +789,7 @@ struct LeaseHold {
 impl LeaseHold {
     fn start(store: &Arc<dyn Store>, pool: &PoolId, lease: Lease) -> Self {
         let every =
-            Duration::from_millis(lease.ttl_ms.as_millis() / 2).max(Duration::from_millis(50));
+            Duration::from_millis(lease.ttl_ms.as_millis() / 3).max(Duration::from_millis(50));
         let renewing = {
             let (store, pool, id, ttl) = (
                 Arc::clone(store),
