@@ -704,12 +704,12 @@ async fn an_open_tunnel_keeps_its_lease_past_its_ttl_and_gives_it_back_when_it_c
     )
     .await;
     let to = format!("127.0.0.1:{}", site.port());
-    // A lease of 400 ms, renewed while the tunnel is open; the sweep runs every 100 ms and
-    // would reclaim it as abandoned once it expired.
-    let (status, tunnel) = open_tunnel(gateway(&app), "busy-ttl-400", &to).await;
+    // A lease of 1.5 s, renewed every 500 ms while the tunnel is open; the sweep runs every
+    // 100 ms and would reclaim it as abandoned once it expired.
+    let (status, tunnel) = open_tunnel(gateway(&app), "busy-ttl-1500", &to).await;
     assert_eq!(status, 200);
     let mut tunnel = tunnel.expect("open");
-    tokio::time::sleep(std::time::Duration::from_millis(1_600)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(4_500)).await;
     assert_eq!(
         leases(&app, "busy").await,
         (1, 0),
@@ -725,12 +725,16 @@ async fn an_open_tunnel_keeps_its_lease_past_its_ttl_and_gives_it_back_when_it_c
 async fn sigterm_lets_open_tunnels_finish_and_closes_those_left_at_the_drain_timeout() {
     use crate::process::ServiceProcess;
     let site = target(None).await;
-    let proxy = HttpProxy::default().start().await;
+    let proxy = http_proxy().await;
     let port = closed_port();
     let mut service = ServiceProcess::start(&[
         ("WORKER_TOKEN", TOKEN.to_owned()),
         ("GATEWAY_LISTEN", format!("127.0.0.1:{port}")),
         ("SHUTDOWN_TIMEOUT_MS", "1500".to_owned()),
+        (
+            "RUST_LOG",
+            "warn,proxy_allocator::startup=info,proxy_allocator::gateway=info".to_owned(),
+        ),
     ]);
     let client = reqwest::Client::new();
     let admin = |method, path: &str| {
@@ -745,7 +749,7 @@ async fn sigterm_lets_open_tunnels_finish_and_closes_those_left_at_the_drain_tim
         .expect("created");
     assert_eq!(created.status(), 201);
     let seeded = admin(reqwest::Method::POST, "/pools/web/members")
-        .json(&json!({"members": [format!("http://127.0.0.1:{}", proxy.port())]}))
+        .json(&json!({"members": [member("http", &proxy)]}))
         .send()
         .await
         .expect("seeded");
@@ -765,6 +769,7 @@ async fn sigterm_lets_open_tunnels_finish_and_closes_those_left_at_the_drain_tim
         HEALTHY,
         "a tunnel open at SIGTERM keeps working while the service drains"
     );
+    drop(busy);
     let mut rest = Vec::new();
     let read = idle.read_to_end(&mut rest).await.map(|_| rest.len());
     assert!(
@@ -779,6 +784,47 @@ async fn sigterm_lets_open_tunnels_finish_and_closes_those_left_at_the_drain_tim
     );
     let warned = service.wait_lines("drain timeout reached", 1);
     assert_eq!(warned.len(), 1, "{:?}", service.all_lines());
+    // One line per tunnel, with its bytes each way, and never the member's password.
+    let mut closed: Vec<(String, String, u64, u64)> = service
+        .wait_lines("gateway tunnel closed", 2)
+        .iter()
+        .map(|line| {
+            let line: Value = serde_json::from_str(line).expect("a JSON line");
+            assert!(line["duration_ms"].is_u64(), "{line}");
+            (
+                line["proxy"].as_str().expect("proxy").to_owned(),
+                line["ended"].as_str().expect("ended").to_owned(),
+                line["sent"].as_u64().expect("sent"),
+                line["received"].as_u64().expect("received"),
+            )
+        })
+        .collect();
+    closed.sort();
+    let masked = format!("http://***@127.0.0.1:{}", proxy.port());
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{HEALTHY}",
+        HEALTHY.len()
+    );
+    let request = "GET /health HTTP/1.1\r\nHost: target\r\n\r\n";
+    assert_eq!(
+        closed,
+        vec![
+            (
+                masked.clone(),
+                "closed".to_owned(),
+                request.len() as u64,
+                answer.len() as u64
+            ),
+            (masked, "shutdown".to_owned(), 0, 0),
+        ]
+    );
+    assert!(
+        service
+            .all_lines()
+            .iter()
+            .all(|line| !line.contains("s3cret")),
+        "credentials never reach the log"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1016,4 +1062,52 @@ async fn a_member_whose_proxy_refuses_its_credentials_is_reported_failed_not_pas
         vec![(member("http", &proxy), 1, 1)]
     );
     app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_in_the_user_name_pins_one_upstream() {
+    for backend in [Backend::Embedded, Backend::Redis] {
+        let app = spawn_on(backend, |_| {}).await;
+        let site = target(None).await;
+        // One proxy server; three members reaching it with credentials of their own, so its
+        // record says which member carried each request.
+        let proxy = HttpProxy::default().start().await;
+        proxy_pool(&app, "web").await;
+        let members: Vec<String> = (0..3)
+            .map(|i| format!("http://u{i}:p@127.0.0.1:{}", proxy.port()))
+            .collect();
+        let ids: Vec<&str> = members.iter().map(String::as_str).collect();
+        app.seed("web", &ids, Some(0)).await;
+        let url = format!("http://127.0.0.1:{}/health", site.port());
+        for _ in 0..4 {
+            assert_eq!(
+                curl(&app, "web-session-abc", &[&url]).await,
+                (0, HEALTHY.to_owned())
+            );
+        }
+        for _ in 0..2 {
+            let answer = curl(
+                &app,
+                "web-session-x--y-sessionttl-60000",
+                &["--proxytunnel", &url],
+            )
+            .await;
+            assert_eq!(answer, (0, HEALTHY.to_owned()));
+        }
+        let seen = proxy.seen();
+        assert_eq!(seen.len(), 6, "{backend:?}");
+        let credential = |line: &String| line.rsplit(" | ").next().unwrap_or_default().to_owned();
+        let first = credential(&seen[0]);
+        assert!(
+            seen[..4].iter().all(|line| credential(line) == first),
+            "{seen:?}"
+        );
+        let second = credential(&seen[4]);
+        assert_eq!(credential(&seen[5]), second, "{seen:?}");
+        assert_ne!(
+            first, second,
+            "the second session was pinned to a less-used member"
+        );
+        app.stop().await;
+    }
 }
