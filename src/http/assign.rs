@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::auth::Worker;
+use super::done::{DoneBody, DoneView, ParsedDone};
 use super::error::ApiError;
 use super::extract::{JsonBody, JsonOrDefault, PoolPath};
 use super::log::Outcome;
@@ -35,6 +36,10 @@ pub struct AssignBody {
     /// the contract's answer (a session pins one member, so the two never combine).
     #[serde(default)]
     session: Option<serde::de::IgnoredAny>,
+    /// How the worker's previous use of this pool ended, applied before the pick in the
+    /// same atomic step.
+    #[serde(default)]
+    done: Option<DoneBody>,
 }
 
 impl AssignBody {
@@ -144,9 +149,13 @@ pub async fn assign(
     _: Worker,
     State(state): State<AppState>,
     PoolPath(pool): PoolPath,
-    JsonOrDefault(body): JsonOrDefault<AssignBody>,
+    JsonOrDefault(mut body): JsonOrDefault<AssignBody>,
 ) -> Result<Response, ApiError> {
+    let done = body.done.take().map(DoneBody::parse).transpose()?;
     let (request, count) = body.request()?;
+    if let Some(done) = done {
+        return assign_after_done(&state, &pool, &done, &request, count).await;
+    }
     if let Some(count) = count {
         let batch = state
             .store
@@ -210,6 +219,59 @@ pub async fn assign(
             .into_response(),
         ),
         Assignment::Empty { next_return } => ("empty", no_content(next_return)),
+    };
+    response.extensions_mut().insert(Outcome(outcome));
+    Ok(response)
+}
+
+/// An answer with the `done` it carried: the assign's own fields, then `done`.
+#[derive(Serialize)]
+struct WithDone<T> {
+    #[serde(flatten)]
+    answer: T,
+    done: DoneView,
+}
+
+/// The assign of a body with `done`: the store applies it and picks in one step; the
+/// answer is the assign's (one member, or with `count` a batch) with what `done` did. A 204
+/// has no body: `done` was applied all the same.
+async fn assign_after_done(
+    state: &AppState,
+    pool: &PoolId,
+    done: &ParsedDone,
+    request: &AssignRequest,
+    count: Option<AssignCount>,
+) -> Result<Response, ApiError> {
+    let (batch, summary) = state
+        .store
+        .assign_after_done(pool, &done.done, request, count.unwrap_or(AssignCount::ONE))
+        .await
+        .map_err(filter_refused)?;
+    let view = done.view(pool, &summary);
+    let outcome = match batch.assigned.first() {
+        None => "empty",
+        Some(Assignment::Leased { .. }) => "leased",
+        Some(_) => "assigned",
+    };
+    let mut response = match (count, batch.assigned.first()) {
+        (_, None) => no_content(batch.next_return),
+        (None, Some(first)) => axum::Json(WithDone {
+            answer: Entry::of(pool, first),
+            done: view,
+        })
+        .into_response(),
+        (Some(_), Some(_)) => axum::Json(WithDone {
+            answer: Several {
+                pool,
+                assigned: batch
+                    .assigned
+                    .iter()
+                    .filter_map(|a| Entry::of(pool, a))
+                    .collect(),
+            },
+            done: view,
+        })
+        .into_response(),
     };
     response.extensions_mut().insert(Outcome(outcome));
     Ok(response)

@@ -9,10 +9,10 @@ use redis::{Script, Value};
 use super::RedisStore;
 use super::keys::{POOL_INFO_KEY_PARTS, POOL_KEY_PARTS};
 use super::reply::{
-    self, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply, DeletePoolReply,
-    DisableOutcome, DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply,
-    PoolInfoReply, PruneReply, PutPoolReply, RecordSourceReply, ReleaseReply, RemoveReply,
-    RenewReply, SeedOutcome, SeedReply, SourceStatesReply, SweepReply, WalkReply,
+    self, AssignDoneReply, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply,
+    DeletePoolReply, DisableOutcome, DisableReply, EnableOutcome, EnableReply, MembersReply,
+    OutcomesReply, PoolInfoReply, PruneReply, PutPoolReply, RecordSourceReply, ReleaseReply,
+    RemoveReply, RenewReply, SeedOutcome, SeedReply, SourceStatesReply, SweepReply, WalkReply,
 };
 use crate::domain::{
     AssignCount, LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy,
@@ -20,11 +20,11 @@ use crate::domain::{
 };
 use crate::store::{
     Applied, AssignRequest, Assignment, BAN_CLEANUP, Batch, CheckRound, ClaimedSource, Cursor,
-    DisableReport, EnableReport, FetchOutcome, Lease, MAX_BAN_TARGETS, MAX_LABEL_CHECKS,
-    MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PRUNE_BATCH, PoolInfo, PoolPage, Pruned,
-    PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
-    ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin,
-    SeedReport, SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
+    DisableReport, Done, DoneSummary, EnableReport, FetchOutcome, Lease, MAX_BAN_TARGETS,
+    MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PRUNE_BATCH, PoolInfo,
+    PoolPage, Pruned, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report,
+    ReportSource, ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_POOLS_PER_CALL, Seed,
+    SeedOrigin, SeedReport, SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
@@ -61,14 +61,63 @@ fn seen_place(id: u64, fetch: u64) -> String {
     (id.saturating_mul(1 << 32) + fetch.min((1 << 32) - 1)).to_string()
 }
 
+/// The seven arguments `assign_done.lua` takes after the assign's (see that script).
+struct DoneArgs {
+    member: String,
+    lease: String,
+    draw: String,
+    result: &'static str,
+    targeted: &'static str,
+}
+
+impl DoneArgs {
+    fn of(done: &Done) -> Self {
+        let report = done.report.as_ref();
+        Self {
+            member: report
+                .and_then(|r| r.member.as_ref())
+                .map(|m| m.as_str().to_owned())
+                .unwrap_or_default(),
+            lease: done
+                .lease
+                .as_ref()
+                .map(|l| l.as_str().to_owned())
+                .unwrap_or_default(),
+            draw: crate::store::jitter_draw().to_string(),
+            result: report.map_or("", |r| r.result.as_str()),
+            targeted: if report.is_some_and(|r| r.target.is_some()) {
+                "1"
+            } else {
+                ""
+            },
+        }
+    }
+
+    fn as_args(&self) -> [&[u8]; 7] {
+        let [max_targets, cleanup] = &*BAN_LIMITS;
+        [
+            self.member.as_bytes(),
+            self.result.as_bytes(),
+            self.lease.as_bytes(),
+            self.targeted.as_bytes(),
+            self.draw.as_bytes(),
+            max_targets.as_bytes(),
+            cleanup.as_bytes(),
+        ]
+    }
+}
+
 impl RedisStore {
-    /// Runs `assign.lua` for up to `count` members (one script call whatever the count).
+    /// Runs `assign.lua` for up to `count` members (one script call whatever the count),
+    /// or with `done`, `assign_done.lua`: the same pick after the worker's last outcome, in
+    /// the same call.
     async fn assign_batch(
         &self,
         pool: &PoolId,
         request: &AssignRequest,
         count: AssignCount,
-    ) -> Result<Batch, StoreError> {
+        done: Option<&Done>,
+    ) -> Result<(Batch, Option<DoneSummary>), StoreError> {
         // The ids are drawn for every assign, used only on least-in-flight pools: deciding
         // here would need the pool's policy, which only the script reads.
         let ids: Vec<LeaseId> = (0..count.get()).map(|_| LeaseId::random()).collect();
@@ -101,14 +150,54 @@ impl RedisStore {
             count_arg.as_bytes(),
         ]);
         args.extend(groups.iter().map(|group| group.as_bytes()));
-        let extra = match &request.target {
+        let mut extra = match &request.target {
             Some(target) => self.target_keys(pool, target),
             None => Vec::new(),
         };
-        let value = self
-            .eval_keyed(&self.scripts.assign, pool, None, &extra, &args)
-            .await?;
-        Ok(match AssignReply::decode(value)? {
+        let (reply, done) = match done {
+            None => {
+                let value = self
+                    .eval_keyed(&self.scripts.assign, pool, None, &extra, &args)
+                    .await?;
+                (AssignReply::decode(value)?, None)
+            }
+            Some(done) => {
+                let report = done.report.as_ref();
+                let done_args = DoneArgs::of(done);
+                if let Some(target) = report.and_then(|r| r.target.as_ref()) {
+                    extra.extend(self.ban_keys(pool, &[target]));
+                }
+                args.extend(done_args.as_args());
+                let value = self
+                    .eval_keyed(&self.scripts.assign_done, pool, None, &extra, &args)
+                    .await?;
+                let AssignDoneReply { done: reply, pick } = AssignDoneReply::decode(value)?;
+                self.hint_due(pool, reply.due_hint).await?;
+                let mut summary = DoneSummary {
+                    released: reply.released,
+                    ..DoneSummary::default()
+                };
+                if let Some(report) = report {
+                    // The member is the lease's when the report named none: the script
+                    // read it from the lease.
+                    let member = report.member.clone().or(reply.member);
+                    match (member, reply.report) {
+                        (Some(member), Some(Some((effect, streak, banned_until)))) => {
+                            summary.applied = Some(Applied {
+                                member,
+                                result: report.result,
+                                effect,
+                                streak,
+                                banned_until,
+                            });
+                        }
+                        _ => summary.unknown = true,
+                    }
+                }
+                (pick, Some(summary))
+            }
+        };
+        let batch = match reply {
             AssignReply::TooCostly => return Err(StoreError::FilterTooCostly),
             AssignReply::Empty { next_return } => Batch {
                 assigned: Vec::new(),
@@ -130,7 +219,10 @@ impl RedisStore {
                 due_hint,
                 members,
             } => {
-                self.hint_due(pool, due_hint).await?;
+                // With `done`, its hint covers the pick's too (hinted above).
+                if done.is_none() {
+                    self.hint_due(pool, due_hint).await?;
+                }
                 Batch {
                     assigned: members
                         .into_iter()
@@ -151,7 +243,8 @@ impl RedisStore {
                     next_return: None,
                 }
             }
-        })
+        };
+        Ok((batch, done))
     }
 
     /// Takes up to `limit` due pools from the index at `key`, holding them for `hold`
@@ -469,7 +562,9 @@ impl Store for RedisStore {
         pool: &PoolId,
         request: &AssignRequest,
     ) -> Result<Assignment, StoreError> {
-        let batch = self.assign_batch(pool, request, AssignCount::ONE).await?;
+        let (batch, _) = self
+            .assign_batch(pool, request, AssignCount::ONE, None)
+            .await?;
         Ok(batch
             .assigned
             .into_iter()
@@ -485,7 +580,18 @@ impl Store for RedisStore {
         request: &AssignRequest,
         count: AssignCount,
     ) -> Result<Batch, StoreError> {
-        self.assign_batch(pool, request, count).await
+        Ok(self.assign_batch(pool, request, count, None).await?.0)
+    }
+
+    async fn assign_after_done(
+        &self,
+        pool: &PoolId,
+        done: &Done,
+        request: &AssignRequest,
+        count: AssignCount,
+    ) -> Result<(Batch, DoneSummary), StoreError> {
+        let (batch, summary) = self.assign_batch(pool, request, count, Some(done)).await?;
+        Ok((batch, summary.unwrap_or_default()))
     }
 
     async fn release(&self, pool: &PoolId, lease: &LeaseId) -> Result<(), StoreError> {
