@@ -30,6 +30,7 @@ mod journal;
 mod labelled;
 mod recovery;
 mod rests;
+mod sessions;
 mod snapshot;
 
 use std::borrow::Cow;
@@ -46,12 +47,13 @@ use super::{
     MAX_LABEL_CHECKS, MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, Origin,
     PRUNE_BATCH, PoolInfo, PoolPage, PoolStats, Pruned, PutPool, RECLAIM_ON_ASSIGN,
     RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored,
-    SOURCE_CLAIM_HOLD, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport, SourceFetch,
-    SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
+    SOURCE_CLAIM_HOLD, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport, SessionAssignment,
+    SessionPin, SessionRequest, SourceFetch, SourceState, StateFilter, Store, StoreError,
+    StoreStatus, Swept,
 };
 use crate::domain::{
-    AssignCount, LabelFilter, LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig,
-    PoolId, RestorePolicy, Target, Timestamp,
+    AssignCount, LabelFilter, LeaseId, LeaseTtl, MAX_SESSIONS, MemberId, OutcomeResult, Policy,
+    PoolConfig, PoolId, RestorePolicy, SessionId, Target, Timestamp,
 };
 
 use self::codec::{MemberImage, PoolImage, Provenance, SourceBook};
@@ -211,6 +213,8 @@ struct Pool {
     bans: bans::Bans,
     /// Resting members of a paced pool (in memory only: see `rests.rs`).
     rests: rests::Rests,
+    /// Sticky sessions (in memory only: see `sessions.rs`).
+    sessions: sessions::Sessions,
     tripped: u64,
     recovered: u64,
     /// Until when the last check round holds the pool.
@@ -375,6 +379,7 @@ impl Pool {
             labels: labelled::LabelIndex::default(),
             bans: bans::Bans::default(),
             rests: rests::Rests::default(),
+            sessions: sessions::Sessions::default(),
             tripped: 0,
             recovered: 0,
             check_round_until: None,
@@ -1204,6 +1209,88 @@ impl Pool {
         Ok(self.lease_one(member, in_flight, now, ttl, holds.as_ref()))
     }
 
+    /// An assign in a session, by the rules of `assign.lua` (see `Store::assign_in_session`).
+    fn assign_in_session(
+        &mut self,
+        request: &AssignRequest,
+        session: &SessionRequest,
+        now: Timestamp,
+    ) -> Result<SessionAssignment, StoreError> {
+        let lif = self.config.policy == Policy::LeastInFlight;
+        if lif {
+            self.reclaim_expired(now, RECLAIM_ON_ASSIGN);
+        }
+        self.sessions.clear_ended(now);
+        let ttl = session.ttl.unwrap_or(self.config.session_ttl_ms);
+        let until = Timestamp(now.0.saturating_add(ttl.as_millis()));
+        let pinned = self.sessions.member(&session.id, now).cloned();
+        if pinned.is_none() && self.sessions.len() >= MAX_SESSIONS {
+            return Err(StoreError::TooManySessions);
+        }
+        if pinned.is_some() {
+            self.sessions.slide(&session.id, until);
+        }
+        let pin = |repinned| SessionPin {
+            id: session.id.clone(),
+            expires_at: until,
+            repinned,
+        };
+        if let Some(member) = pinned.filter(|m| self.still_fits(m, request, now)) {
+            // Pacing does not hold the pinned member back; it rests all the same.
+            let holds = self.holds(request, now);
+            let assignment = if lif {
+                let in_flight = self.in_flight_of(&member);
+                let lease_ttl = request.ttl.unwrap_or(self.config.lease_ttl_ms);
+                self.lease_one(member, in_flight, now, lease_ttl, holds.as_ref())
+            } else {
+                self.count_one(member, holds.as_ref())
+            };
+            return Ok(SessionAssignment {
+                assignment,
+                session: Some(pin(false)),
+            });
+        }
+        let was_live = self.sessions.member(&session.id, now).is_some();
+        let assignment = if lif {
+            self.assign_least_in_flight(request, now)?
+        } else {
+            self.assign_least_used(request, now)?
+        };
+        let session = match &assignment {
+            Assignment::Assigned { member, .. } | Assignment::Leased { member, .. } => {
+                self.sessions.pin(&session.id, member.clone(), until);
+                Some(pin(was_live))
+            }
+            Assignment::Empty { .. } => was_live.then(|| pin(false)),
+        };
+        Ok(SessionAssignment {
+            assignment,
+            session,
+        })
+    }
+
+    /// Whether a session's member may still be handed out for `request`: eligible, not
+    /// banned for its target, carrying its labels, and on a capped least-in-flight pool
+    /// below the cap.
+    fn still_fits(&self, member: &MemberId, request: &AssignRequest, now: Timestamp) -> bool {
+        let banned = request
+            .target
+            .as_ref()
+            .is_some_and(|target| self.bans.banned_until(target, member, now).is_some());
+        let labelled = request.labels.is_empty()
+            || self
+                .labels
+                .of
+                .get(member)
+                .is_some_and(|labels| labels.matches(&request.labels));
+        let below_cap = self.config.policy != Policy::LeastInFlight
+            || self
+                .config
+                .max_in_flight
+                .is_none_or(|cap| self.in_flight_of(member) < cap.get());
+        self.eligible.get(member).is_some() && !banned && labelled && below_cap
+    }
+
     /// Up to `count` distinct members in the choosing order among those that fit
     /// `request` (labels; not banned for its target, not resting), each counted once (and
     /// leased on a least-in-flight pool, below the cap), as `assign.lua` does.
@@ -1699,6 +1786,53 @@ impl Store for EmbeddedStore {
         })?;
         let change = batch_change(answer.0.as_ref().ok().map(|(batch, _)| batch));
         self.settle(answer, change).await?
+    }
+
+    async fn assign_in_session(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+        session: &SessionRequest,
+    ) -> Result<SessionAssignment, StoreError> {
+        let answer = self.with_pool(pool, |p, journal| {
+            let now = Timestamp::now();
+            p.return_due(now, RETURN_ON_ASSIGN);
+            let answer = p.assign_in_session(request, session, now)?;
+            if let (
+                Some(journal),
+                Assignment::Assigned {
+                    member,
+                    assignments,
+                }
+                | Assignment::Leased {
+                    member,
+                    assignments,
+                    ..
+                },
+            ) = (journal, &answer.assignment)
+            {
+                journal.assigned(pool, member, *assignments, p.total_assignments);
+            }
+            Ok(answer)
+        })?;
+        // A lease issued is on disk before the worker holds it; sessions are not kept on disk.
+        let change = match &answer.0 {
+            Ok(SessionAssignment {
+                assignment: Assignment::Leased { .. },
+                ..
+            }) => Change::Durable,
+            _ => Change::Counts,
+        };
+        self.settle(answer, change).await?
+    }
+
+    async fn end_session(&self, pool: &PoolId, session: &SessionId) -> Result<(), StoreError> {
+        let (ended, _) = self.with_pool(pool, |p, _| p.sessions.end(session, Timestamp::now()))?;
+        if ended {
+            Ok(())
+        } else {
+            Err(StoreError::SessionNotFound)
+        }
     }
 
     async fn release(&self, pool: &PoolId, lease: &LeaseId) -> Result<(), StoreError> {

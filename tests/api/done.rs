@@ -331,6 +331,22 @@ async fn a_done_that_says_nothing_or_is_misshapen_is_refused_naming_the_field(ap
     assert_eq!(listed(&app, "a").await["assignments"], json!(0));
 }
 
+async fn an_assign_in_a_session_refuses_done_and_applies_nothing(app: TestApp) {
+    pool_tripping_after(&app, 1, &[("a", 0)]).await;
+    let (status, body) = assign_with(
+        &app,
+        "p",
+        json!({"session": "s1", "done": {"proxy": "a", "result": "failed"}}),
+    )
+    .await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_request");
+    let a = listed(&app, "a").await;
+    assert_eq!(
+        (&a["state"], &a["assignments"]),
+        (&json!("eligible"), &json!(0))
+    );
+}
+
 async fn an_assign_with_done_on_a_missing_pool_is_404(app: TestApp) {
     let (status, body) = assign_with(
         &app,
@@ -353,5 +369,6 @@ for_each_store!(
     a_done_with_labels_picks_among_the_labelled_members_after_the_report,
     a_done_that_takes_out_the_last_member_answers_204_having_applied_it,
     a_done_that_says_nothing_or_is_misshapen_is_refused_naming_the_field,
+    an_assign_in_a_session_refuses_done_and_applies_nothing,
     an_assign_with_done_on_a_missing_pool_is_404,
 );

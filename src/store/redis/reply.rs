@@ -168,7 +168,11 @@ impl AssignReply {
     /// Decodes `{-1}`, `{-2}`, `{0}`, `{0, ms}`, `{1, member, assignments, ...}` or
     /// `{2, expires_ms, ttl_ms, due hint, member, assignments, in_flight, ...}`.
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
-        decode("assign.lua", value, |value| {
+        decode("assign.lua", value, Self::read)
+    }
+
+    fn read(value: Value) -> Read<Self> {
+        {
             let mut items = Items::new(value)?;
             let reply = match items.int()? {
                 -1 => return Err(Problem::NoPool),
@@ -214,6 +218,76 @@ impl AssignReply {
             };
             items.end()?;
             Ok(reply)
+        }
+    }
+}
+
+/// `assign.lua` with a session: the session's state, then the answer as without one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum SessionAssignReply {
+    /// The session is new and the pool holds the most sessions it keeps; nothing changed.
+    TooManySessions,
+    /// The assign ran.
+    Answered {
+        /// When the session ends, `None` when no session is live (a new one that found
+        /// nothing to pin).
+        ends_at: Option<Timestamp>,
+        /// Whether a live session moved to another member.
+        repinned: bool,
+        /// The answer as without a session.
+        reply: AssignReply,
+    },
+}
+
+impl SessionAssignReply {
+    /// Decodes `{-1}`, `{-3}`, `{-2}` or `{3, ends_ms or 0, 0|1, {the answer}}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("assign.lua", value, |value| {
+            let mut items = Items::new(value)?;
+            let reply = match items.int()? {
+                -1 => return Err(Problem::NoPool),
+                -2 => Self::Answered {
+                    ends_at: None,
+                    repinned: false,
+                    reply: AssignReply::TooCostly,
+                },
+                -3 => Self::TooManySessions,
+                3 => Self::Answered {
+                    ends_at: items.due_time()?.map(Timestamp),
+                    repinned: match items.int()? {
+                        0 => false,
+                        1 => true,
+                        _ => return Err("re-pinned is 0 or 1".into()),
+                    },
+                    reply: AssignReply::read(items.next()?)?,
+                },
+                _ => return Err("unknown status".into()),
+            };
+            items.end()?;
+            Ok(reply)
+        })
+    }
+}
+
+/// `end_session.lua`: whether a live session was ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct EndSessionReply {
+    /// `false` when the pool had no such live session.
+    pub(super) ended: bool,
+}
+
+impl EndSessionReply {
+    /// Decodes `{-1}`, `{1, 1}` or `{1, 0}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("end_session.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let ended = match items.int()? {
+                0 => false,
+                1 => true,
+                _ => return Err("ended is 0 or 1".into()),
+            };
+            items.end()?;
+            Ok(Self { ended })
         })
     }
 }

@@ -87,6 +87,7 @@ scripts! {
     put_pool: plain,
     pool_info: plain,
     delete_pool: plain,
+    end_session: plain,
     seed: with_helpers,
     members: with_helpers,
     disable: with_helpers,
