@@ -15,10 +15,11 @@ use proxy_allocator::domain::{
     SessionId, Target,
 };
 use proxy_allocator::store::{
-    AssignRequest, Assignment, Batch, CheckRound, ClaimedSource, Cursor, DisableReport,
-    EnableReport, FetchOutcome, MemberPage, PoolInfo, PoolPage, Pruned, PutPool, RemoveReport,
-    Renewed, Report, ReportSource, ReportSummary, Seed, SeedReport, SessionAssignment,
-    SessionRequest, SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
+    AssignRequest, Assignment, Batch, CheckRound, ClaimedSource, Cursor, DisableReport, Done,
+    DoneSummary, EnableReport, FetchOutcome, MemberPage, PoolInfo, PoolPage, Pruned, PutPool,
+    RemoveReport, Renewed, Report, ReportSource, ReportSummary, Seed, SeedReport,
+    SessionAssignment, SessionRequest, SourceState, StateFilter, Store, StoreError, StoreStatus,
+    Swept,
 };
 
 use crate::helpers::TestApp;
@@ -161,6 +162,18 @@ impl Store for Spy {
         count: AssignCount,
     ) -> Result<Batch, StoreError> {
         self.inner.assign_several(pool, request, count).await
+    }
+
+    async fn assign_after_done(
+        &self,
+        pool: &PoolId,
+        done: &Done,
+        request: &AssignRequest,
+        count: AssignCount,
+    ) -> Result<(Batch, DoneSummary), StoreError> {
+        self.inner
+            .assign_after_done(pool, done, request, count)
+            .await
     }
 
     async fn assign_in_session(
