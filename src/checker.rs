@@ -23,6 +23,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
 pub use self::fetch::{FetchError, Fetcher, MAX_REDIRECTS, masked_url};
+pub(crate) use self::probe::percent_decode;
 pub use self::probe::{Probed, Prober, ProxyAddr, guarded_addresses};
 use crate::domain::{MemberId, PoolId};
 use crate::store::{Effect, Report, ReportSource, Store};

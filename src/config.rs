@@ -198,6 +198,42 @@ pub struct Config {
     #[arg(long, env = "SOURCE_FETCH_TIMEOUT_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=600_000))]
     pub source_fetch_timeout_ms: u64,
 
+    /// An address for the forward-proxy gateway: an HTTP proxy port (absolute-form `http://`
+    /// requests and `CONNECT` tunnels) that picks a pool's member for each request, dials
+    /// it, reports the outcome and releases the lease by itself. Clients authenticate with
+    /// the pool (and options) as proxy user name and the worker token as password. Without
+    /// a worker token it starts only on a loopback address. Unset: no gateway.
+    #[arg(long, env = "GATEWAY_LISTEN")]
+    pub gateway_listen: Option<SocketAddr>,
+
+    /// Most members one gateway request tries: when dialling one fails before anything was
+    /// sent to the client, the next pick is tried, each attempt an assignment and each
+    /// failure an outcome report.
+    #[arg(long, env = "GATEWAY_ATTEMPTS", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10))]
+    pub gateway_attempts: u32,
+
+    /// Most client connections the gateway keeps open at once (each open tunnel also holds
+    /// one connection to its upstream). Unset: a quarter of the open-file limit left after
+    /// 128 files.
+    #[arg(long, env = "GATEWAY_MAX_CONNECTIONS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub gateway_max_connections: Option<u64>,
+
+    /// Longest time, in milliseconds, the gateway gives an upstream member to connect and
+    /// complete its proxy handshake (TLS, CONNECT or SOCKS), and an `http://` request's
+    /// response head to arrive; past it the attempt is a `failed` outcome.
+    #[arg(long, env = "GATEWAY_CONNECT_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub gateway_connect_timeout_ms: u64,
+
+    /// A PEM file of CA certificates the gateway trusts, besides the Mozilla roots, for its
+    /// TLS to `https` members (a private proxy fleet's own CA).
+    #[arg(long, env = "GATEWAY_CA_FILE")]
+    pub gateway_ca_file: Option<PathBuf>,
+
+    /// Longest time, in milliseconds, a gateway tunnel may pass no byte either way before it
+    /// is closed (and its lease released).
+    #[arg(long, env = "GATEWAY_IDLE_TIMEOUT_MS", default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub gateway_idle_timeout_ms: u64,
+
     /// Log format. The level is set with `RUST_LOG` (default `info`).
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,
@@ -247,6 +283,15 @@ impl Config {
     /// The fsync interval of the embedded store's data directory as a duration.
     pub fn fsync_interval(&self) -> Duration {
         Duration::from_millis(self.fsync_interval_ms)
+    }
+
+    /// How the gateway dials and retries.
+    pub fn gateway_settings(&self) -> crate::gateway::Settings {
+        crate::gateway::Settings {
+            attempts: self.gateway_attempts,
+            connect_timeout: Duration::from_millis(self.gateway_connect_timeout_ms),
+            idle_timeout: Duration::from_millis(self.gateway_idle_timeout_ms),
+        }
     }
 
     /// The check tick as a duration.

@@ -13,6 +13,7 @@ mod pool_config;
 mod pool_id;
 mod prune;
 mod rules;
+mod session;
 mod source;
 mod target;
 mod timestamp;
@@ -38,6 +39,9 @@ pub use pool_config::{Policy, PoolConfig, RestorePolicy};
 pub use pool_id::{InvalidPoolId, PoolId};
 pub use prune::{InvalidPrune, MAX_PRUNE_COUNT, PruneConfig};
 pub use rules::{PortRange, PortRules, Rules};
+pub use session::{
+    InvalidSessionId, InvalidSessionTtl, MAX_SESSION_ID_LEN, MAX_SESSIONS, SessionId, SessionTtl,
+};
 pub use source::{
     DEFAULT_SOURCE_MIN_INTERVAL_MS, InvalidSource, MAX_SOURCE_INTERVAL_MS, MAX_SOURCES,
     SOURCE_INTERVAL_FLOOR_MS, Source, SourceFormat,

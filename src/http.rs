@@ -4,6 +4,7 @@
 
 mod assign;
 mod auth;
+mod done;
 pub mod error;
 mod extract;
 mod import;
@@ -13,6 +14,7 @@ mod members;
 mod outcomes;
 mod pools;
 mod probes;
+mod sessions;
 mod sources;
 mod ui;
 
@@ -196,6 +198,13 @@ pub fn routes() -> Vec<Route> {
             Worker,
             OptionalJson,
             leases::renew,
+        ),
+        route(
+            "/pools/{pool}/sessions/{session}",
+            Method::DELETE,
+            Worker,
+            Ignored,
+            sessions::end_session,
         ),
         route(
             "/pools/{pool}/members",

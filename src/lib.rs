@@ -48,6 +48,10 @@
 //! - [`connections`]: what every listening port goes through: a connection cap, deadlines
 //!   for request heads and idle keep-alive connections, accept errors logged once per
 //!   episode, and the open-file limit raised at start.
+//! - [`gateway`]: the forward-proxy gateway (`GATEWAY_LISTEN`): a proxy port that picks,
+//!   dials (`gateway/upstream.rs`: CONNECT, SOCKS, TLS to `https` proxies), reports and
+//!   releases by itself, with the pool and options in the proxy user name
+//!   (`gateway/user.rs`).
 //! - [`monitoring`]: Prometheus metrics and the per-pool gauges.
 //! - [`telemetry`]: logging setup.
 
@@ -56,6 +60,7 @@ pub mod cli;
 pub mod config;
 pub mod connections;
 pub mod domain;
+pub mod gateway;
 pub mod http;
 pub mod monitoring;
 pub mod sources;

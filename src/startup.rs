@@ -4,6 +4,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -12,6 +13,8 @@ use tower::ServiceExt;
 
 use crate::config::{Config, RedisSettingsError};
 use crate::connections::{self, GuardedListener, Limits as ConnectionLimits};
+use crate::gateway::upstream::Dialer;
+use crate::gateway::{Gateway, Tunnels};
 use crate::http::{self, AppState, Limits, Tokens};
 use crate::monitoring::PoolSnapshot;
 use crate::store::{
@@ -52,6 +55,21 @@ pub enum StartupError {
          routes are meant"
     )]
     AnonymousWorkers(SocketAddr),
+    /// The gateway would be an open proxy on an address that is not loopback.
+    #[error(
+        "refusing to start: GATEWAY_LISTEN {0} is not a loopback address and no worker token \
+         is set, so anyone who reaches the port could use the pools' proxies; set WORKER_TOKEN \
+         or WORKER_TOKEN_FILE (the gateway's proxy password)"
+    )]
+    OpenGateway(SocketAddr),
+    /// `GATEWAY_CA_FILE` cannot be read or holds no certificate.
+    #[error("cannot read GATEWAY_CA_FILE {path}: {reason}")]
+    GatewayCa {
+        /// The file.
+        path: String,
+        /// The cause.
+        reason: String,
+    },
     /// The Redis settings do not name exactly one way to reach Redis.
     #[error("invalid Redis settings: {0}")]
     RedisSettings(#[from] RedisSettingsError),
@@ -73,6 +91,7 @@ pub enum StartupError {
 pub struct Application {
     api: GuardedListener,
     probes: Option<GuardedListener>,
+    gateway: Option<(GuardedListener, Gateway)>,
     router: Router,
     probe_router: Router,
     store: Arc<dyn Store>,
@@ -94,7 +113,7 @@ impl Application {
         let worker_token = worker_token(&config)?;
         let admin_token = admin_token(&config)?;
         let store = store(&config).await?;
-        Self::assemble(config, store, Tokens::new(admin_token, worker_token)).await
+        Self::assemble(config, store, admin_token, worker_token).await
     }
 
     /// Binds the listener and serves `store`, which `config`'s store settings are taken to
@@ -105,14 +124,20 @@ impl Application {
     pub async fn with_store(config: Config, store: Arc<dyn Store>) -> Result<Self, StartupError> {
         let worker_token = worker_token(&config)?;
         let admin_token = admin_token(&config)?;
-        Self::assemble(config, store, Tokens::new(admin_token, worker_token)).await
+        Self::assemble(config, store, admin_token, worker_token).await
     }
 
     async fn assemble(
         config: Config,
         store: Arc<dyn Store>,
-        tokens: Tokens,
+        admin_token: String,
+        worker_token: Option<String>,
     ) -> Result<Self, StartupError> {
+        // Before anything is bound: an open gateway on a reachable address is refused.
+        if let Some(addr) = config.gateway_listen {
+            gateway_token_check(addr, worker_token.as_ref())?;
+        }
+        let tokens = Tokens::new(admin_token, worker_token.clone());
         let open_files = open_file_limit();
         crate::monitoring::prometheus();
         let snapshot = PoolSnapshot::new(
@@ -169,9 +194,29 @@ impl Application {
             (Some(addr), Some(budget)) => Some(bind("probe", addr, budget).await?),
             _ => None,
         };
+        let gateway = match config.gateway_listen {
+            Some(addr) => {
+                let cap = config.gateway_max_connections.map_or_else(
+                    || connections::default_max_connections(open_files, 0) / 2,
+                    |cap| usize::try_from(cap).unwrap_or(usize::MAX),
+                );
+                let listener = bind("gateway", addr, cap.max(1)).await?;
+                let dialer = Dialer::new(gateway_roots(&config)?);
+                let gateway = Gateway::new(
+                    Arc::clone(&store),
+                    worker_token,
+                    config.gateway_settings(),
+                    snapshot.clone(),
+                    dialer,
+                );
+                Some((listener, gateway))
+            }
+            None => None,
+        };
         Ok(Self {
             api,
             probes,
+            gateway,
             router,
             probe_router,
             store,
@@ -190,6 +235,13 @@ impl Application {
         self.probes
             .as_ref()
             .and_then(|probes| probes.local_addr().ok())
+    }
+
+    /// The gateway's address, when `GATEWAY_LISTEN` is set.
+    pub fn gateway_addr(&self) -> Option<SocketAddr> {
+        self.gateway
+            .as_ref()
+            .and_then(|(listener, _)| listener.local_addr().ok())
     }
 
     /// Serves until `shutdown` completes, then stops accepting connections and lets the
@@ -219,6 +271,13 @@ impl Application {
                 %addr,
                 max_connections = probes.limits().max_connections,
                 "probes listening"
+            );
+        }
+        if let (Some(addr), Some((listener, _))) = (self.gateway_addr(), &self.gateway) {
+            tracing::info!(
+                %addr,
+                max_connections = listener.limits().max_connections,
+                "gateway listening"
             );
         }
         // Background tasks stop when this flips to true, after the requests have drained.
@@ -267,23 +326,43 @@ impl Application {
                     .await;
             }
         };
+        let tunnels = self
+            .gateway
+            .as_ref()
+            .map(|(_, gateway)| gateway.tunnels().clone());
+        let gateway = async {
+            if let Some((listener, gateway)) = self.gateway {
+                let service = tower::service_fn(move |request| gateway.clone().handle(request));
+                listener.serve_http(service, &graceful, stop()).await;
+            }
+        };
         let signal = async {
             shutdown.await;
             let _ = stop_accepting.send(true);
         };
-        tokio::join!(api, probes, signal);
+        tokio::join!(api, probes, gateway, signal);
         tracing::info!(
             connections = graceful.count(),
+            tunnels = tunnels.as_ref().map_or(0, Tunnels::open),
             "shutting down: draining requests in flight"
         );
-        if tokio::time::timeout(drain, graceful.shutdown())
-            .await
-            .is_err()
-        {
+        let tunnels_drained = async {
+            if let Some(tunnels) = &tunnels {
+                tunnels.drained().await;
+            }
+        };
+        let drained = async { tokio::join!(graceful.shutdown(), tunnels_drained) };
+        if tokio::time::timeout(drain, drained).await.is_err() {
             tracing::warn!(
                 timeout_ms = drain.as_millis(),
                 "drain timeout reached; closing the remaining connections"
             );
+            if let Some(tunnels) = &tunnels {
+                // Closed tunnels give their leases back on the way out; that takes a store
+                // round trip each, not another drain.
+                tunnels.close_all();
+                let _ = tokio::time::timeout(Duration::from_secs(1), tunnels.drained()).await;
+            }
         }
         let _ = stop_tasks.send(true);
         // The tasks only ever end by being told to; a panic inside one is not the server's
@@ -369,6 +448,46 @@ fn worker_token(config: &Config) -> Result<Option<String>, StartupError> {
         );
     }
     Ok(token)
+}
+
+/// The extra CA certificates of `GATEWAY_CA_FILE`, none when it is unset.
+fn gateway_roots(
+    config: &Config,
+) -> Result<Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>, StartupError> {
+    use tokio_rustls::rustls::pki_types::CertificateDer;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    let Some(path) = &config.gateway_ca_file else {
+        return Ok(Vec::new());
+    };
+    let failure = |reason: String| StartupError::GatewayCa {
+        path: path.display().to_string(),
+        reason,
+    };
+    let pem = std::fs::read(path).map_err(|e| failure(e.to_string()))?;
+    let roots = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| failure(e.to_string()))?;
+    if roots.is_empty() {
+        return Err(failure("no certificate in the file".to_owned()));
+    }
+    Ok(roots)
+}
+
+/// Without a worker token the gateway would be an open proxy: only a loopback address is
+/// allowed, and the log says so.
+fn gateway_token_check(addr: SocketAddr, token: Option<&String>) -> Result<(), StartupError> {
+    if token.is_some() {
+        return Ok(());
+    }
+    if !addr.ip().to_canonical().is_loopback() {
+        return Err(StartupError::OpenGateway(addr));
+    }
+    tracing::warn!(
+        %addr,
+        "no worker token: the gateway takes any proxy password, which only a loopback \
+         address allows; set WORKER_TOKEN to require it"
+    );
+    Ok(())
 }
 
 /// The store `config` names: Redis, or the embedded store in `DATA_DIR` or in memory.

@@ -53,7 +53,7 @@ pub use self::embedded::{DataDirOptions, EmbeddedStore, OpenError};
 pub use self::redis::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
     AssignCount, LabelFilter, Labels, LeaseId, LeaseTtl, MemberId, OutcomeResult, PoolConfig,
-    PoolId, RestorePolicy, Target, Timestamp,
+    PoolId, RestorePolicy, SessionId, SessionTtl, Target, Timestamp,
 };
 
 /// How many expired leases an assign reclaims before it chooses, at most. It keeps the
@@ -124,6 +124,38 @@ pub struct AssignRequest {
     pub target: Option<Target>,
 }
 
+/// The sticky session an assign names (see [`Store::assign_in_session`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRequest {
+    /// The caller's id for the session.
+    pub id: SessionId,
+    /// How long the session lives after this assign (the pool's `session_ttl_ms` when
+    /// `None`).
+    pub ttl: Option<SessionTtl>,
+}
+
+/// A session as an assign left it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SessionPin {
+    /// The session's id.
+    pub id: SessionId,
+    /// When it ends unless another assign names it (the store's clock).
+    pub expires_at: Timestamp,
+    /// Whether this assign moved the session to another member: its member was no longer
+    /// eligible for the request. `false` when the session was new (or had expired).
+    pub repinned: bool,
+}
+
+/// The answer to an assign in a session ([`Store::assign_in_session`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionAssignment {
+    /// What the assign handed out; [`Assignment::Empty`] when nothing was eligible.
+    pub assignment: Assignment,
+    /// The session after the assign; `None` when nothing was handed out and no session
+    /// was live (a new session starts only with a member to pin).
+    pub session: Option<SessionPin>,
+}
+
 /// What went wrong in a store. Each variant maps to one documented HTTP answer.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -138,6 +170,13 @@ pub enum StoreError {
     /// [`MAX_LABEL_CHECKS`] candidates before finding one.
     #[error("the label filter would check more than {MAX_LABEL_CHECKS} members")]
     FilterTooCostly,
+    /// The pool has no such live session: never started, ended, or expired.
+    #[error("session not found")]
+    SessionNotFound,
+    /// The pool holds [`MAX_SESSIONS`](crate::domain::MAX_SESSIONS) live sessions: a new one
+    /// is not started; nothing changed.
+    #[error("the pool holds the most live sessions it keeps")]
+    TooManySessions,
     /// A pool's policy can only change while it has no members.
     #[error("the policy of a pool can only change while it has no members")]
     PolicyChangeRequiresEmptyPool,
@@ -188,6 +227,40 @@ pub struct Batch {
     /// When `assigned` is empty, no label filter was given and some members are cooling
     /// down: how long until the first of them comes back.
     pub next_return: Option<Duration>,
+}
+
+/// How a worker's previous use of a pool ended, sent with its next assign so that one call
+/// does both ([`Store::assign_after_done`]): an outcome report, a lease to release, or both.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Done {
+    /// The outcome of the request, applied as [`Store::report`] applies a worker's report.
+    pub report: Option<DoneReport>,
+    /// On a least-in-flight pool: the lease of that request, released.
+    pub lease: Option<LeaseId>,
+}
+
+/// The outcome a [`Done`] carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoneReport {
+    /// The member it is about; `None` for the member of [`Done::lease`].
+    pub member: Option<MemberId>,
+    /// What was seen.
+    pub result: OutcomeResult,
+    /// The host the request went to, as in [`Report::target`].
+    pub target: Option<Target>,
+}
+
+/// What a [`Done`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DoneSummary {
+    /// What the report did, when there was one about a member the pool has.
+    pub applied: Option<Applied>,
+    /// The report named a member the pool does not have (or a lease without one); it
+    /// changed nothing.
+    pub unknown: bool,
+    /// The lease was live and is now released. `false` for an unknown, ended or expired
+    /// lease, which changes nothing (an expired one is left to be reclaimed).
+    pub released: bool,
 }
 
 /// A live lease as its holder sees it.
@@ -781,6 +854,55 @@ pub trait Store: Send + Sync + 'static {
         request: &AssignRequest,
         count: AssignCount,
     ) -> Result<Batch, StoreError>;
+
+    /// Applies `done` (first the release of its lease, then its report, as
+    /// [`Store::release`] and [`Store::report`] would, from a worker), then assigns as
+    /// [`Store::assign`] does (or, with `count`, as [`Store::assign_several`] does), all in
+    /// one atomic step: a member the report takes out is not picked, and a lease released
+    /// frees its place for this pick. An unknown member or lease in `done` is answered in
+    /// the [`DoneSummary`] and never fails the assign. A single assign's answer is a batch
+    /// of at most one.
+    ///
+    /// # Errors
+    /// As [`Store::assign`]; on an error `done` changed nothing either.
+    async fn assign_after_done(
+        &self,
+        pool: &PoolId,
+        done: &Done,
+        request: &AssignRequest,
+        count: AssignCount,
+    ) -> Result<(Batch, DoneSummary), StoreError>;
+
+    /// An assign in a sticky session, in one atomic step. When the session is live and its
+    /// member is still eligible for this request (eligible in the pool, not banned for its
+    /// target, carrying its labels, and on a least-in-flight pool below `max_in_flight`),
+    /// that member is handed out again, counted (and leased) as by [`Store::assign`];
+    /// pacing does not hold it back, though it rests as any member handed out does.
+    /// Otherwise the member is chosen exactly as [`Store::assign`] would and the session is
+    /// pinned to it (`repinned` when the session was live). Every call slides the session's
+    /// expiry to now + its ttl. When nothing is eligible the answer is
+    /// [`Assignment::Empty`] and a live session keeps its member, so that it comes back to
+    /// that member once it is eligible again; a new session is not started.
+    ///
+    /// Expired sessions are cleared a few at a time as assigns in sessions pass, never by a
+    /// walk over all of them.
+    ///
+    /// # Errors
+    /// As [`Store::assign`]; [`StoreError::TooManySessions`], changing nothing, when the
+    /// session is new and the pool already holds
+    /// [`MAX_SESSIONS`](crate::domain::MAX_SESSIONS) live ones.
+    async fn assign_in_session(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+        session: &SessionRequest,
+    ) -> Result<SessionAssignment, StoreError>;
+
+    /// Ends a live session; the next assign naming it starts it anew.
+    ///
+    /// # Errors
+    /// [`StoreError::SessionNotFound`] when the pool has no such live session.
+    async fn end_session(&self, pool: &PoolId, session: &SessionId) -> Result<(), StoreError>;
 
     /// Ends a live lease and frees its place on its member.
     ///

@@ -4,7 +4,7 @@ use std::num::NonZeroU64;
 
 use serde::{Deserialize, Serialize};
 
-use super::{HealthConfig, LeaseTtl, Pacing, PruneConfig, Source};
+use super::{HealthConfig, LeaseTtl, Pacing, PruneConfig, SessionTtl, Source};
 
 /// How assign chooses among a pool's eligible members. A pool's policy can only change
 /// while it has no members: the two policies keep different state, and a member's state
@@ -128,6 +128,10 @@ pub struct PoolConfig {
     /// only when set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pacing: Option<Pacing>,
+    /// How long a sticky session lives after its last assign, when the assign does not ask
+    /// for another ttl (1,000 ms to 24 h; 600,000 by default).
+    #[serde(default)]
+    pub session_ttl_ms: SessionTtl,
 }
 
 #[cfg(test)]

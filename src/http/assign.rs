@@ -9,11 +9,16 @@ use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::auth::Worker;
+use super::done::{DoneBody, DoneView, ParsedDone};
 use super::error::ApiError;
 use super::extract::{JsonBody, JsonOrDefault, PoolPath};
 use super::log::Outcome;
-use crate::domain::{AssignCount, LabelFilter, LeaseTtl, MemberId, PoolId, Target};
-use crate::store::{AssignRequest, Assignment, Lease, MAX_LABEL_CHECKS, StoreError};
+use crate::domain::{
+    AssignCount, LabelFilter, LeaseTtl, MemberId, PoolId, SessionId, SessionTtl, Target,
+};
+use crate::store::{
+    AssignRequest, Assignment, Lease, MAX_LABEL_CHECKS, SessionPin, SessionRequest, StoreError,
+};
 
 /// Optional body of an assign; every field is optional.
 #[derive(Debug, Default, Deserialize)]
@@ -31,26 +36,59 @@ pub struct AssignBody {
     /// Up to this many distinct members (1 to 100), answered as a batch.
     #[serde(default)]
     count: Option<AssignCount>,
-    /// Sticky sessions are not served yet; the field is read so that `count` with it gets
-    /// the contract's answer (a session pins one member, so the two never combine).
+    /// A sticky session (1 to 128 visible ASCII characters): the same member while it stays
+    /// eligible for the request. A session pins one member, so it never combines with
+    /// `count`.
     #[serde(default)]
-    session: Option<serde::de::IgnoredAny>,
+    session: Option<serde_json::Value>,
+    /// How long the session lives after this assign (1,000 ms to 24 h; the pool's
+    /// `session_ttl_ms` by default). Only with `session`.
+    #[serde(default)]
+    session_ttl_ms: Option<serde_json::Value>,
+    /// How the worker's previous use of this pool ended, applied before the pick in the
+    /// same atomic step.
+    #[serde(default)]
+    done: Option<DoneBody>,
+}
+
+/// What an assign asks for: one member, several, or one in a session.
+enum Wanted {
+    One,
+    Several(AssignCount),
+    InSession(SessionRequest),
 }
 
 impl AssignBody {
-    /// The store's request, labels parsed, and the count when one was asked for.
-    fn request(self) -> Result<(AssignRequest, Option<AssignCount>), ApiError> {
-        if self.session.is_some() {
-            return Err(ApiError::InvalidRequest(
-                if self.count.is_some() {
+    /// The store's request, labels parsed, and what is wanted: one member, a count, or a
+    /// session.
+    fn request(self) -> Result<(AssignRequest, Wanted), ApiError> {
+        // `null` is the field left out, as for `target`.
+        let session = self.session.as_ref().filter(|v| !v.is_null());
+        let session_ttl = self.session_ttl_ms.as_ref().filter(|v| !v.is_null());
+        let wanted = match (session, self.count) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::InvalidRequest(
                     "count: an assign with a session hands out its one pinned member; \
                      count does not combine with session"
-                } else {
-                    "session: sticky sessions are not served by this version"
-                }
-                .to_owned(),
-            ));
-        }
+                        .to_owned(),
+                ));
+            }
+            (Some(id), None) => Wanted::InSession(SessionRequest {
+                id: SessionId::from_json("session", id)
+                    .map_err(|e| ApiError::InvalidRequest(e.to_string()))?,
+                ttl: session_ttl
+                    .map(|ttl| SessionTtl::from_json("session_ttl_ms", ttl))
+                    .transpose()
+                    .map_err(|e| ApiError::InvalidRequest(e.to_string()))?,
+            }),
+            (None, _) if session_ttl.is_some() => {
+                return Err(ApiError::InvalidRequest(
+                    "session_ttl_ms: a session ttl is given only with a session".to_owned(),
+                ));
+            }
+            (None, Some(count)) => Wanted::Several(count),
+            (None, None) => Wanted::One,
+        };
         let labels = match &self.labels {
             Some(value) => LabelFilter::from_json("labels", value)
                 .map_err(|e| ApiError::InvalidRequest(e.to_string()))?,
@@ -68,7 +106,7 @@ impl AssignBody {
                 labels,
                 target,
             },
-            self.count,
+            wanted,
         ))
     }
 }
@@ -78,6 +116,8 @@ struct Assigned<'a> {
     pool: &'a PoolId,
     proxy: &'a MemberId,
     assignments: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session: Option<&'a SessionPin>,
 }
 
 #[derive(Serialize)]
@@ -87,6 +127,8 @@ struct Leased<'a> {
     in_flight: u64,
     assignments: u64,
     lease: &'a Lease,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session: Option<&'a SessionPin>,
 }
 
 /// One member of a batch, as a single assign answers it.
@@ -114,6 +156,7 @@ impl<'a> Entry<'a> {
                 pool,
                 proxy: member,
                 assignments: *assignments,
+                session: None,
             })),
             Assignment::Leased {
                 member,
@@ -126,6 +169,7 @@ impl<'a> Entry<'a> {
                 in_flight: *in_flight,
                 assignments: *assignments,
                 lease,
+                session: None,
             })),
             Assignment::Empty { .. } => None,
         }
@@ -139,47 +183,51 @@ impl<'a> Entry<'a> {
 /// lease ttl other than the pool's (ignored by least-used pools, which give no leases);
 /// `{"labels": {...}}` chooses among the members whose labels match only;
 /// `{"target": "host"}` skips members banned for that host; `{"count": n}` hands out up to
-/// n distinct members at once, as `{"pool", "assigned": [...]}`.
+/// n distinct members at once, as `{"pool", "assigned": [...]}`; `{"session": "id"}` hands
+/// out the session's member again while it stays eligible for the request (else pins a
+/// fresh pick), with `"session": {"id", "expires_at", "repinned"}` in the answer.
 pub async fn assign(
     _: Worker,
     State(state): State<AppState>,
     PoolPath(pool): PoolPath,
-    JsonOrDefault(body): JsonOrDefault<AssignBody>,
+    JsonOrDefault(mut body): JsonOrDefault<AssignBody>,
 ) -> Result<Response, ApiError> {
-    let (request, count) = body.request()?;
-    if let Some(count) = count {
-        let batch = state
-            .store
-            .assign_several(&pool, &request, count)
-            .await
-            .map_err(filter_refused)?;
-        let mut response = if batch.assigned.is_empty() {
-            no_content(batch.next_return)
-        } else {
-            let assigned = batch
-                .assigned
-                .iter()
-                .filter_map(|a| Entry::of(&pool, a))
-                .collect();
-            axum::Json(Several {
-                pool: &pool,
-                assigned,
-            })
-            .into_response()
+    let done = body.done.take().map(DoneBody::parse).transpose()?;
+    let (request, wanted) = body.request()?;
+    if let Some(done) = done {
+        let count = match wanted {
+            Wanted::One => None,
+            Wanted::Several(count) => Some(count),
+            Wanted::InSession(_) => {
+                return Err(ApiError::InvalidRequest(
+                    "done: an assign in a session does not carry done yet; report the \
+                     outcome or release the lease on its own"
+                        .to_owned(),
+                ));
+            }
         };
-        let outcome = match batch.assigned.first() {
-            None => "empty",
-            Some(Assignment::Leased { .. }) => "leased",
-            Some(_) => "assigned",
-        };
-        response.extensions_mut().insert(Outcome(outcome));
-        return Ok(response);
+        return assign_after_done(&state, &pool, &done, &request, count).await;
     }
-    let assignment = state
-        .store
-        .assign(&pool, &request)
-        .await
-        .map_err(filter_refused)?;
+    let (assignment, session) = match wanted {
+        Wanted::Several(count) => return several(&state, &pool, &request, count).await,
+        Wanted::One => (
+            state
+                .store
+                .assign(&pool, &request)
+                .await
+                .map_err(filter_refused)?,
+            None,
+        ),
+        Wanted::InSession(session) => {
+            let answer = state
+                .store
+                .assign_in_session(&pool, &request, &session)
+                .await
+                .map_err(filter_refused)?;
+            (answer.assignment, answer.session)
+        }
+    };
+    let session = session.as_ref();
     let (outcome, mut response) = match assignment {
         Assignment::Assigned {
             member,
@@ -190,6 +238,7 @@ pub async fn assign(
                 pool: &pool,
                 proxy: &member,
                 assignments,
+                session,
             })
             .into_response(),
         ),
@@ -206,10 +255,95 @@ pub async fn assign(
                 in_flight,
                 assignments,
                 lease: &lease,
+                session,
             })
             .into_response(),
         ),
         Assignment::Empty { next_return } => ("empty", no_content(next_return)),
+    };
+    response.extensions_mut().insert(Outcome(outcome));
+    Ok(response)
+}
+
+/// An assign of up to `count` members, answered as `{"pool", "assigned": [...]}`.
+async fn several(
+    state: &AppState,
+    pool: &PoolId,
+    request: &AssignRequest,
+    count: AssignCount,
+) -> Result<Response, ApiError> {
+    let batch = state
+        .store
+        .assign_several(pool, request, count)
+        .await
+        .map_err(filter_refused)?;
+    let mut response = if batch.assigned.is_empty() {
+        no_content(batch.next_return)
+    } else {
+        let assigned = batch
+            .assigned
+            .iter()
+            .filter_map(|a| Entry::of(pool, a))
+            .collect();
+        axum::Json(Several { pool, assigned }).into_response()
+    };
+    let outcome = match batch.assigned.first() {
+        None => "empty",
+        Some(Assignment::Leased { .. }) => "leased",
+        Some(_) => "assigned",
+    };
+    response.extensions_mut().insert(Outcome(outcome));
+    Ok(response)
+}
+
+/// An answer with the `done` it carried: the assign's own fields, then `done`.
+#[derive(Serialize)]
+struct WithDone<T> {
+    #[serde(flatten)]
+    answer: T,
+    done: DoneView,
+}
+
+/// The assign of a body with `done`: the store applies it and picks in one step; the
+/// answer is the assign's (one member, or with `count` a batch) with what `done` did. A 204
+/// has no body: `done` was applied all the same.
+async fn assign_after_done(
+    state: &AppState,
+    pool: &PoolId,
+    done: &ParsedDone,
+    request: &AssignRequest,
+    count: Option<AssignCount>,
+) -> Result<Response, ApiError> {
+    let (batch, summary) = state
+        .store
+        .assign_after_done(pool, &done.done, request, count.unwrap_or(AssignCount::ONE))
+        .await
+        .map_err(filter_refused)?;
+    let view = done.view(pool, &summary);
+    let outcome = match batch.assigned.first() {
+        None => "empty",
+        Some(Assignment::Leased { .. }) => "leased",
+        Some(_) => "assigned",
+    };
+    let mut response = match (count, batch.assigned.first()) {
+        (_, None) => no_content(batch.next_return),
+        (None, Some(first)) => axum::Json(WithDone {
+            answer: Entry::of(pool, first),
+            done: view,
+        })
+        .into_response(),
+        (Some(_), Some(_)) => axum::Json(WithDone {
+            answer: Several {
+                pool,
+                assigned: batch
+                    .assigned
+                    .iter()
+                    .filter_map(|a| Entry::of(pool, a))
+                    .collect(),
+            },
+            done: view,
+        })
+        .into_response(),
     };
     response.extensions_mut().insert(Outcome(outcome));
     Ok(response)

@@ -42,6 +42,10 @@ pub enum ApiError {
     /// released, expired, or ended with its member).
     #[error("no such live lease in this pool")]
     LeaseNotFound,
+    /// 404 `session_not_found`: no such live session in the pool (never started, ended, or
+    /// expired).
+    #[error("no such live session in this pool")]
+    SessionNotFound,
     /// 404 `not_found`: no such route.
     #[error("no such route")]
     RouteNotFound,
@@ -52,6 +56,13 @@ pub enum ApiError {
     /// has no members.
     #[error("the policy of a pool can only change while it has no members; remove them first")]
     PolicyChangeRequiresEmptyPool,
+    /// 409 `too_many_sessions`: the assign would start a session in a pool that holds the
+    /// most live sessions it keeps; nothing was handed out.
+    #[error(
+        "this pool holds {} live sessions, the most it keeps; end some, or assign without a new session",
+        crate::domain::MAX_SESSIONS
+    )]
+    TooManySessions,
     /// 408 `request_timeout`: the request's body did not arrive within its timeout; the
     /// connection is closed after this answer.
     #[error("the request body did not arrive within {} ms", .0.as_millis())]
@@ -86,9 +97,12 @@ impl ApiError {
             | Self::TooManyMembers(_) => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
-            Self::PoolNotFound | Self::LeaseNotFound | Self::RouteNotFound => StatusCode::NOT_FOUND,
+            Self::PoolNotFound
+            | Self::LeaseNotFound
+            | Self::SessionNotFound
+            | Self::RouteNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::PolicyChangeRequiresEmptyPool => StatusCode::CONFLICT,
+            Self::PolicyChangeRequiresEmptyPool | Self::TooManySessions => StatusCode::CONFLICT,
             Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -108,6 +122,8 @@ impl ApiError {
             Self::Forbidden => "forbidden",
             Self::PoolNotFound => "pool_not_found",
             Self::LeaseNotFound => "lease_not_found",
+            Self::SessionNotFound => "session_not_found",
+            Self::TooManySessions => "too_many_sessions",
             Self::RouteNotFound => "not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::PolicyChangeRequiresEmptyPool => "policy_change_requires_empty_pool",
@@ -127,6 +143,8 @@ impl From<StoreError> for ApiError {
         match error {
             StoreError::PoolNotFound => Self::PoolNotFound,
             StoreError::LeaseNotFound => Self::LeaseNotFound,
+            StoreError::SessionNotFound => Self::SessionNotFound,
+            StoreError::TooManySessions => Self::TooManySessions,
             StoreError::PolicyChangeRequiresEmptyPool => Self::PolicyChangeRequiresEmptyPool,
             other => Self::StoreUnavailable(other),
         }

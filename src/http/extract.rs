@@ -14,7 +14,7 @@ use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
-use crate::domain::{LeaseId, PoolId};
+use crate::domain::{LeaseId, PoolId, SessionId};
 
 /// The pool id of the path, parsed.
 #[derive(Debug, Clone)]
@@ -47,6 +47,26 @@ impl<S: Send + Sync> FromRequestParts<S> for LeasePath {
         let pool = PoolId::parse(&pool)?;
         let lease = LeaseId::parse(&lease).map_err(|_| ApiError::LeaseNotFound)?;
         Ok(Self(pool, lease))
+    }
+}
+
+/// The pool id and session id of a `/pools/{pool}/sessions/{session}` path, parsed. A
+/// session id no assign could have named answers 404 `session_not_found`, like any other
+/// unknown session.
+#[derive(Debug, Clone)]
+pub struct SessionPath(pub PoolId, pub SessionId);
+
+impl<S: Send + Sync> FromRequestParts<S> for SessionPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path((pool, session)) = Path::<(String, String)>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::SessionNotFound)?;
+        let pool = PoolId::parse(&pool)?;
+        let session =
+            SessionId::parse("session", &session).map_err(|_| ApiError::SessionNotFound)?;
+        Ok(Self(pool, session))
     }
 }
 

@@ -30,6 +30,7 @@ mod journal;
 mod labelled;
 mod recovery;
 mod rests;
+mod sessions;
 mod snapshot;
 
 use std::borrow::Cow;
@@ -42,16 +43,17 @@ use async_trait::async_trait;
 
 use super::{
     Applied, AssignRequest, Assignment, Batch, CHECK_CLAIM_HOLD, CheckRound, ClaimedSource, Cursor,
-    DisableReport, Effect, EnableReport, FetchOutcome, Health, LastCheck, Lease, MAX_LABEL_CHECKS,
-    MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, Origin, PRUNE_BATCH, PoolInfo,
-    PoolPage, PoolStats, Pruned, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport,
-    Renewed, Report, ReportSource, ReportSummary, Restored, SOURCE_CLAIM_HOLD,
-    SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport, SourceFetch, SourceState, StateFilter,
-    Store, StoreError, StoreStatus, Swept,
+    DisableReport, Done, DoneSummary, Effect, EnableReport, FetchOutcome, Health, LastCheck, Lease,
+    MAX_LABEL_CHECKS, MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, Origin,
+    PRUNE_BATCH, PoolInfo, PoolPage, PoolStats, Pruned, PutPool, RECLAIM_ON_ASSIGN,
+    RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored,
+    SOURCE_CLAIM_HOLD, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport, SessionAssignment,
+    SessionPin, SessionRequest, SourceFetch, SourceState, StateFilter, Store, StoreError,
+    StoreStatus, Swept,
 };
 use crate::domain::{
-    AssignCount, LabelFilter, LeaseId, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig,
-    PoolId, RestorePolicy, Target, Timestamp,
+    AssignCount, LabelFilter, LeaseId, LeaseTtl, MAX_SESSIONS, MemberId, OutcomeResult, Policy,
+    PoolConfig, PoolId, RestorePolicy, SessionId, Target, Timestamp,
 };
 
 use self::codec::{MemberImage, PoolImage, Provenance, SourceBook};
@@ -211,6 +213,8 @@ struct Pool {
     bans: bans::Bans,
     /// Resting members of a paced pool (in memory only: see `rests.rs`).
     rests: rests::Rests,
+    /// Sticky sessions (in memory only: see `sessions.rs`).
+    sessions: sessions::Sessions,
     tripped: u64,
     recovered: u64,
     /// Until when the last check round holds the pool.
@@ -375,6 +379,7 @@ impl Pool {
             labels: labelled::LabelIndex::default(),
             bans: bans::Bans::default(),
             rests: rests::Rests::default(),
+            sessions: sessions::Sessions::default(),
             tripped: 0,
             recovered: 0,
             check_round_until: None,
@@ -875,6 +880,45 @@ impl Pool {
     }
 
     /// The member of a lease that is still live at `now`.
+    /// Applies a worker's `done`: releases its lease when live, then applies its report
+    /// (about the lease's member when it names none), as assign_done.lua does.
+    fn apply_done(&mut self, done: &Done, now: Timestamp, draw: f64) -> DoneSummary {
+        let mut summary = DoneSummary::default();
+        let mut member = done.report.as_ref().and_then(|r| r.member.clone());
+        if let Some(lease) = &done.lease {
+            // An expired lease not yet reclaimed still names its member.
+            if member.is_none() {
+                member = self.leases.get(lease).map(|(m, _)| m.clone());
+            }
+            if self.live_lease(lease, now).is_ok() {
+                summary.released = self.end_lease(lease).is_some();
+            }
+        }
+        if let Some(report) = &done.report {
+            let applied = member.and_then(|member| {
+                let report = Report {
+                    member,
+                    result: report.result,
+                    detail: String::new(),
+                    latency_ms: None,
+                    target: report.target.clone(),
+                };
+                let (effect, streak, banned_until) =
+                    self.apply(ReportSource::Worker, &report, now, draw)?;
+                Some(Applied {
+                    member: report.member,
+                    result: report.result,
+                    effect,
+                    streak,
+                    banned_until,
+                })
+            });
+            summary.unknown = applied.is_none();
+            summary.applied = applied;
+        }
+        summary
+    }
+
     fn live_lease(&self, id: &LeaseId, now: Timestamp) -> Result<MemberId, StoreError> {
         match self.leases.get(id) {
             Some((member, expires_at)) if *expires_at > now => Ok(member.clone()),
@@ -1165,6 +1209,88 @@ impl Pool {
         Ok(self.lease_one(member, in_flight, now, ttl, holds.as_ref()))
     }
 
+    /// An assign in a session, by the rules of `assign.lua` (see `Store::assign_in_session`).
+    fn assign_in_session(
+        &mut self,
+        request: &AssignRequest,
+        session: &SessionRequest,
+        now: Timestamp,
+    ) -> Result<SessionAssignment, StoreError> {
+        let lif = self.config.policy == Policy::LeastInFlight;
+        if lif {
+            self.reclaim_expired(now, RECLAIM_ON_ASSIGN);
+        }
+        self.sessions.clear_ended(now);
+        let ttl = session.ttl.unwrap_or(self.config.session_ttl_ms);
+        let until = Timestamp(now.0.saturating_add(ttl.as_millis()));
+        let pinned = self.sessions.member(&session.id, now).cloned();
+        if pinned.is_none() && self.sessions.len() >= MAX_SESSIONS {
+            return Err(StoreError::TooManySessions);
+        }
+        if pinned.is_some() {
+            self.sessions.slide(&session.id, until);
+        }
+        let pin = |repinned| SessionPin {
+            id: session.id.clone(),
+            expires_at: until,
+            repinned,
+        };
+        if let Some(member) = pinned.filter(|m| self.still_fits(m, request, now)) {
+            // Pacing does not hold the pinned member back; it rests all the same.
+            let holds = self.holds(request, now);
+            let assignment = if lif {
+                let in_flight = self.in_flight_of(&member);
+                let lease_ttl = request.ttl.unwrap_or(self.config.lease_ttl_ms);
+                self.lease_one(member, in_flight, now, lease_ttl, holds.as_ref())
+            } else {
+                self.count_one(member, holds.as_ref())
+            };
+            return Ok(SessionAssignment {
+                assignment,
+                session: Some(pin(false)),
+            });
+        }
+        let was_live = self.sessions.member(&session.id, now).is_some();
+        let assignment = if lif {
+            self.assign_least_in_flight(request, now)?
+        } else {
+            self.assign_least_used(request, now)?
+        };
+        let session = match &assignment {
+            Assignment::Assigned { member, .. } | Assignment::Leased { member, .. } => {
+                self.sessions.pin(&session.id, member.clone(), until);
+                Some(pin(was_live))
+            }
+            Assignment::Empty { .. } => was_live.then(|| pin(false)),
+        };
+        Ok(SessionAssignment {
+            assignment,
+            session,
+        })
+    }
+
+    /// Whether a session's member may still be handed out for `request`: eligible, not
+    /// banned for its target, carrying its labels, and on a capped least-in-flight pool
+    /// below the cap.
+    fn still_fits(&self, member: &MemberId, request: &AssignRequest, now: Timestamp) -> bool {
+        let banned = request
+            .target
+            .as_ref()
+            .is_some_and(|target| self.bans.banned_until(target, member, now).is_some());
+        let labelled = request.labels.is_empty()
+            || self
+                .labels
+                .of
+                .get(member)
+                .is_some_and(|labels| labels.matches(&request.labels));
+        let below_cap = self.config.policy != Policy::LeastInFlight
+            || self
+                .config
+                .max_in_flight
+                .is_none_or(|cap| self.in_flight_of(member) < cap.get());
+        self.eligible.get(member).is_some() && !banned && labelled && below_cap
+    }
+
     /// Up to `count` distinct members in the choosing order among those that fit
     /// `request` (labels; not banned for its target, not resting), each counted once (and
     /// leased on a least-in-flight pool, below the cap), as `assign.lua` does.
@@ -1356,6 +1482,44 @@ const RETURNS_CHECKED: usize = 16;
 /// The labels of a member that has none, for images that borrow.
 static NO_LABELS: std::sync::LazyLock<crate::domain::Labels> =
     std::sync::LazyLock::new(crate::domain::Labels::default);
+
+/// Appends the count update of every member `batch` handed out (`total` the pool's
+/// assignments after it).
+fn journal_batch(journal: Option<&mut Buffer>, pool: &PoolId, batch: &Batch, total: u64) {
+    let Some(journal) = journal else {
+        return;
+    };
+    for assignment in &batch.assigned {
+        if let Assignment::Assigned {
+            member,
+            assignments,
+        }
+        | Assignment::Leased {
+            member,
+            assignments,
+            ..
+        } = assignment
+        {
+            journal.assigned(pool, member, *assignments, total);
+        }
+    }
+}
+
+/// When the answer of a batch waits for the disk: leases issued are on disk before the
+/// worker holds them.
+fn batch_change(batch: Option<&Batch>) -> Change {
+    match batch {
+        Some(batch)
+            if batch
+                .assigned
+                .iter()
+                .any(|a| matches!(a, Assignment::Leased { .. })) =>
+        {
+            Change::Durable
+        }
+        _ => Change::Counts,
+    }
+}
 
 /// When an operation's answer waits for the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1579,37 +1743,98 @@ impl Store for EmbeddedStore {
             let now = Timestamp::now();
             p.return_due(now, RETURN_ON_ASSIGN);
             let batch = p.assign_several(request, count, now)?;
-            if let Some(journal) = journal {
-                for assignment in &batch.assigned {
-                    if let Assignment::Assigned {
-                        member,
-                        assignments,
-                    }
-                    | Assignment::Leased {
-                        member,
-                        assignments,
-                        ..
-                    } = assignment
-                    {
-                        journal.assigned(pool, member, *assignments, p.total_assignments);
-                    }
-                }
-            }
+            journal_batch(journal, pool, &batch, p.total_assignments);
             Ok(batch)
         })?;
-        // Leases issued are on disk before the worker holds them.
-        let change = match &answer.0 {
-            Ok(batch)
-                if batch
-                    .assigned
-                    .iter()
-                    .any(|a| matches!(a, Assignment::Leased { .. })) =>
+        let change = batch_change(answer.0.as_ref().ok());
+        self.settle(answer, change).await?
+    }
+
+    async fn assign_after_done(
+        &self,
+        pool: &PoolId,
+        done: &Done,
+        request: &AssignRequest,
+        count: AssignCount,
+    ) -> Result<(Batch, DoneSummary), StoreError> {
+        let draw = super::jitter_draw();
+        let answer = self.with_pool(pool, |p, journal| {
+            let now = Timestamp::now();
+            // `done` first, in the same turn of the lock as the pick, as assign_done.lua
+            // does it in the same script: the pick sees what the report and the release did.
+            let summary = p.apply_done(done, now, draw);
+            p.return_due(now, RETURN_ON_ASSIGN);
+            let batch = if count == AssignCount::ONE {
+                let assignment = if p.config.policy == Policy::LeastInFlight {
+                    p.assign_least_in_flight(request, now)
+                } else {
+                    p.assign_least_used(request, now)
+                }?;
+                match assignment {
+                    Assignment::Empty { next_return } => Batch {
+                        assigned: Vec::new(),
+                        next_return,
+                    },
+                    assigned => Batch {
+                        assigned: vec![assigned],
+                        next_return: None,
+                    },
+                }
+            } else {
+                p.assign_several(request, count, now)?
+            };
+            journal_batch(journal, pool, &batch, p.total_assignments);
+            Ok((batch, summary))
+        })?;
+        let change = batch_change(answer.0.as_ref().ok().map(|(batch, _)| batch));
+        self.settle(answer, change).await?
+    }
+
+    async fn assign_in_session(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+        session: &SessionRequest,
+    ) -> Result<SessionAssignment, StoreError> {
+        let answer = self.with_pool(pool, |p, journal| {
+            let now = Timestamp::now();
+            p.return_due(now, RETURN_ON_ASSIGN);
+            let answer = p.assign_in_session(request, session, now)?;
+            if let (
+                Some(journal),
+                Assignment::Assigned {
+                    member,
+                    assignments,
+                }
+                | Assignment::Leased {
+                    member,
+                    assignments,
+                    ..
+                },
+            ) = (journal, &answer.assignment)
             {
-                Change::Durable
+                journal.assigned(pool, member, *assignments, p.total_assignments);
             }
+            Ok(answer)
+        })?;
+        // A lease issued is on disk before the worker holds it; sessions are not kept on disk.
+        let change = match &answer.0 {
+            Ok(SessionAssignment {
+                assignment: Assignment::Leased { .. },
+                ..
+            }) => Change::Durable,
             _ => Change::Counts,
         };
         self.settle(answer, change).await?
+    }
+
+    async fn end_session(&self, pool: &PoolId, session: &SessionId) -> Result<(), StoreError> {
+        let (ended, _) = self.with_pool(pool, |p, _| p.sessions.end(session, Timestamp::now()))?;
+        if ended {
+            Ok(())
+        } else {
+            Err(StoreError::SessionNotFound)
+        }
     }
 
     async fn release(&self, pool: &PoolId, lease: &LeaseId) -> Result<(), StoreError> {

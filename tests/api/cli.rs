@@ -98,7 +98,8 @@ async fn pools_create_show_list_and_delete_print_what_they_did_and_exit_zero() {
              rules.opaque_ids                 true\n\
              rules.ports.allow                [[1,65535]]\n\
              rules.ports.deny                 []\n\
-             rules.schemes                    [\"http\",\"https\"]\n"
+             rules.schemes                    [\"http\",\"https\"]\n\
+             session_ttl_ms                   600000\n"
         )
     );
     let replace = [
@@ -135,7 +136,8 @@ async fn pools_create_show_list_and_delete_print_what_they_did_and_exit_zero() {
              rules.opaque_ids                 true\n\
              rules.ports.allow                [[1,65535]]\n\
              rules.ports.deny                 []\n\
-             rules.schemes                    [\"http\",\"https\"]\n"
+             rules.schemes                    [\"http\",\"https\"]\n\
+             session_ttl_ms                   600000\n"
         )
     );
     app.seed("web", &[P1, P2], Some(7)).await;
@@ -165,6 +167,7 @@ async fn pools_create_show_list_and_delete_print_what_they_did_and_exit_zero() {
              rules.ports.allow                [[1,65535]]\n\
              rules.ports.deny                 []\n\
              rules.schemes                    [\"http\",\"https\"]\n\
+             session_ttl_ms                   600000\n\
              created_at                       {created_at}\n\
              eligible                         2\n\
              ineligible                       0\n\
@@ -543,6 +546,7 @@ async fn json_prints_the_services_answer_and_a_listing_follows_every_page() {
                 "start_assignments": null,
                 "lease_ttl_ms": 30000,
                 "max_in_flight": null,
+                "session_ttl_ms": 600000,
                 "rules": serde_json::to_value(proxy_allocator::domain::Rules::default()).expect("JSON"),
                 "health": serde_json::to_value(proxy_allocator::domain::HealthConfig::default()).expect("JSON"),
             },

@@ -168,6 +168,8 @@ pub struct TestApp {
     pub base: String,
     /// The HTTP client.
     pub client: reqwest::Client,
+    /// The gateway's address, `127.0.0.1:<port>`, when `GATEWAY_LISTEN` is set.
+    pub gateway: Option<SocketAddr>,
     /// The Redis URL, when on Redis.
     pub redis_url: Option<String>,
     /// The key prefix, when on Redis.
@@ -294,6 +296,7 @@ impl TestApp {
         };
         let app = app.expect("the application starts");
         let base = format!("http://{}", app.local_addr());
+        let gateway = app.gateway_addr();
         let (tx, rx) = oneshot::channel();
         let handle = tokio::spawn(app.run_until_stopped(async move {
             let _ = rx.await;
@@ -304,6 +307,7 @@ impl TestApp {
                 .pool_max_idle_per_host(64)
                 .build()
                 .expect("an HTTP client"),
+            gateway,
             redis_url,
             key_prefix,
             shutdown: Some(tx),
@@ -464,7 +468,7 @@ impl Drop for TestApp {
 }
 
 /// A path of the route table with every `{param}` filled in with a valid sample: the pool
-/// `p`, a well-formed lease id. A new kind of parameter needs a sample here; until it has
+/// `p`, a well-formed lease id, the session `s`. A new kind of parameter needs a sample here; until it has
 /// one, every test that walks the route table fails and says so.
 pub fn concrete_path(template: &str) -> String {
     let mut path = String::new();
@@ -475,6 +479,7 @@ pub fn concrete_path(template: &str) -> String {
         path.push_str(match &rest[open + 1..close] {
             "pool" => "p",
             "lease" => "0123456789abcdef0123456789abcdef",
+            "session" => "s",
             other => panic!("no sample value for the path parameter {{{other}}} of {template}"),
         });
         rest = &rest[close + 1..];

@@ -373,7 +373,7 @@ async fn changing_the_policy_of_a_pool_with_members_answers_409(app: TestApp) {
     assert_eq!(
         body["config"],
         json!({"policy": "least-in-flight", "restore": "minimum", "start_assignments": null,
-               "lease_ttl_ms": 30000, "max_in_flight": 1,
+               "lease_ttl_ms": 30000, "max_in_flight": 1, "session_ttl_ms": 600000,
                "rules": serde_json::to_value(proxy_allocator::domain::Rules::default()).expect("JSON"),
                "health": {"max_consecutive_failures": 3, "cooldown_ms": 60000, "max_cooldown_ms": 3600000, "backoff": 2, "jitter_percent": 10, "target_ban_ms": 600000, "check": null}})
     );

@@ -22,7 +22,7 @@ async fn put_creates_a_pool_with_201_and_echoes_the_defaults(app: TestApp) {
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(
         body,
-        json!({"pool": "web", "config": {"restore": "minimum", "start_assignments": null, "policy": "least-used", "lease_ttl_ms": 30000, "max_in_flight": null,
+        json!({"pool": "web", "config": {"restore": "minimum", "start_assignments": null, "policy": "least-used", "lease_ttl_ms": 30000, "max_in_flight": null, "session_ttl_ms": 600000,
                "rules": default_rules(),
                "health": {"max_consecutive_failures": 3, "cooldown_ms": 60000, "max_cooldown_ms": 3600000, "backoff": 2, "jitter_percent": 10, "target_ban_ms": 600000, "check": null}}})
     );
@@ -41,7 +41,7 @@ async fn put_on_an_existing_pool_replaces_its_configuration_with_200(app: TestAp
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         body["config"],
-        json!({"restore": "zero", "start_assignments": null, "policy": "least-used", "lease_ttl_ms": 30000, "max_in_flight": null,
+        json!({"restore": "zero", "start_assignments": null, "policy": "least-used", "lease_ttl_ms": 30000, "max_in_flight": null, "session_ttl_ms": 600000,
                "rules": default_rules(),
                "health": {"max_consecutive_failures": 3, "cooldown_ms": 60000, "max_cooldown_ms": 3600000, "backoff": 2, "jitter_percent": 10, "target_ban_ms": 600000, "check": null}})
     );
@@ -109,7 +109,7 @@ async fn get_pool_shows_configuration_and_stats(app: TestApp) {
     assert_eq!(body["pool"], json!("p"));
     assert_eq!(
         body["config"],
-        json!({"restore": "minimum", "start_assignments": 4, "policy": "least-used", "lease_ttl_ms": 30000, "max_in_flight": null,
+        json!({"restore": "minimum", "start_assignments": 4, "policy": "least-used", "lease_ttl_ms": 30000, "max_in_flight": null, "session_ttl_ms": 600000,
                "rules": default_rules(),
                "health": {"max_consecutive_failures": 3, "cooldown_ms": 60000, "max_cooldown_ms": 3600000, "backoff": 2, "jitter_percent": 10, "target_ban_ms": 600000, "check": null}})
     );

@@ -235,7 +235,7 @@ async fn relay(mut client: Box<dyn Io>, target: &str, first: &[u8]) -> std::io::
 }
 
 /// The target (HTTPS with `tls`, plain HTTP without): `/health` answers 200 with a page naming the target, `/blocked` 200
-/// with a block page, anything else 404. It records each request line and `User-Agent`.
+/// with a block page, `/limited` 429, anything else 404. It records each request line and `User-Agent`.
 pub async fn target(tls: Option<TlsAcceptor>) -> Server {
     Server::start(tls, |mut io, seen| async move {
         let (head, _) = read_head(&mut io).await?;
@@ -245,6 +245,7 @@ pub async fn target(tls: Option<TlsAcceptor>) -> Server {
         let (status, body) = match line.split(' ').nth(1) {
             Some("/health") => ("200 OK", "<title>target</title> all is well"),
             Some("/blocked") => ("200 OK", "<title>Access denied</title>"),
+            Some("/limited") => ("429 Too Many Requests", "slow down"),
             _ => ("404 Not Found", "no such page"),
         };
         let answer = format!(

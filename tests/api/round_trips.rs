@@ -185,3 +185,56 @@ async fn an_assign_naming_a_target_with_bans_is_one_evalsha_too() {
         assert_eq!(seen.get(extra), None, "{extra} was sent: {seen:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_assign_in_a_session_is_one_evalsha_too() {
+    let redis = RedisServer::start();
+    let app = warm_app(&redis).await;
+
+    let before = command_calls(&redis.url());
+    for n in 0..64 {
+        // Half start sessions, half come back to one; every other one names a target.
+        let session = if n % 2 == 0 {
+            format!("new-{n}")
+        } else {
+            "kept".to_owned()
+        };
+        let body = if n % 4 < 2 {
+            json!({"session": session})
+        } else {
+            json!({"session": session, "target": "example.com", "session_ttl_ms": 5000})
+        };
+        let (status, body) = app.post_json("/pools/p/assign", body).await;
+        assert_eq!(status.as_u16(), 200, "{body}");
+        assert_eq!(body["session"]["repinned"], json!(false), "{body}");
+    }
+    let seen = command_delta(&before, &command_calls(&redis.url()));
+    assert_eq!(seen.get("evalsha"), Some(&64), "{seen:?}");
+    for extra in NEVER_PER_ASSIGN {
+        assert_eq!(seen.get(extra), None, "{extra} was sent: {seen:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_assign_carrying_done_is_one_evalsha_too() {
+    let redis = RedisServer::start();
+    let app = warm_app(&redis).await;
+    let before = command_calls(&redis.url());
+    let mut last = json!("a");
+    for _ in 0..64 {
+        let (status, body) = app
+            .post_json(
+                "/pools/p/assign",
+                json!({"done": {"proxy": last, "result": "ok", "status": 200}}),
+            )
+            .await;
+        assert_eq!(status.as_u16(), 200, "{body}");
+        assert_eq!(body["done"]["effect"], json!("counted"), "{body}");
+        last = body["proxy"].clone();
+    }
+    let seen = command_delta(&before, &command_calls(&redis.url()));
+    assert_eq!(seen.get("evalsha"), Some(&64), "{seen:?}");
+    for extra in NEVER_PER_ASSIGN {
+        assert_eq!(seen.get(extra), None, "{extra} was sent: {seen:?}");
+    }
+}

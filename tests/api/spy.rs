@@ -12,13 +12,14 @@ use async_trait::async_trait;
 use proxy_allocator::config::Config;
 use proxy_allocator::domain::{
     AssignCount, LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy,
-    Target,
+    SessionId, Target,
 };
 use proxy_allocator::store::{
-    AssignRequest, Assignment, Batch, CheckRound, ClaimedSource, Cursor, DisableReport,
-    EnableReport, FetchOutcome, MemberPage, PoolInfo, PoolPage, Pruned, PutPool, RemoveReport,
-    Renewed, Report, ReportSource, ReportSummary, Seed, SeedReport, SourceState, StateFilter,
-    Store, StoreError, StoreStatus, Swept,
+    AssignRequest, Assignment, Batch, CheckRound, ClaimedSource, Cursor, DisableReport, Done,
+    DoneSummary, EnableReport, FetchOutcome, MemberPage, PoolInfo, PoolPage, Pruned, PutPool,
+    RemoveReport, Renewed, Report, ReportSource, ReportSummary, Seed, SeedReport,
+    SessionAssignment, SessionRequest, SourceState, StateFilter, Store, StoreError, StoreStatus,
+    Swept,
 };
 
 use crate::helpers::TestApp;
@@ -172,6 +173,31 @@ impl Store for Spy {
         count: AssignCount,
     ) -> Result<Batch, StoreError> {
         self.inner.assign_several(pool, request, count).await
+    }
+
+    async fn assign_after_done(
+        &self,
+        pool: &PoolId,
+        done: &Done,
+        request: &AssignRequest,
+        count: AssignCount,
+    ) -> Result<(Batch, DoneSummary), StoreError> {
+        self.inner
+            .assign_after_done(pool, done, request, count)
+            .await
+    }
+
+    async fn assign_in_session(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+        session: &SessionRequest,
+    ) -> Result<SessionAssignment, StoreError> {
+        self.inner.assign_in_session(pool, request, session).await
+    }
+
+    async fn end_session(&self, pool: &PoolId, session: &SessionId) -> Result<(), StoreError> {
+        self.inner.end_session(pool, session).await
     }
 
     async fn release(&self, pool: &PoolId, lease: &LeaseId) -> Result<(), StoreError> {

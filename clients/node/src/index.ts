@@ -33,16 +33,41 @@ export interface Assignment {
     assignments: number;
     inFlight?: number;
     lease?: Lease;
+    /** Set for an assign with a `session`. */
+    session?: SessionPin;
+}
+
+/**
+ * The sticky session an assign went through: its id, when it ends unless used again
+ * (RFC 3339, the service's clock), and whether this assign pinned a fresh member because
+ * the session's one was no longer eligible for the request.
+ */
+export interface SessionPin {
+    id: string;
+    expiresAt: string;
+    repinned: boolean;
 }
 
 /** What one report did, as the service answers it. */
 export interface AppliedOutcome {
     proxy: string;
     result: Result;
-    /** `counted`, `tripped` (the report took the proxy out) or `ignored` (it was out). */
-    effect: 'counted' | 'tripped' | 'ignored';
+    /**
+     * `counted`, `tripped` (the report took the proxy out), `ignored` (it was out), or
+     * `banned` (a `blocked` report with a target banned it for that target only).
+     */
+    effect: 'counted' | 'tripped' | 'ignored' | 'banned';
     consecutive_failures: number;
+    /** For a report with a target: the target, and until when (RFC 3339) it bans the proxy. */
+    target?: string;
+    banned_until?: string;
 }
+
+/**
+ * A label filter: for every key, the value a member must carry, or a list of accepted ones
+ * (`{ country: 'de' }`, `{ country: ['de', 'fr'] }`).
+ */
+export type Labels = Record<string, string | readonly string[]>;
 
 /** The service's answer to an outcome report. */
 export interface ReportAnswer {
@@ -114,13 +139,42 @@ export interface ClientOptions {
 export interface AssignOptions {
     /** A lease ttl other than the pool's `lease_ttl_ms` (least-in-flight pools). */
     ttlMs?: number;
-    /** Throw {@link NoProxyAvailable} on 204 instead of returning `null`. */
+    /** Choose only among the members carrying these labels. */
+    labels?: Labels;
+    /**
+     * The host the request will go to: members that host blocked (a `blocked` report with
+     * this target) are skipped while their ban lasts, and per-target pacing applies.
+     */
+    target?: string;
+    /**
+     * Up to this many distinct members (1 to 100) in one call, each counted once: `assign`
+     * then resolves to an array in the service's pick order (empty on 204).
+     */
+    count?: number;
+    /**
+     * A sticky session (1 to 128 visible ASCII characters): the same member for every
+     * assign naming it while that member stays eligible for the request; a fresh pick,
+     * pinned in its place, otherwise. Not with `count`.
+     */
+    session?: string;
+    /** How long the session lives after this assign (1,000 ms to 24 h; the pool's default). */
+    sessionTtlMs?: number;
+    /** Throw {@link NoProxyAvailable} on 204 instead of returning `null` (or `[]`). */
     raiseIfEmpty?: boolean;
+}
+
+/** Options of {@link Client.report}. */
+export interface ReportOptions {
+    /** The host the request went to: a `blocked` report then bans the proxy for it only. */
+    target?: string;
 }
 
 /** Options of {@link Client.lease}. */
 export interface LeaseOptions {
     ttlMs?: number;
+    /** As in {@link AssignOptions}; a `target` is also sent with the report. */
+    labels?: Labels;
+    target?: string;
     /** Renew the lease every third of its ttl while the function runs. */
     renew?: boolean;
     /** Report `ok` when the function resolves, `failed` when it throws, or its choice. */
@@ -164,24 +218,45 @@ export class Client {
      * @throws {NotFound} `pool_not_found`; {@link Unauthorized}, {@link Unavailable}, or
      *   {@link ProxyAllocatorError} for other error answers.
      */
-    async assign(pool: string, options: AssignOptions = {}): Promise<Assignment | null> {
-        const answer = await this.#call(`/pools/${segment(pool)}/assign`, ttlBody(options.ttlMs));
+    async assign(pool: string, options: AssignOptions & { count: number }): Promise<Assignment[]>;
+    async assign(pool: string, options?: AssignOptions): Promise<Assignment | null>;
+    async assign(pool: string, options: AssignOptions = {}): Promise<Assignment | Assignment[] | null> {
+        const answer = await this.#call(`/pools/${segment(pool)}/assign`, assignBody(options));
         if (answer.status === 204 || answer.data === null) {
             if (options.raiseIfEmpty) throw new NoProxyAvailable(pool, answer.retryAfter);
-            return null;
+            return options.count === undefined ? null : [];
         }
-        return assignmentFromJson(answer.data as Record<string, unknown>);
+        const data = answer.data as Record<string, unknown>;
+        if (options.count !== undefined) {
+            return (data.assigned as Record<string, unknown>[]).map(assignmentFromJson);
+        }
+        return assignmentFromJson(data);
     }
 
-    /** Reports how a request through `proxy` went; the service's answer. */
-    async report(pool: string, proxy: string, result: Result, status?: number): Promise<ReportAnswer> {
+    /**
+     * Reports how a request through `proxy` went; the service's answer. With a `target`, a
+     * `blocked` report bans the proxy for that host only.
+     */
+    async report(
+        pool: string,
+        proxy: string,
+        result: Result,
+        status?: number,
+        options: ReportOptions = {},
+    ): Promise<ReportAnswer> {
         if (!RESULTS.includes(result)) {
             throw new TypeError(`result is one of ${RESULTS.join(', ')}, not ${JSON.stringify(result)}`);
         }
         const body: Record<string, unknown> = { proxy, result };
         if (status !== undefined) body.status = status;
+        if (options.target !== undefined) body.target = options.target;
         const answer = await this.#call(`/pools/${segment(pool)}/outcomes`, body);
         return expect(answer.data) as ReportAnswer;
+    }
+
+    /** Ends a sticky session. @throws {NotFound} `session_not_found` when it is not live. */
+    async endSession(pool: string, session: string): Promise<void> {
+        await this.#call(`/pools/${segment(pool)}/sessions/${segment(session)}`, undefined, 'DELETE');
     }
 
     /** Ends a lease. @throws {NotFound} `lease_not_found` when it is not live. */
@@ -212,7 +287,12 @@ export class Client {
         options: LeaseOptions & { onWarning?: (message: string) => void } = {},
     ): Promise<T> {
         const warn = options.onWarning ?? ((message: string) => console.warn(message));
-        const assigned = await this.assign(pool, { ttlMs: options.ttlMs, raiseIfEmpty: true });
+        const assigned = await this.assign(pool, {
+            ttlMs: options.ttlMs,
+            labels: options.labels,
+            target: options.target,
+            raiseIfEmpty: true,
+        });
         if (assigned === null || assigned.lease === undefined) {
             throw new ProxyAllocatorError(200, 'no_lease', `pool '${pool}' gives no leases (least-used): use assign()`);
         }
@@ -245,7 +325,7 @@ export class Client {
             if (options.report) {
                 try {
                     // Assigned in both branches above before finally runs.
-                    await this.report(pool, leased.proxy, outcome![0], outcome![1]);
+                    await this.report(pool, leased.proxy, outcome![0], outcome![1], { target: options.target });
                 } catch (error) {
                     warn(`outcome report failed: ${(error as Error).message}`);
                 }
@@ -253,15 +333,15 @@ export class Client {
         }
     }
 
-    /** POSTs one request (every worker route is a POST); the answer or the error it means. */
-    async #call(path: string, body?: unknown): Promise<Answer> {
+    /** Sends one request (a POST unless told); the answer or the error it means. */
+    async #call(path: string, body?: unknown, method = 'POST'): Promise<Answer> {
         const headers = { ...this.#headers };
         if (body !== undefined) headers['content-type'] = 'application/json';
         let response: Response;
         let raw: string;
         try {
             response = await fetch(this.baseUrl + path, {
-                method: 'POST',
+                method,
                 headers,
                 body: body === undefined ? undefined : JSON.stringify(body),
                 signal: AbortSignal.timeout(this.timeoutMs),
@@ -326,8 +406,20 @@ export function renewInBackground(
 }
 
 function ttlBody(ttlMs: number | undefined): Record<string, unknown> | undefined {
-    // New assign fields join here once the service accepts them: it refuses unknown ones.
     return ttlMs === undefined ? undefined : { ttl_ms: ttlMs };
+}
+
+/** The body of an assign, without a field the caller did not set (none: no body at all). */
+function assignBody(options: AssignOptions): Record<string, unknown> | undefined {
+    // New assign fields join here once the service accepts them: it refuses unknown ones.
+    const body: Record<string, unknown> = {};
+    if (options.ttlMs !== undefined) body.ttl_ms = options.ttlMs;
+    if (options.labels !== undefined) body.labels = options.labels;
+    if (options.target !== undefined) body.target = options.target;
+    if (options.count !== undefined) body.count = options.count;
+    if (options.session !== undefined) body.session = options.session;
+    if (options.sessionTtlMs !== undefined) body.session_ttl_ms = options.sessionTtlMs;
+    return Object.keys(body).length === 0 ? undefined : body;
 }
 
 /** One path segment, escaped so that no id can reach another route. */
@@ -384,5 +476,9 @@ function assignmentFromJson(data: Record<string, unknown>): Assignment {
     };
     if (data.in_flight !== undefined) assignment.inFlight = Number(data.in_flight);
     if (data.lease !== undefined) assignment.lease = leaseFromJson(data.lease);
+    if (data.session !== undefined) {
+        const pin = data.session as Record<string, unknown>;
+        assignment.session = { id: String(pin.id), expiresAt: String(pin.expires_at), repinned: Boolean(pin.repinned) };
+    }
     return assignment;
 }

@@ -111,6 +111,79 @@ for (const store of ['redis', 'embedded']) {
             await assert.rejects(client.renew(pool, leaseId), NotFound);
         });
 
+        test('labels choose among the members carrying them, and a target skips a proxy that host banned', async () => {
+            const pool = await service.createPool({ health: { target_ban_ms: 60_000, jitter_percent: 0 } });
+            await service.seed(pool, [
+                { member: P1, labels: { country: 'de' } },
+                { member: P2, labels: { country: 'fr' } },
+            ]);
+            assert.deepEqual(await client.assign(pool, { labels: { country: 'fr' } }), { pool, proxy: P2, assignments: 1 });
+            assert.deepEqual(await client.assign(pool, { labels: { country: ['de', 'fr'] } }), { pool, proxy: P1, assignments: 1 });
+            assert.equal(await client.assign(pool, { labels: { country: 'us' } }), null);
+
+            const answer = await client.report(pool, P1, 'blocked', 429, { target: 'shop.example.com' });
+            assert.equal(answer.outcomes.length, 1);
+            const { banned_until: bannedUntil, ...applied } = answer.outcomes[0];
+            assert.deepEqual(applied, { proxy: P1, result: 'blocked', effect: 'banned', consecutive_failures: 0, target: 'shop.example.com' });
+            assert.ok(Date.parse(bannedUntil) > Date.now() + 50_000, bannedUntil);
+            // Banned for that host only: P2 for it (though P1 is tied with it), P1 elsewhere.
+            assert.deepEqual(await client.assign(pool, { target: 'shop.example.com' }), { pool, proxy: P2, assignments: 2 });
+            assert.deepEqual(await client.assign(pool, { target: 'news.example.org' }), { pool, proxy: P1, assignments: 2 });
+            assert.equal(await client.assign(pool, { target: 'shop.example.com', labels: { country: 'de' } }), null);
+        });
+
+        test('a lease with a target reports with it, so a block bans the proxy for that host only', async () => {
+            const pool = await service.createPool({ policy: 'least-in-flight', health: { jitter_percent: 0 } });
+            await service.seed(pool, [P1]);
+            await client.lease(
+                pool,
+                async (leased) => {
+                    assert.equal(leased.proxy, P1);
+                    leased.reportAs('blocked', 403);
+                },
+                { target: 'shop.example.com', report: true },
+            );
+            assert.equal(await client.assign(pool, { target: 'shop.example.com' }), null);
+            const other = await client.assign(pool, { target: 'news.example.org' });
+            assert.deepEqual([other.proxy, other.inFlight], [P1, 1]);
+        });
+
+        test('a session keeps its proxy while it stays eligible, re-pins after, and ends on endSession', async () => {
+            const pool = await service.createPool({ health: { max_consecutive_failures: 1, cooldown_ms: 90_000, jitter_percent: 0 } });
+            await service.seed(pool, [P1, P2]);
+            const first = await client.assign(pool, { session: 'login-1', sessionTtlMs: 60_000 });
+            const { expiresAt, ...pin } = first.session;
+            assert.deepEqual({ ...first, session: pin }, { pool, proxy: P1, assignments: 1, session: { id: 'login-1', repinned: false } });
+            assert.ok(Date.parse(expiresAt) > Date.now() + 50_000, expiresAt);
+            // P1 is no longer the least used, and the session keeps it all the same.
+            const again = await client.assign(pool, { session: 'login-1' });
+            assert.deepEqual([again.proxy, again.assignments, again.session.repinned], [P1, 2, false]);
+            await client.report(pool, P1, 'failed');
+            const moved = await client.assign(pool, { session: 'login-1' });
+            assert.deepEqual([moved.proxy, moved.assignments, moved.session.repinned], [P2, 1, true]);
+            await client.endSession(pool, 'login-1');
+            await assert.rejects(client.endSession(pool, 'login-1'), (error) => error instanceof NotFound && error.code === 'session_not_found');
+            await assert.rejects(client.assign(pool, { session: 'login-1', count: 2 }), (error) => error.status === 400);
+        });
+
+        test('count hands out distinct members in pick order, each counted once, and [] on 204', async () => {
+            const pool = await service.createPool();
+            const members = ['http://c1.example.net:3128', 'http://c2.example.net:3128', 'http://c3.example.net:3128'];
+            await service.seed(pool, members);
+            assert.deepEqual(await client.assign(pool, { count: 2 }), [
+                { pool, proxy: members[0], assignments: 1 },
+                { pool, proxy: members[1], assignments: 1 },
+            ]);
+            assert.deepEqual(await client.assign(pool, { count: 5 }), [
+                { pool, proxy: members[2], assignments: 1 },
+                { pool, proxy: members[0], assignments: 2 },
+                { pool, proxy: members[1], assignments: 2 },
+            ]);
+            assert.deepEqual(await client.assign(pool, { count: 2, labels: { tier: 'gold' } }), []);
+            await assert.rejects(client.assign(pool, { count: 2, labels: { tier: 'gold' }, raiseIfEmpty: true }), NoProxyAvailable);
+            await assert.rejects(client.assign(pool, { count: 101 }), (error) => error.status === 400);
+        });
+
         test('200 concurrent callers keep the counts exact', async () => {
             const pool = await service.createPool();
             const members = Array.from({ length: 7 }, (_, i) => `http://m${i}.example.net:3128`);

@@ -131,8 +131,8 @@ class Service:
         self.admin("PUT", "/pools/" + pool, config or {})
         return pool
 
-    def seed(self, pool: str, members: List[str]) -> None:
-        """Adds members to a pool."""
+    def seed(self, pool: str, members: List[Any]) -> None:
+        """Adds members to a pool: ids, or ``{"member", "labels"}`` objects."""
         self.admin("POST", "/pools/{}/members".format(pool), {"members": members})
 
     def stats(self, pool: str) -> Dict[str, Any]:

@@ -81,17 +81,20 @@ class CrawlBehaviour(unittest.TestCase):
         assert listing is not None
         return {m["member"]: m for m in listing["members"]}
 
-    def test_a_crawl_takes_out_the_dead_and_the_blocked_proxy_and_releases_every_lease(
-            self) -> None:
+    def crawl_through_a_good_a_blocking_and_a_dead_proxy(
+            self, **settings: Any) -> Dict[str, Any]:
+        """A crawl of PAGES pages on a least-in-flight pool of the good, the blocked and a
+        dead proxy; checks what holds whether blocks are per site or pool-wide, and returns
+        the pool, the dead member, the stats and the listing."""
         dead = dead_proxy()
         pool = self.service.create_pool({
             "policy": "least-in-flight",
             "rules": {"allow_private": True},
             "health": {"max_consecutive_failures": 1, "cooldown_ms": 600000,
-                       "jitter_percent": 0},
+                       "target_ban_ms": 600000, "jitter_percent": 0},
         })
         self.service.seed(pool, [self.good.url, self.blocked.url, dead])
-        result = self.crawl(pool, self.site.urls(PAGES))
+        result = self.crawl(pool, self.site.urls(PAGES), **settings)
         items, stats = result["items"], result["stats"]
 
         # The crawl completed: every page, each through the good proxy.
@@ -107,18 +110,12 @@ class CrawlBehaviour(unittest.TestCase):
         self.assertGreaterEqual(failed, 1)
         self.assertEqual(stats["proxy_allocator/reported/ok"], PAGES)
         self.assertEqual(stats["proxy_allocator/reported/blocked"], blocked_hits)
-        self.assertEqual(stats["proxy_allocator/tripped"], 2)
 
         # Counts: the service's per member are the downloads through each.
         members = self.members(pool)
         self.assertEqual({m: members[m]["assignments"] for m in members},
                          {self.good.url: PAGES, self.blocked.url: blocked_hits, dead: failed})
         self.assertEqual(stats["proxy_allocator/assigned"], PAGES + blocked_hits + failed)
-        # Taken out, each with the reason its last report gave.
-        self.assertEqual({m: (members[m]["state"], members[m].get("reason")) for m in members},
-                         {self.good.url: ("eligible", None),
-                          self.blocked.url: ("ineligible", "blocked"),
-                          dead: ("ineligible", "unhealthy")})
 
         # Every lease released, none left to the sweep.
         self.assertEqual(stats["proxy_allocator/released"], stats["proxy_allocator/assigned"])
@@ -126,6 +123,39 @@ class CrawlBehaviour(unittest.TestCase):
         self.assertEqual((pool_stats["in_flight"], pool_stats["abandoned"]), (0, 0))
         self.assertNotIn("proxy_allocator/report_failed", stats)
         self.assertNotIn("proxy_allocator/release_failed", stats)
+        return {"pool": pool, "dead": dead, "stats": stats, "members": members}
+
+    def test_a_crawl_takes_out_the_dead_proxy_and_bans_the_blocking_one_for_that_site_only(
+            self) -> None:
+        crawled = self.crawl_through_a_good_a_blocking_and_a_dead_proxy()
+        pool, dead, stats, members = (crawled[k] for k in ("pool", "dead", "stats", "members"))
+        # The dead proxy is out for every site; the blocking one only for the site's host.
+        self.assertEqual((stats["proxy_allocator/tripped"], stats["proxy_allocator/banned"]),
+                         (1, 1))
+        self.assertEqual({m: (members[m]["state"], members[m].get("reason")) for m in members},
+                         {self.good.url: ("eligible", None),
+                          self.blocked.url: ("eligible", None),
+                          dead: ("ineligible", "unhealthy")})
+        for_site = self.service.admin("GET", "/pools/{}/members?target=127.0.0.1".format(pool))
+        assert for_site is not None
+        banned = {m["member"] for m in for_site["members"] if m.get("banned_until")}
+        self.assertEqual(banned, {self.blocked.url})
+        other = self.service.client().assign(pool, target="elsewhere.example")
+        assert other is not None and not isinstance(other, list)
+        self.assertEqual(other.proxy, self.blocked.url)
+
+    def test_without_per_target_reports_a_block_takes_the_proxy_out_for_every_site(
+            self) -> None:
+        crawled = self.crawl_through_a_good_a_blocking_and_a_dead_proxy(
+            PROXY_ALLOCATOR_PER_TARGET=False)
+        dead, stats, members = (crawled[k] for k in ("dead", "stats", "members"))
+        self.assertEqual(stats["proxy_allocator/tripped"], 2)
+        self.assertNotIn("proxy_allocator/banned", stats)
+        # Taken out, each with the reason its last report gave.
+        self.assertEqual({m: (members[m]["state"], members[m].get("reason")) for m in members},
+                         {self.good.url: ("eligible", None),
+                          self.blocked.url: ("ineligible", "blocked"),
+                          dead: ("ineligible", "unhealthy")})
 
     def test_a_crawl_waits_out_a_204_and_drops_nothing(self) -> None:
         pool = self.service.create_pool({
@@ -174,15 +204,38 @@ class CrawlBehaviour(unittest.TestCase):
         pool_stats = self.service.stats(pool)
         self.assertEqual((pool_stats["in_flight"], pool_stats["abandoned"]), (0, 0))
 
-    def test_a_request_naming_labels_fails_instead_of_going_out_unselected(self) -> None:
+    def test_labels_choose_among_the_members_carrying_them_per_setting_and_per_request(
+            self) -> None:
         pool = self.service.create_pool({"rules": {"allow_private": True}})
-        self.service.seed(pool, [self.good.url])
-        result = self.crawl(pool, self.site.urls(1), meta={"proxy_allocator_labels": ["de"]})
-        self.assertEqual(result["items"], [])
-        self.assertEqual(self.site.hits, [])
-        self.assertEqual(result["stats"][
-            "downloader/exception_type_count/proxy_allocator.scrapy.SelectionNotSupported"], 1)
-        self.assertEqual(self.members(pool)[self.good.url]["assignments"], 0)
+        self.service.seed(pool, [{"member": self.good.url, "labels": {"tier": "a"}},
+                                 {"member": self.blocked.url, "labels": {"tier": "b"}}])
+        # The setting's labels keep the crawl off the blocking proxy; a request's meta
+        # labels replace them.
+        result = self.crawl(pool, self.site.urls(3), PROXY_ALLOCATOR_LABELS={"tier": "a"})
+        self.assertEqual({(i["status"], i["proxy"]) for i in result["items"]},
+                         {(200, self.good.url)})
+        self.assertEqual(self.site.by_client(), {(GOOD_SOURCE, 200): 3})
+        result = self.crawl(pool, self.site.urls(1), meta={"proxy_allocator_labels": {"tier": "b"}},
+                            PROXY_ALLOCATOR_LABELS={"tier": "a"}, RETRY_ENABLED=False)
+        self.assertEqual(result["stats"]["proxy_allocator/reported/blocked"], 1)
+        self.assertEqual({m: v["assignments"] for m, v in self.members(pool).items()},
+                         {self.good.url: 3, self.blocked.url: 1})
+
+    def test_requests_naming_a_session_go_out_through_its_one_proxy_and_others_rotate(
+            self) -> None:
+        pool = self.service.create_pool({"rules": {"allow_private": True}})
+        other = Proxy("127.0.0.4")
+        self.addCleanup(other.stop)
+        self.service.seed(pool, [self.good.url, other.url])
+        result = self.crawl(pool, self.site.urls(6), meta={"proxy_allocator_session": "login-1"})
+        self.assertEqual(len(result["items"]), 6)
+        # One proxy for the whole session, though least-used would have alternated.
+        self.assertEqual(len({i["proxy"] for i in result["items"]}), 1)
+        counts = {m: v["assignments"] for m, v in self.members(pool).items()}
+        self.assertEqual(sorted(counts.values()), [0, 6])
+        # Without a session the crawl rotates again, to the least used first.
+        result = self.crawl(pool, self.site.urls(2), CONCURRENT_REQUESTS=1)
+        self.assertEqual(sorted(v["assignments"] for v in self.members(pool).values()), [2, 6])
 
 
 class OnRedis(CrawlBehaviour):

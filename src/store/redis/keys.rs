@@ -30,6 +30,8 @@
 //! | `<prefix>:{<pool>}:paced` | sorted set with ttl | pools paced pool-wide: member -> until when it rests (ms, Redis clock); expires with its last entry |
 //! | `<prefix>:{<pool>}:paced:<target>` | sorted set with ttl | pools paced per target: member -> until when it rests for that target; expires with its last entry; passed, after the pool's keys and the target's ban hash, only to assigns that name the target |
 //! | `<prefix>:{<pool>}:bans:<target>` | hash with ttl | one target's bans, member -> `"<until_ms> <ban_ms> <bans in a row>"`; expires when they are all forgotten. Not one of the pool's fixed keys: passed, after them, only to the calls that name the target. Valid only while the index lists the target, so a deleted pool's hashes (left to expire, see `delete_pool.lua`) are never read |
+//! | `<prefix>:{<pool>}:sessions` | sorted set with ttl | the session index: live sticky sessions -> when they end (ms, Redis clock); expires with the last; ended ones leave it as assigns pass (see `assign.lua`). Not one of the pool's fixed keys: passed, after them, only to assigns and ends of sessions, and renamed with them on delete |
+//! | `<prefix>:{<pool>}:sessions:<session>` | string with ttl | one session's member, expiring with the session. Valid only while the index lists the session as live, so a deleted pool's (left to expire) are never read |
 //! | `<prefix>:{<pool>}:gone:<token>:<part>` | as its part | a deleted pool's key, renamed out of the way by `delete_pool.lua` and unlinked right after (see `operations.rs`) |
 //! | `<prefix>:pool_ids` | sorted set | the registry: pool ids, all at score 0 so that they sort by id (listing pages, prefix search, the safety net's walk); updated outside the pool scripts because it lives in another slot |
 //! | `<prefix>:pools` | set | the registry of earlier versions: copied into `pool_ids` and removed when a replica starts |
@@ -81,7 +83,7 @@
 use redis::{RedisWrite, ToRedisArgs};
 
 use super::RedisStore;
-use crate::domain::{PoolId, Target};
+use crate::domain::{PoolId, SessionId, Target};
 
 /// Every key of a pool, in the order of `KEYS` in every pool script (see `labels.lua`,
 /// `leases.lua` and `health.lua`).
@@ -109,6 +111,19 @@ pub(super) const POOL_KEY_PARTS: [&str; 22] = [
     "bans",
     "paced",
 ];
+
+/// The keys `delete_pool.lua` renames: every part of [`POOL_KEY_PARTS`], then the session
+/// index, which no other pool script but the assigns and ends of sessions is given.
+pub(super) const DELETE_KEY_PARTS: [&str; 23] = {
+    let mut parts = [""; 23];
+    let mut i = 0;
+    while i < POOL_KEY_PARTS.len() {
+        parts[i] = POOL_KEY_PARTS[i];
+        i += 1;
+    }
+    parts[22] = "sessions";
+    parts
+};
 
 /// The keys `pool_info.lua` is given: the first eight of [`POOL_KEY_PARTS`], which hold the
 /// four it reads (the meta hash, both member sets, the lease expiries) in their usual
@@ -206,6 +221,16 @@ impl RedisStore {
             format!("{head}:bans:{target}"),
             format!("{head}:paced:{target}"),
         ]
+    }
+
+    /// The keys an assign or end naming `session` takes last: the pool's session index, then
+    /// the session's key. The key is the index's name, `:`, then the id: a script reads the
+    /// id back from there. Its hash tag is the pool's (the first `{...}` of the key), so a
+    /// brace in the id leaves it in the pool's slot.
+    pub(super) fn session_keys(&self, pool: &PoolId, session: &SessionId) -> [String; 2] {
+        let index = format!("{}:{{{}}}:sessions", self.prefix, pool.as_str());
+        let key = format!("{index}:{session}");
+        [index, key]
     }
 
     /// The registry of pool ids.

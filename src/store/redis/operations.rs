@@ -7,24 +7,26 @@ use async_trait::async_trait;
 use redis::{Script, Value};
 
 use super::RedisStore;
-use super::keys::{POOL_INFO_KEY_PARTS, POOL_KEY_PARTS};
+use super::keys::{DELETE_KEY_PARTS, POOL_INFO_KEY_PARTS, POOL_KEY_PARTS};
 use super::reply::{
-    self, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply, DeletePoolReply,
-    DisableOutcome, DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply,
-    PoolInfoReply, PruneReply, PutPoolReply, RecordSourceReply, ReleaseReply, RemoveReply,
-    RenewReply, SeedOutcome, SeedReply, SourceStatesReply, SweepReply, WalkReply,
+    self, AssignDoneReply, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply,
+    DeletePoolReply, DisableOutcome, DisableReply, EnableOutcome, EnableReply, EndSessionReply,
+    MembersReply, OutcomesReply, PoolInfoReply, PruneReply, PutPoolReply, RecordSourceReply,
+    ReleaseReply, RemoveReply, RenewReply, SeedOutcome, SeedReply, SessionAssignReply,
+    SourceStatesReply, SweepReply, WalkReply,
 };
 use crate::domain::{
-    AssignCount, LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy,
-    Target,
+    AssignCount, LabelFilter, LeaseId, LeaseTtl, MAX_SESSIONS, MemberId, PoolConfig, PoolId,
+    RestorePolicy, SessionId, SessionTtl, Target,
 };
 use crate::store::{
     Applied, AssignRequest, Assignment, BAN_CLEANUP, Batch, CheckRound, ClaimedSource, Cursor,
-    DisableReport, EnableReport, FetchOutcome, Lease, MAX_BAN_TARGETS, MAX_LABEL_CHECKS,
-    MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PRUNE_BATCH, PoolInfo, PoolPage, Pruned,
-    PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
-    ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin,
-    SeedReport, SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
+    DisableReport, Done, DoneSummary, EnableReport, FetchOutcome, Lease, MAX_BAN_TARGETS,
+    MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PRUNE_BATCH, PoolInfo,
+    PoolPage, Pruned, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report,
+    ReportSource, ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_POOLS_PER_CALL, Seed,
+    SeedOrigin, SeedReport, SessionAssignment, SessionPin, SessionRequest, SourceState,
+    StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
@@ -61,6 +63,52 @@ fn seen_place(id: u64, fetch: u64) -> String {
     (id.saturating_mul(1 << 32) + fetch.min((1 << 32) - 1)).to_string()
 }
 
+/// The seven arguments `assign_done.lua` takes after the assign's (see that script).
+struct DoneArgs {
+    member: String,
+    lease: String,
+    draw: String,
+    result: &'static str,
+    targeted: &'static str,
+}
+
+impl DoneArgs {
+    fn of(done: &Done) -> Self {
+        let report = done.report.as_ref();
+        Self {
+            member: report
+                .and_then(|r| r.member.as_ref())
+                .map(|m| m.as_str().to_owned())
+                .unwrap_or_default(),
+            lease: done
+                .lease
+                .as_ref()
+                .map(|l| l.as_str().to_owned())
+                .unwrap_or_default(),
+            draw: crate::store::jitter_draw().to_string(),
+            result: report.map_or("", |r| r.result.as_str()),
+            targeted: if report.is_some_and(|r| r.target.is_some()) {
+                "1"
+            } else {
+                ""
+            },
+        }
+    }
+
+    fn as_args(&self) -> [&[u8]; 7] {
+        let [max_targets, cleanup] = &*BAN_LIMITS;
+        [
+            self.member.as_bytes(),
+            self.result.as_bytes(),
+            self.lease.as_bytes(),
+            self.targeted.as_bytes(),
+            self.draw.as_bytes(),
+            max_targets.as_bytes(),
+            cleanup.as_bytes(),
+        ]
+    }
+}
+
 impl RedisStore {
     /// Runs `assign.lua` for up to `count` members (one script call whatever the count).
     async fn assign_batch(
@@ -69,6 +117,21 @@ impl RedisStore {
         request: &AssignRequest,
         count: AssignCount,
     ) -> Result<Batch, StoreError> {
+        let (value, ids) = self.run_assign(pool, request, count, None, None).await?;
+        self.batch_of(pool, AssignReply::decode(value)?, ids).await
+    }
+
+    /// Runs `assign.lua` once, in `session` when there is one (then for one member), or with
+    /// `done`, `assign_done.lua`: the same pick after the worker's last outcome, in the same
+    /// call; answers its reply and the lease ids it was given.
+    async fn run_assign(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+        count: AssignCount,
+        session: Option<&SessionRequest>,
+        done: Option<&Done>,
+    ) -> Result<(Value, Vec<LeaseId>), StoreError> {
         // The ids are drawn for every assign, used only on least-in-flight pools: deciding
         // here would need the pool's policy, which only the script reads.
         let ids: Vec<LeaseId> = (0..count.get()).map(|_| LeaseId::random()).collect();
@@ -86,9 +149,16 @@ impl RedisStore {
             .map(|t| t.as_millis().to_string())
             .unwrap_or_default();
         let [reclaim, returns, checks] = &*ASSIGN_BATCHES;
-        let count_arg = match count.get() {
-            1 => std::borrow::Cow::Borrowed("1"),
-            n => std::borrow::Cow::Owned(n.to_string()),
+        let count_arg = match (session, count.get()) {
+            // The session's ttl (0: the pool's), bound and the ttl of pools that never set
+            // one; see assign.lua.
+            (Some(session), _) => std::borrow::Cow::Owned(format!(
+                "session {} {MAX_SESSIONS} {}",
+                session.ttl.map_or(0, SessionTtl::as_millis),
+                SessionTtl::DEFAULT_MS
+            )),
+            (None, 1) => std::borrow::Cow::Borrowed("1"),
+            (None, n) => std::borrow::Cow::Owned(n.to_string()),
         };
         let groups = request.labels.script_args();
         let mut args: Vec<&[u8]> = Vec::with_capacity(6 + groups.len());
@@ -101,14 +171,39 @@ impl RedisStore {
             count_arg.as_bytes(),
         ]);
         args.extend(groups.iter().map(|group| group.as_bytes()));
-        let extra = match &request.target {
+        let mut extra = match &request.target {
             Some(target) => self.target_keys(pool, target),
             None => Vec::new(),
         };
-        let value = self
-            .eval_keyed(&self.scripts.assign, pool, None, &extra, &args)
-            .await?;
-        Ok(match AssignReply::decode(value)? {
+        if let Some(session) = session {
+            extra.extend(self.session_keys(pool, &session.id));
+        }
+        // `done`'s arguments and its target's ban hash go last: the script takes them off
+        // before the pick, which sees the assign's own.
+        let done_args = done.map(DoneArgs::of);
+        let script = match (done, &done_args) {
+            (Some(done), Some(done_args)) => {
+                if let Some(target) = done.report.as_ref().and_then(|r| r.target.as_ref()) {
+                    extra.extend(self.ban_keys(pool, &[target]));
+                }
+                args.extend(done_args.as_args());
+                &self.scripts.assign_done
+            }
+            _ => &self.scripts.assign,
+        };
+        let value = self.eval_keyed(script, pool, None, &extra, &args).await?;
+        Ok((value, ids))
+    }
+
+    /// The batch an assign's reply hands out, the i-th lease under the i-th of `ids`; lowers
+    /// the pool's entry in the due index when the leases moved its due time earlier.
+    async fn batch_of(
+        &self,
+        pool: &PoolId,
+        reply: AssignReply,
+        ids: Vec<LeaseId>,
+    ) -> Result<Batch, StoreError> {
+        Ok(match reply {
             AssignReply::TooCostly => return Err(StoreError::FilterTooCostly),
             AssignReply::Empty { next_return } => Batch {
                 assigned: Vec::new(),
@@ -490,6 +585,104 @@ impl Store for RedisStore {
         self.assign_batch(pool, request, count).await
     }
 
+    async fn assign_after_done(
+        &self,
+        pool: &PoolId,
+        done: &Done,
+        request: &AssignRequest,
+        count: AssignCount,
+    ) -> Result<(Batch, DoneSummary), StoreError> {
+        let (value, ids) = self
+            .run_assign(pool, request, count, None, Some(done))
+            .await?;
+        let AssignDoneReply { done: reply, pick } = AssignDoneReply::decode(value)?;
+        // One hint for both: the script's covers the report's trip and the pick's leases.
+        self.hint_due(pool, reply.due_hint).await?;
+        let pick = match pick {
+            AssignReply::Leased {
+                expires_at,
+                ttl_ms,
+                members,
+                ..
+            } => AssignReply::Leased {
+                expires_at,
+                ttl_ms,
+                due_hint: None,
+                members,
+            },
+            other => other,
+        };
+        let batch = self.batch_of(pool, pick, ids).await?;
+        let mut summary = DoneSummary {
+            released: reply.released,
+            ..DoneSummary::default()
+        };
+        if let Some(report) = &done.report {
+            // The member is the lease's when the report named none: the script read it
+            // from the lease.
+            let member = report.member.clone().or(reply.member);
+            match (member, reply.report) {
+                (Some(member), Some(Some((effect, streak, banned_until)))) => {
+                    summary.applied = Some(Applied {
+                        member,
+                        result: report.result,
+                        effect,
+                        streak,
+                        banned_until,
+                    });
+                }
+                _ => summary.unknown = true,
+            }
+        }
+        Ok((batch, summary))
+    }
+
+    async fn assign_in_session(
+        &self,
+        pool: &PoolId,
+        request: &AssignRequest,
+        session: &SessionRequest,
+    ) -> Result<SessionAssignment, StoreError> {
+        let (value, ids) = self
+            .run_assign(pool, request, AssignCount::ONE, Some(session), None)
+            .await?;
+        let (ends_at, repinned, reply) = match SessionAssignReply::decode(value)? {
+            SessionAssignReply::TooManySessions => return Err(StoreError::TooManySessions),
+            SessionAssignReply::Answered {
+                ends_at,
+                repinned,
+                reply,
+            } => (ends_at, repinned, reply),
+        };
+        let batch = self.batch_of(pool, reply, ids).await?;
+        let assignment = batch
+            .assigned
+            .into_iter()
+            .next()
+            .unwrap_or(Assignment::Empty {
+                next_return: batch.next_return,
+            });
+        Ok(SessionAssignment {
+            assignment,
+            session: ends_at.map(|expires_at| SessionPin {
+                id: session.id.clone(),
+                expires_at,
+                repinned,
+            }),
+        })
+    }
+
+    async fn end_session(&self, pool: &PoolId, session: &SessionId) -> Result<(), StoreError> {
+        let keys = self.session_keys(pool, session);
+        let value = self
+            .eval_keyed(&self.scripts.end_session, pool, None, &keys, &[])
+            .await?;
+        match EndSessionReply::decode(value)? {
+            EndSessionReply { ended: true } => Ok(()),
+            EndSessionReply { ended: false } => Err(StoreError::SessionNotFound),
+        }
+    }
+
     async fn release(&self, pool: &PoolId, lease: &LeaseId) -> Result<(), StoreError> {
         let value = self
             .eval(&self.scripts.release, pool, &[lease.as_str().as_bytes()])
@@ -757,7 +950,8 @@ impl Store for RedisStore {
             .pacing
             .map(|pacing| pacing.script_arg())
             .unwrap_or_default();
-        let args: [&[u8]; 11] = [
+        let session_ttl = config.session_ttl_ms.as_millis().to_string();
+        let args: [&[u8]; 12] = [
             &json,
             config.restore.as_str().as_bytes(),
             start.as_bytes(),
@@ -769,6 +963,7 @@ impl Store for RedisStore {
             prune.as_bytes(),
             ban.as_bytes(),
             pacing.as_bytes(),
+            session_ttl.as_bytes(),
         ];
         let value = self.eval(&self.scripts.put_pool, pool, &args).await?;
         let created = match PutPoolReply::decode(value)? {
@@ -850,7 +1045,13 @@ impl Store for RedisStore {
         // graveyard name from ever naming a key that exists.
         let token = format!("{:016x}", rand::random::<u64>());
         let value = self
-            .eval_with(&self.scripts.delete_pool, pool, Some(&token), &[])
+            .eval_parts_with(
+                &self.scripts.delete_pool,
+                pool,
+                &DELETE_KEY_PARTS,
+                Some(&token),
+                &[],
+            )
             .await?;
         let mut zrem = redis::cmd("ZREM");
         zrem.arg(self.registry_key()).arg(pool.as_str());

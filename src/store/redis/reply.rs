@@ -168,7 +168,11 @@ impl AssignReply {
     /// Decodes `{-1}`, `{-2}`, `{0}`, `{0, ms}`, `{1, member, assignments, ...}` or
     /// `{2, expires_ms, ttl_ms, due hint, member, assignments, in_flight, ...}`.
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
-        decode("assign.lua", value, |value| {
+        decode("assign.lua", value, Self::read)
+    }
+
+    fn read(value: Value) -> Read<Self> {
+        {
             let mut items = Items::new(value)?;
             let reply = match items.int()? {
                 -1 => return Err(Problem::NoPool),
@@ -214,6 +218,76 @@ impl AssignReply {
             };
             items.end()?;
             Ok(reply)
+        }
+    }
+}
+
+/// `assign.lua` with a session: the session's state, then the answer as without one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum SessionAssignReply {
+    /// The session is new and the pool holds the most sessions it keeps; nothing changed.
+    TooManySessions,
+    /// The assign ran.
+    Answered {
+        /// When the session ends, `None` when no session is live (a new one that found
+        /// nothing to pin).
+        ends_at: Option<Timestamp>,
+        /// Whether a live session moved to another member.
+        repinned: bool,
+        /// The answer as without a session.
+        reply: AssignReply,
+    },
+}
+
+impl SessionAssignReply {
+    /// Decodes `{-1}`, `{-3}`, `{-2}` or `{3, ends_ms or 0, 0|1, {the answer}}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("assign.lua", value, |value| {
+            let mut items = Items::new(value)?;
+            let reply = match items.int()? {
+                -1 => return Err(Problem::NoPool),
+                -2 => Self::Answered {
+                    ends_at: None,
+                    repinned: false,
+                    reply: AssignReply::TooCostly,
+                },
+                -3 => Self::TooManySessions,
+                3 => Self::Answered {
+                    ends_at: items.due_time()?.map(Timestamp),
+                    repinned: match items.int()? {
+                        0 => false,
+                        1 => true,
+                        _ => return Err("re-pinned is 0 or 1".into()),
+                    },
+                    reply: AssignReply::read(items.next()?)?,
+                },
+                _ => return Err("unknown status".into()),
+            };
+            items.end()?;
+            Ok(reply)
+        })
+    }
+}
+
+/// `end_session.lua`: whether a live session was ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct EndSessionReply {
+    /// `false` when the pool had no such live session.
+    pub(super) ended: bool,
+}
+
+impl EndSessionReply {
+    /// Decodes `{-1}`, `{1, 1}` or `{1, 0}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("end_session.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let ended = match items.int()? {
+                0 => false,
+                1 => true,
+                _ => return Err("ended is 0 or 1".into()),
+            };
+            items.end()?;
+            Ok(Self { ended })
         })
     }
 }
@@ -769,22 +843,95 @@ impl OutcomesReply {
                     let [effect, streak, banned_until] = outcome else {
                         return Err("outcome too short".into());
                     };
-                    let effect = match int(effect)? {
-                        0 => return Ok(None),
-                        1 => Effect::Counted,
-                        2 => Effect::Tripped,
-                        3 => Effect::Ignored,
-                        4 => Effect::Returned,
-                        5 => Effect::Banned,
-                        _ => return Err("unknown effect".into()),
-                    };
-                    let banned_until = Some(count(banned_until)?)
-                        .filter(|&ms| ms > 0)
-                        .map(Timestamp);
-                    Ok(Some((effect, count(streak)?, banned_until)))
+                    report_outcome(effect, streak, banned_until)
                 })
                 .collect::<Read<_>>()?;
             Ok(Self { outcomes, due_hint })
+        })
+    }
+}
+
+/// One report's `effect, streak, banned_until` (`apply_report` in report.lua): `None` for
+/// effect 0, a member the pool does not have.
+fn report_outcome(
+    effect: &Value,
+    streak: &Value,
+    banned_until: &Value,
+) -> Read<Option<(Effect, u64, Option<Timestamp>)>> {
+    let effect = match int(effect)? {
+        0 => return Ok(None),
+        1 => Effect::Counted,
+        2 => Effect::Tripped,
+        3 => Effect::Ignored,
+        4 => Effect::Returned,
+        5 => Effect::Banned,
+        _ => return Err("unknown effect".into()),
+    };
+    let banned_until = Some(count(banned_until)?)
+        .filter(|&ms| ms > 0)
+        .map(Timestamp);
+    Ok(Some((effect, count(streak)?, banned_until)))
+}
+
+/// `assign_done.lua`: what the worker's `done` did, then the pick's reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct AssignDoneReply {
+    /// What the report and the release did.
+    pub(super) done: DoneReply,
+    /// The pick, as `assign.lua` replies it.
+    pub(super) pick: AssignReply,
+}
+
+/// What `done` did, as `assign_done.lua` replies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct DoneReply {
+    /// `None` when `done` had no report; else, as [`OutcomesReply::outcomes`] holds each
+    /// report, `None` for a member the pool does not have.
+    pub(super) report: Option<Option<(Effect, u64, Option<Timestamp>)>>,
+    /// The lease was live and has ended.
+    pub(super) released: bool,
+    /// The due index's hint, after the report and the pick.
+    pub(super) due_hint: Option<u64>,
+    /// The member the report was about (the lease's when it named none), when known.
+    pub(super) member: Option<MemberId>,
+}
+
+impl AssignDoneReply {
+    /// Decodes `{-1}` or `{1, {effect, streak, banned_until, released, due hint or 0,
+    /// member or ''}, assign.lua's reply}` with effect -1 for no report, else as
+    /// outcomes.lua's.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        let (done, pick) = decode("assign_done.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let mut done = Items::new(items.next()?)?;
+            let pick = items.next()?;
+            items.end()?;
+            let [effect, streak, banned_until] = [done.next()?, done.next()?, done.next()?];
+            let report = match int(&effect)? {
+                -1 => None,
+                _ => Some(report_outcome(&effect, &streak, &banned_until)?),
+            };
+            let released = match done.int()? {
+                0 => false,
+                1 => true,
+                _ => return Err("released is 0 or 1".into()),
+            };
+            let due_hint = done.due_time()?;
+            let member = string(done.next()?)?;
+            done.end()?;
+            Ok((
+                DoneReply {
+                    report,
+                    released,
+                    due_hint,
+                    member: (!member.is_empty()).then(|| MemberId::from_stored(member)),
+                },
+                pick,
+            ))
+        })?;
+        Ok(Self {
+            done,
+            pick: AssignReply::decode(pick)?,
         })
     }
 }

@@ -178,6 +178,26 @@ impl RedisStore {
             .await
     }
 
+    /// [`RedisStore::eval_parts`], with the graveyard names of those keys after them when
+    /// `graveyard` holds a token (see `keys.rs`).
+    pub(super) async fn eval_parts_with(
+        &self,
+        script: &Script,
+        pool: &PoolId,
+        parts: &[&str],
+        graveyard: Option<&str>,
+        args: &[&[u8]],
+    ) -> Result<Value, StoreError> {
+        let keys = PoolKeys {
+            prefix: &self.prefix,
+            pool,
+            parts,
+            graveyard,
+        };
+        self.evalsha(script, &pool_evalsha(script, &keys, &[], args))
+            .await
+    }
+
     /// Runs `script`, which only reads, once for each of `pools` (with each pool's keys
     /// `parts`, no arguments), and answers the replies in the pools' order.
     ///

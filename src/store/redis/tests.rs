@@ -20,10 +20,11 @@ mod redis_server;
 
 use self::redis_server::RedisServer;
 use super::reply::{
-    AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply, DeletePoolReply,
-    DisableOutcome, DisableReply, EnableOutcome, EnableReply, MembersReply, OutcomesReply,
-    PoolInfoReply, PruneReply, RecordSourceReply, ReleaseReply, RemoveReply, RenewReply, Renewal,
-    SeedOutcome, SeedReply, SourceStatesReply, SweepReply, WalkReply,
+    AssignDoneReply, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply,
+    DeletePoolReply, DisableOutcome, DisableReply, DoneReply, EnableOutcome, EnableReply,
+    EndSessionReply, MembersReply, OutcomesReply, PoolInfoReply, PruneReply, RecordSourceReply,
+    ReleaseReply, RemoveReply, RenewReply, Renewal, SeedOutcome, SeedReply, SessionAssignReply,
+    SourceStatesReply, SweepReply, WalkReply,
 };
 use super::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
@@ -196,10 +197,15 @@ async fn every_script_s_replies_decode_from_a_real_redis() {
     let names: Vec<&str> = redis.store.scripts.all().map(|(name, _)| name).collect();
     for name in names {
         match name {
-            "assign" => assign(&redis).await,
+            "assign" => {
+                assign(&redis).await;
+                session_assign(&redis).await;
+            }
+            "assign_done" => assign_done(&redis).await,
             "put_pool" => put_pool(&redis).await,
             "pool_info" => pool_info(&redis).await,
             "delete_pool" => delete_pool(&redis).await,
+            "end_session" => end_session(&redis).await,
             "seed" => seed(&redis).await,
             "members" => members(&redis).await,
             "disable" => disable(&redis).await,
@@ -219,6 +225,98 @@ async fn every_script_s_replies_decode_from_a_real_redis() {
             other => panic!("{other}.lua has no reply test: add its case to this match"),
         }
     }
+}
+
+/// Runs `assign_done.lua` for one member with the lease id `lease`, after `done`'s
+/// member, result and lease (each `""` for none), with no target.
+async fn run_assign_done(redis: &TestRedis, pool: &PoolId, lease: &str, done: [&str; 3]) -> Value {
+    let [member, result, ended] = done;
+    redis
+        .eval(
+            "assign_done",
+            pool,
+            &[
+                lease, "", "16", "16", "2000", "1", member, result, ended, "", "0", "100000", "16",
+            ],
+        )
+        .await
+}
+
+async fn assign_done(redis: &TestRedis) {
+    let used = pool("assign-done");
+    assert_pool_not_found(AssignDoneReply::decode(
+        run_assign_done(redis, &used, "l0", ["a", "ok", ""]).await,
+    ));
+    redis.create(&used, tripping_after(1)).await;
+    redis.seed(&used, &["a"], 0).await;
+    redis.seed(&used, &["b"], 3).await;
+    // A report that trips `a`: the pick takes `b`, and the trip moved the pool's due time.
+    let tripped =
+        AssignDoneReply::decode(run_assign_done(redis, &used, "l0", ["a", "failed", ""]).await)
+            .expect("decodes");
+    let returns_at: u64 = redis
+        .side(&["ZSCORE", &TestRedis::key(&used, "returns"), "a"])
+        .await;
+    assert_eq!(
+        tripped,
+        AssignDoneReply {
+            done: DoneReply {
+                report: Some(Some((Effect::Tripped, 1, None))),
+                released: false,
+                due_hint: Some(returns_at),
+                member: Some(member("a")),
+            },
+            pick: AssignReply::Assigned(vec![(member("b"), 4)]),
+        }
+    );
+    // A member the pool does not have; no report at all.
+    let unknown =
+        AssignDoneReply::decode(run_assign_done(redis, &used, "l0", ["nobody", "ok", ""]).await)
+            .expect("decodes");
+    assert_eq!(
+        unknown.done,
+        DoneReply {
+            report: Some(None),
+            released: false,
+            due_hint: None,
+            member: Some(member("nobody")),
+        }
+    );
+    let none = AssignDoneReply::decode(run_assign_done(redis, &used, "l0", ["", "", ""]).await)
+        .expect("decodes");
+    assert_eq!(
+        none.done,
+        DoneReply {
+            report: None,
+            released: false,
+            due_hint: None,
+            member: None,
+        }
+    );
+    assert_eq!(none.pick, AssignReply::Assigned(vec![(member("b"), 6)]));
+
+    // A lease released and reported about through it, and the next one leased.
+    let leased = pool("assign-done-leased");
+    redis.create(&leased, least_in_flight()).await;
+    redis.seed(&leased, &["a"], 0).await;
+    run_assign(redis, &leased, "lease-1", "5000").await;
+    let released = AssignDoneReply::decode(
+        run_assign_done(redis, &leased, "lease-2", ["", "ok", "lease-1"]).await,
+    )
+    .expect("decodes");
+    assert_eq!(
+        released.done,
+        DoneReply {
+            report: Some(Some((Effect::Counted, 0, None))),
+            released: true,
+            due_hint: None,
+            member: Some(member("a")),
+        }
+    );
+    assert!(
+        matches!(&released.pick, AssignReply::Leased { members, .. } if members == &[(member("a"), 2, 1)]),
+        "{released:?}"
+    );
 }
 
 /// Runs `assign.lua` with a lease id and a ttl (`""` for the pool's).
@@ -479,6 +577,95 @@ async fn pool_info(redis: &TestRedis) {
                 pruned: 7,
             },
         }
+    );
+}
+
+/// The keys of session `id` in `pool`.
+fn session_keys(redis: &TestRedis, pool: &PoolId, id: &str) -> Vec<String> {
+    let session = crate::domain::SessionId::parse("session", id).expect("a session id");
+    redis.store.session_keys(pool, &session).to_vec()
+}
+
+/// Runs `assign.lua` in session `id` (its ttl 0: the pool's).
+async fn run_session_assign(redis: &TestRedis, pool: &PoolId, id: &str, cap: &str) -> Value {
+    let keys = session_keys(redis, pool, id);
+    let session = format!("session 0 {cap} 600000");
+    redis
+        .eval_keyed(
+            "assign",
+            pool,
+            &keys,
+            &["l0", "", "16", "16", "2000", &session],
+        )
+        .await
+}
+
+async fn session_assign(redis: &TestRedis) {
+    let id = pool("assign-session");
+    assert_pool_not_found(SessionAssignReply::decode(
+        run_session_assign(redis, &id, "s", "10").await,
+    ));
+    redis.create(&id, PoolConfig::default()).await;
+    // Nothing to pin: no session starts.
+    let empty = SessionAssignReply::decode(run_session_assign(redis, &id, "s", "10").await);
+    assert_eq!(
+        empty.expect("decodes"),
+        SessionAssignReply::Answered {
+            ends_at: None,
+            repinned: false,
+            reply: AssignReply::Empty { next_return: None },
+        }
+    );
+    redis.seed(&id, &["a", "b"], 0).await;
+    let first = SessionAssignReply::decode(run_session_assign(redis, &id, "s", "10").await);
+    let Ok(SessionAssignReply::Answered {
+        ends_at: Some(_),
+        repinned: false,
+        reply,
+    }) = first
+    else {
+        panic!("a pinned answer, got {first:?}");
+    };
+    assert_eq!(reply, AssignReply::Assigned(vec![(member("a"), 1)]));
+    // At the bound, a new session is refused; the live one is served.
+    let full = SessionAssignReply::decode(run_session_assign(redis, &id, "t", "1").await);
+    assert_eq!(full.expect("decodes"), SessionAssignReply::TooManySessions);
+    let again = SessionAssignReply::decode(run_session_assign(redis, &id, "s", "1").await);
+    assert!(
+        matches!(
+            again,
+            Ok(SessionAssignReply::Answered {
+                ends_at: Some(_),
+                repinned: false,
+                reply: AssignReply::Assigned(ref members),
+            }) if members == &[(member("a"), 2)]
+        ),
+        "{again:?}"
+    );
+}
+
+async fn end_session(redis: &TestRedis) {
+    let id = pool("end-session");
+    let end = |name: &'static str| {
+        let keys = session_keys(redis, &id, name);
+        let id = &id;
+        async move { redis.eval_keyed("end_session", id, &keys, &[]).await }
+    };
+    assert_pool_not_found(EndSessionReply::decode(end("s").await));
+    redis.create(&id, PoolConfig::default()).await;
+    assert_eq!(
+        EndSessionReply::decode(end("s").await).expect("decodes"),
+        EndSessionReply { ended: false }
+    );
+    redis.seed(&id, &["a"], 0).await;
+    run_session_assign(redis, &id, "s", "10").await;
+    assert_eq!(
+        EndSessionReply::decode(end("s").await).expect("decodes"),
+        EndSessionReply { ended: true }
+    );
+    assert_eq!(
+        EndSessionReply::decode(end("s").await).expect("decodes"),
+        EndSessionReply { ended: false }
     );
 }
 

@@ -37,6 +37,19 @@
 -- {2, expires_ms, ttl_ms, due hint, member, assignments, in_flight, ...} on a
 -- least-in-flight pool, the i-th member leased under the i-th id; the hint is the pool's
 -- new earliest due time, or 0 (see `due_by` in leases.lua).
+-- Sticky sessions: with a session, ARGV[6] is "session <ttl_ms, 0 for the pool's>
+-- <max_sessions> <ttl_ms of a pool that never set one>" (its one member; never '1', so the
+-- fast path leaves it alone) and the last two KEYS are the pool's session index (session
+-- id -> when it ends, ms; expires with its last) and the session's key (its member, with
+-- the session's ttl), after the target's keys when there is a target. A live session whose
+-- member is still eligible for this request (eligible, not banned for the target, carrying
+-- the labels, below max_in_flight) gets that member, pacing or not (it rests all the same);
+-- otherwise the member is chosen as without a session and pinned. Every assign slides a
+-- live session; one that finds nothing leaves its member pinned. A session key is valid
+-- only while the index lists it as live, so a deleted pool's (left to expire, see
+-- delete_pool.lua) is never read. Up to 16 ended sessions leave the index per assign.
+-- The answer is then {3, session ends_ms (0 when none is live), 1 when re-pinned else 0,
+-- the answer as without a session}, or {-3} when a new session would pass max_sessions.
 -- `meta` and `first_due` come from assign_fast.lua, which also answers the common assign.
 local now = false
 if first_due then
@@ -45,13 +58,27 @@ if first_due then
         return_due(now, tonumber(ARGV[4]))
     end
 end
-local wanted = tonumber(ARGV[6])
+local session = nil
+do
+    local ttl, cap, fallback = string.match(ARGV[6], '^session (%d+) (%d+) (%d+)$')
+    if ttl then
+        session = {index = KEYS[#KEYS - 1], key = KEYS[#KEYS], ttl = tonumber(ttl),
+            cap = tonumber(cap)}
+        if session.ttl == 0 then
+            session.ttl = tonumber(redis.call('HGET', KEYS[1], 'session_ttl_ms') or fallback)
+        end
+        session.id = string.sub(session.key, #session.index + 2)
+    end
+end
+local wanted = session and 1 or tonumber(ARGV[6])
 local groups = filter_groups(7)
+-- Whether the assign names a target: its two keys follow the pool's 22.
+local targeted = #KEYS - (session and 2 or 0) >= 24
 
 -- With a target the pool has live bans for: whether its ban hash is to be read. A hash the
 -- ban index does not list (or lists as forgotten) is a deleted pool's.
 local bans = false
-if #KEYS >= 23 then
+if targeted then
     local forget = redis.call('ZSCORE', KEYS[21], string.sub(KEYS[23], #KEYS[21] + 2))
     now = now or now_ms()
     bans = forget and tonumber(forget) > now
@@ -63,7 +90,7 @@ if meta[6] then
     local ms, per_target = string.match(meta[6], '^(%d+) ([01])$')
     if per_target == '0' then
         rests = KEYS[22]
-    elseif #KEYS >= 24 then
+    elseif targeted then
         rests = KEYS[24]
     end
     interval = tonumber(ms)
@@ -171,10 +198,66 @@ if lif then
     now = now or now_ms()
     reclaim_expired(now, tonumber(ARGV[3]))
 end
+-- With a session: its member's order text when the session is live and the member still
+-- eligible for this request; the live session slides.
+local pinned_order = nil
+if session then
+    now = now or now_ms()
+    local ended = redis.call('ZRANGE', session.index, '-inf', now, 'BYSCORE', 'LIMIT', 0, 16)
+    if #ended > 0 then
+        redis.call('ZREM', session.index, unpack(ended))
+    end
+    local ends = tonumber(redis.call('ZSCORE', session.index, session.id) or 0)
+    local member = ends > now and redis.call('GET', session.key) or nil
+    if member then
+        session.live = true
+        local order = order_text(member, lif)
+        if order and bans then
+            local text = redis.call('HGET', KEYS[23], member)
+            order = tonumber(string.match(text or '', '^(%d+)') or 0) <= now and order or nil
+        end
+        if order and groups
+            and not passes(labels_table(redis.call('HGET', KEYS[13], member)), groups, 0) then
+            order = nil
+        end
+        if order and lif and meta[4] and tonumber(string.sub(order, 1, 20)) >= tonumber(meta[4]) then
+            order = nil
+        end
+        pinned_order = order
+        redis.call('PEXPIRE', session.key, session.ttl)
+        redis.call('ZADD', session.index, now + session.ttl, session.id)
+        if redis.call('PTTL', session.index) < session.ttl then
+            redis.call('PEXPIRE', session.index, session.ttl)
+        end
+    elseif redis.call('ZCARD', session.index) >= session.cap then
+        return {-3}
+    end
+end
+-- The answer as it goes back: with a session, a member chosen afresh is pinned, and the
+-- session's state goes in front.
+local function answer(reply)
+    if not session then
+        return reply
+    end
+    local repinned = 0
+    if reply[1] > 0 and not pinned_order then
+        local member = reply[1] == 1 and reply[2] or reply[5]
+        redis.call('SET', session.key, member, 'PX', session.ttl)
+        redis.call('ZADD', session.index, now + session.ttl, session.id)
+        if redis.call('PTTL', session.index) < session.ttl then
+            redis.call('PEXPIRE', session.index, session.ttl)
+        end
+        repinned = session.live and 1 or 0
+        session.live = true
+    end
+    return {3, session.live and now + session.ttl or 0, repinned, reply}
+end
 -- The order texts (see order_text in labels.lua) of the members to hand out, in order,
 -- and the earliest time a member skipped for this request is free again.
 local orders, banned_until
-if groups then
+if pinned_order then
+    orders = {pinned_order}
+elseif groups then
     orders, banned_until = pick_labelled(groups, tonumber(ARGV[5]), lif, held_until, wanted)
     if orders == false then
         return {-2}
@@ -198,7 +281,7 @@ else
     end
 end
 if #orders == 0 then
-    return nothing_eligible(banned_until)
+    return answer(nothing_eligible(banned_until))
 end
 if not lif then
     local reply = {1}
@@ -218,7 +301,7 @@ if not lif then
         reply[#reply + 1] = tonumber(assignments)
     end
     redis.call('HINCRBY', KEYS[1], 'total_assignments', #orders)
-    return reply
+    return answer(reply)
 end
 local ttl = tonumber(ARGV[2]) or tonumber(meta[3])
 local expires = now + ttl
@@ -258,9 +341,9 @@ for _, order in ipairs(orders) do
     reply[#reply + 1] = live
 end
 if leased == 0 then
-    return banned_until and {0, banned_until - now} or {0}
+    return answer(banned_until and {0, banned_until - now} or {0})
 end
 redis.call('HINCRBY', KEYS[1], 'total_assignments', leased)
 due_by(expires)
 reply[4] = due_hint or 0
-return reply
+return answer(reply)

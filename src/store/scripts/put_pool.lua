@@ -8,7 +8,8 @@
 -- (HealthConfig::script_arg). New health rules apply to the next report; cooldowns
 -- already scheduled keep their end. ARGV[9] the prune rules (PruneConfig::script_arg) or
 -- '' for none, ARGV[10] health.target_ban_ms (read by outcomes.lua), ARGV[11] pacing
--- (Pacing::script_arg, read by assign.lua) or '' for none.
+-- (Pacing::script_arg, read by assign.lua) or '' for none, ARGV[12] session_ttl_ms (read by
+-- assign.lua).
 -- Returns 1 when the pool was created, 0 when it existed, -2 when the policy change was
 -- refused (nothing changed).
 local created = redis.call('EXISTS', KEYS[1]) == 0
@@ -24,7 +25,8 @@ else
     end
 end
 redis.call('HSET', KEYS[1], 'config', ARGV[1], 'restore', ARGV[2], 'policy', ARGV[4],
-    'lease_ttl_ms', ARGV[5], 'health', ARGV[8], 'target_ban_ms', ARGV[10])
+    'lease_ttl_ms', ARGV[5], 'health', ARGV[8], 'target_ban_ms', ARGV[10],
+    'session_ttl_ms', ARGV[12])
 local optional = {start_assignments = ARGV[3], max_in_flight = ARGV[6], max_members = ARGV[7],
     prune = ARGV[9], pacing = ARGV[11]}
 for field, value in pairs(optional) do

@@ -6,11 +6,15 @@ Install with ``pip install 'proxy-allocator[scrapy]'`` and enable it in ``settin
     PROXY_ALLOCATOR_URL = "http://127.0.0.1:8080"
     PROXY_ALLOCATOR_POOL = "web"
     PROXY_ALLOCATOR_TOKEN = "worker-token"      # when the service has a worker token
+    PROXY_ALLOCATOR_LABELS = {"country": "de"}  # optional: only members carrying these
 
 Before each download it assigns a member (through the asyncio client, so the reactor never
 waits) and sets ``request.meta["proxy"]``; after it, it reports ``ok``, ``blocked`` (the
 statuses in ``PROXY_ALLOCATOR_BLOCKED_CODES``) or ``failed`` (a download exception) and
-releases the lease, if the pool gave one. A 204 (no proxy right now) or a 503 makes the
+releases the lease, if the pool gave one. The request's host is the assign's and the
+report's ``target``: a site that blocks a proxy bans it for that site only, and the pool's
+per-target pacing applies (``PROXY_ALLOCATOR_PER_TARGET = False`` sends no target, so a
+block takes the proxy out for every site). A 204 (no proxy right now) or a 503 makes the
 request wait the service's ``Retry-After`` and ask again, up to ``PROXY_ALLOCATOR_MAX_WAIT``
 seconds in all. Priority 740 puts it before Scrapy's ``HttpProxyMiddleware`` (750), which
 turns the proxy's credentials into a ``Proxy-Authorization`` header, and after
@@ -20,7 +24,7 @@ turns the proxy's credentials into a ``Proxy-Authorization`` header, and after
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, Optional
+from typing import Any, Dict, FrozenSet, Optional
 
 from scrapy import Request, Spider, signals
 from scrapy.crawler import Crawler
@@ -52,20 +56,7 @@ META_SKIP = "proxy_allocator_skip"
 META_PROXY = "proxy_allocator_proxy"
 _META_USED = "_proxy_allocator_used"
 
-#: Meta keys that need choosing by label or sticky sessions in the service, which this
-#: version of it does not offer: a request naming them fails rather than silently getting
-#: a proxy that ignores them.
-_WAITING_FOR_SERVICE = (META_LABELS, META_SESSION)
-
-
-class SelectionNotSupported(ProxyAllocatorError):
-    """A request asked for labels or a session, which this version of the service cannot
-    choose by."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(None, "selection_not_supported",
-                         "request.meta[{!r}] needs per-request selection, which this version "
-                         "of the service does not offer".format(key))
+META_SESSION_TTL_MS = "proxy_allocator_session_ttl_ms"
 
 
 @dataclass
@@ -81,12 +72,12 @@ class _Used:
 class ProxyAllocatorMiddleware:
     """The downloader middleware; see the module's documentation for its settings.
 
-    Per request, ``request.meta`` may name another pool (``proxy_allocator_pool``), the
-    target (``proxy_allocator_target``; by default the request's host, kept for the
-    service's per-target selection once it has one), or skip the middleware
-    (``proxy_allocator_skip``). ``proxy_allocator_labels`` and ``proxy_allocator_session``
-    need the service's per-request selection; until it has one, a request that names them
-    fails with :class:`SelectionNotSupported`.
+    Per request, ``request.meta`` may name another pool (``proxy_allocator_pool``), labels
+    (``proxy_allocator_labels``, instead of ``PROXY_ALLOCATOR_LABELS``), the target
+    (``proxy_allocator_target``; by default the request's host), a sticky session
+    (``proxy_allocator_session``, with ``proxy_allocator_session_ttl_ms``: every request
+    naming it goes out through the same proxy while that proxy stays eligible for it), or
+    skip the middleware (``proxy_allocator_skip``).
     """
 
     def __init__(self, crawler: Crawler) -> None:
@@ -110,6 +101,9 @@ class ProxyAllocatorMiddleware:
         self.empty_wait = settings.getfloat("PROXY_ALLOCATOR_EMPTY_WAIT", DEFAULT_EMPTY_WAIT)
         ttl = settings.get("PROXY_ALLOCATOR_LEASE_TTL_MS")
         self.lease_ttl_ms: Optional[int] = None if ttl is None else int(ttl)
+        labels = settings.getdict("PROXY_ALLOCATOR_LABELS")
+        self.labels: Optional[Dict[str, Any]] = labels or None
+        self.per_target = settings.getbool("PROXY_ALLOCATOR_PER_TARGET", True)
         self.stats = crawler.stats
         self.client = AsyncClient(
             url, token=settings.get("PROXY_ALLOCATOR_TOKEN"),
@@ -135,16 +129,18 @@ class ProxyAllocatorMiddleware:
         meta = request.meta
         if meta.get(META_SKIP):
             return None
-        for key in _WAITING_FOR_SERVICE:
-            if meta.get(key) is not None:
-                raise SelectionNotSupported(key)
         pool = meta.get(META_POOL) or self.pool
-        target = meta.get(META_TARGET) or urlparse_cached(request).hostname
+        labels = meta.get(META_LABELS, self.labels)
+        target = None
+        if self.per_target:
+            target = meta.get(META_TARGET) or urlparse_cached(request).hostname or None
         waited = 0.0
         while True:
             try:
-                assigned = await self.client.assign(pool, self.lease_ttl_ms,
-                                                    raise_if_empty=True)
+                assigned = await self.client.assign(
+                    pool, self.lease_ttl_ms, labels=labels, target=target,
+                    session=meta.get(META_SESSION),
+                    session_ttl_ms=meta.get(META_SESSION_TTL_MS), raise_if_empty=True)
                 break
             except NoProxyAvailable as empty:
                 self._inc("no_proxy")
@@ -209,14 +205,16 @@ class ProxyAllocatorMiddleware:
         if result is None:
             return
         try:
-            outcome = await self.client.report(used.pool, used.proxy, result, status)
+            outcome = await self.client.report(used.pool, used.proxy, result, status,
+                                               target=used.target)
         except ProxyAllocatorError as error:
             self._inc("report_failed")
             logger.warning("outcome report failed: %s", error)
             return
         self._inc("reported/" + result)
-        if outcome.effect == "tripped":
-            self._inc("tripped")
+        if outcome.effect in ("tripped", "banned"):
+            # Taken out: for every site (tripped), or for this request's site (banned).
+            self._inc(outcome.effect)
 
     async def spider_closed(self, spider: Spider) -> None:
         """Releases the leases of downloads that never came back, then closes the client."""

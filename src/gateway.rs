@@ -1,0 +1,1037 @@
+//! The forward-proxy gateway (`GATEWAY_LISTEN`): an HTTP proxy port that picks a pool's
+//! member for every request, dials it, reports the outcome and holds the lease exactly as
+//! long as the request or tunnel, so that clients which take one proxy address (Scrapy,
+//! browsers, curl, vendor tools) use a pool with no code of ours.
+//!
+//! - **Who and which pool.** `Proxy-Authorization: Basic` with the pool and its options as
+//!   user name (the grammar is in [`user`]) and the worker token as password; 407 with
+//!   `Proxy-Authenticate` otherwise. Without a worker token the gateway only starts on a
+//!   loopback address (see `startup.rs`), where any password is taken.
+//! - **What is dialled.** `CONNECT host:port` opens a tunnel through the member; an
+//!   absolute-form `http://` request is forwarded through it (as an absolute-form request
+//!   to an `http`/`https` proxy, in origin form through a SOCKS tunnel). The host is the
+//!   assign's `target`, so per-site bans and pacing apply. The gateway only ever connects
+//!   to the member's own proxy address ([`upstream`]); the client's `Proxy-Authorization`
+//!   never reaches it, the member's own credentials do.
+//! - **Outcomes and retries.** A refused connection, a timeout or a proxy's refusal before
+//!   the tunnel is up (or before an `http://` response head arrives) is reported `failed`
+//!   through the same store operation as `POST /pools/{pool}/outcomes`, and, as long as
+//!   nothing was sent to the client (nor its request body to an upstream), the next pick
+//!   is tried, up to `GATEWAY_ATTEMPTS` members. A 403 or 429 on plain HTTP is `blocked`
+//!   with the target (a ban for that site only); anything else is `ok`.
+//! - **Answers of its own**, in the API's error shape: 407 `proxy_auth_required`, 400
+//!   `invalid_request` (a malformed user name or request), 404 `pool_not_found`, 503
+//!   `no_eligible_proxy` with `Retry-After` and `x-proxy-allocator: no-eligible-proxy`
+//!   (the API's 204), 502 `upstream_failed` when every attempt failed, 502
+//!   `member_not_a_proxy` / `private_address` when the pool holds members the gateway must
+//!   not dial (logged once per pool), 503 `store_unavailable`.
+
+pub mod upstream;
+pub mod user;
+
+use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::body::{Frame, Incoming, SizeHint};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode, Uri};
+use hyper_util::rt::TokioIo;
+use subtle::ConstantTimeEq;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use crate::domain::{MemberId, OutcomeResult, PoolId, Scheme, Target};
+use crate::monitoring::{OTHER_POOL, PoolSnapshot};
+use crate::store::{AssignRequest, Assignment, Lease, Report, ReportSource, Store, StoreError};
+
+use self::upstream::{Connection, DialError, Dialer, Upstream};
+use self::user::Selection;
+
+/// How the gateway dials and retries (from `GATEWAY_*` options).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// Most members one request tries.
+    pub attempts: u32,
+    /// Longest a member may take to connect and complete its handshake (and, for
+    /// `http://` requests, to send its response head).
+    pub connect_timeout: Duration,
+    /// Longest a tunnel may pass no byte before it is closed.
+    pub idle_timeout: Duration,
+}
+
+/// The body of every gateway answer.
+pub type GatewayBody = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// The header that tells a gateway answer of its own from an upstream's.
+pub const MARKER: HeaderName = HeaderName::from_static("x-proxy-allocator");
+
+/// How long a pool's private-address rule is taken from memory before it is read again.
+const RULES_FRESH: Duration = Duration::from_secs(1);
+
+/// Most pools whose rule is kept in memory, and whose misconfiguration is remembered as
+/// logged; beyond it the memory is cleared (and a misconfiguration may be logged again).
+const MAX_REMEMBERED_POOLS: usize = 10_000;
+
+/// The gateway: the store, the worker token and the dialer, shared by every connection.
+/// Cloning is shallow.
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    token: Option<String>,
+    settings: Settings,
+    dialer: Dialer,
+    snapshot: PoolSnapshot,
+    tunnels: Tunnels,
+    /// Each pool's `rules.allow_private` and when it was read.
+    rules: Mutex<HashMap<PoolId, (Instant, bool)>>,
+    /// Pools whose misconfiguration has been logged.
+    misconfigured: Mutex<HashSet<PoolId>>,
+}
+
+/// A refusal the gateway answers itself.
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    #[error("proxy authentication required: the pool as user name, the worker token as password")]
+    Unauthenticated,
+    #[error("{0}")]
+    Invalid(String),
+    #[error("pool not found")]
+    PoolNotFound,
+    #[error("the pool has no eligible member for this request")]
+    NoEligible { next_return: Option<Duration> },
+    #[error("{attempts} member(s) tried, none could be reached")]
+    UpstreamFailed { attempts: u32 },
+    #[error("the pool's member is not a proxy address the gateway can dial")]
+    NotAProxy,
+    #[error(
+        "the pool's member has a non-public address and the pool does not allow private addresses"
+    )]
+    PrivateAddress,
+    #[error("the store is unavailable; retry shortly")]
+    Store,
+    #[error("the pool holds the most live sessions it keeps; retry once some have ended")]
+    TooManySessions,
+}
+
+impl Refusal {
+    fn status(&self) -> StatusCode {
+        match self {
+            Self::Unauthenticated => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+            Self::Invalid(_) => StatusCode::BAD_REQUEST,
+            Self::PoolNotFound => StatusCode::NOT_FOUND,
+            Self::NoEligible { .. } | Self::Store | Self::TooManySessions => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::UpstreamFailed { .. } | Self::NotAProxy | Self::PrivateAddress => {
+                StatusCode::BAD_GATEWAY
+            }
+        }
+    }
+
+    fn code(&self) -> &'static str {
+        match self {
+            Self::Unauthenticated => "proxy_auth_required",
+            Self::Invalid(_) => "invalid_request",
+            Self::PoolNotFound => "pool_not_found",
+            Self::NoEligible { .. } => "no_eligible_proxy",
+            Self::UpstreamFailed { .. } => "upstream_failed",
+            Self::NotAProxy => "member_not_a_proxy",
+            Self::PrivateAddress => "private_address",
+            Self::Store => "store_unavailable",
+            Self::TooManySessions => "too_many_sessions",
+        }
+    }
+
+    fn response(&self) -> Response<GatewayBody> {
+        let body = crate::http::error::error_body(self.code(), &self.to_string()).to_string();
+        let mut response = Response::new(full(body));
+        *response.status_mut() = self.status();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(MARKER, HeaderValue::from_static(self.code_marker()));
+        match self {
+            Self::Unauthenticated => {
+                headers.insert(
+                    header::PROXY_AUTHENTICATE,
+                    HeaderValue::from_static("Basic realm=\"proxy-allocator\""),
+                );
+            }
+            Self::NoEligible { next_return } => {
+                let seconds = next_return.map_or(1, |wait| {
+                    u64::try_from(wait.as_millis())
+                        .unwrap_or(u64::MAX)
+                        .div_ceil(1000)
+                        .max(1)
+                });
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            }
+            Self::Store | Self::TooManySessions => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            _ => {}
+        }
+        response
+    }
+
+    /// The marker header's value: the code with dashes, as headers are usually written.
+    fn code_marker(&self) -> &'static str {
+        match self {
+            Self::Unauthenticated => "proxy-auth-required",
+            Self::Invalid(_) => "invalid-request",
+            Self::PoolNotFound => "pool-not-found",
+            Self::NoEligible { .. } => "no-eligible-proxy",
+            Self::UpstreamFailed { .. } => "upstream-failed",
+            Self::NotAProxy => "member-not-a-proxy",
+            Self::PrivateAddress => "private-address",
+            Self::Store => "store-unavailable",
+            Self::TooManySessions => "too-many-sessions",
+        }
+    }
+}
+
+impl From<StoreError> for Refusal {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::PoolNotFound => Self::PoolNotFound,
+            StoreError::TooManySessions => Self::TooManySessions,
+            StoreError::FilterTooCostly => Self::Invalid(format!(
+                "the label filter would check more than {} members; filter on one key",
+                crate::store::MAX_LABEL_CHECKS
+            )),
+            other => {
+                tracing::warn!(error = %other, "gateway: store operation failed");
+                Self::Store
+            }
+        }
+    }
+}
+
+fn full(text: impl Into<Bytes>) -> GatewayBody {
+    http_body_util::Full::new(text.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+fn empty() -> GatewayBody {
+    full(Bytes::new())
+}
+
+/// Where a request goes: a tunnel, or one `http://` request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Tunnel,
+    Forward,
+}
+
+/// Headers that belong to one hop and are never passed on.
+const HOP_BY_HOP: [HeaderName; 6] = [
+    header::CONNECTION,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+    HeaderName::from_static("proxy-connection"),
+];
+
+impl Gateway {
+    /// A gateway over `store` dialling with `dialer`; `token` is the worker token (none: any
+    /// password is taken, which startup only allows on loopback).
+    pub fn new(
+        store: Arc<dyn Store>,
+        token: Option<String>,
+        settings: Settings,
+        snapshot: PoolSnapshot,
+        dialer: Dialer,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                token,
+                settings,
+                dialer,
+                snapshot,
+                tunnels: Tunnels::default(),
+                rules: Mutex::new(HashMap::new()),
+                misconfigured: Mutex::new(HashSet::new()),
+            }),
+        }
+    }
+
+    /// The open tunnels, which shutdown drains.
+    pub fn tunnels(&self) -> &Tunnels {
+        &self.inner.tunnels
+    }
+
+    /// Answers one proxy request.
+    ///
+    /// # Errors
+    /// Never: every failure is an answer.
+    pub async fn handle(
+        self,
+        request: Request<Incoming>,
+    ) -> Result<Response<GatewayBody>, Infallible> {
+        let mut label = OTHER_POOL.to_owned();
+        let (outcome, response) = match self.serve(request, &mut label).await {
+            Ok((outcome, response)) => (outcome, response),
+            Err(refusal) => (refusal.code(), refusal.response()),
+        };
+        metrics::counter!("pa_gateway_requests_total", "pool" => label, "outcome" => outcome)
+            .increment(1);
+        Ok(response)
+    }
+
+    async fn serve(
+        &self,
+        mut request: Request<Incoming>,
+        label: &mut String,
+    ) -> Result<(&'static str, Response<GatewayBody>), Refusal> {
+        let user = self.authenticate(request.headers())?;
+        let selection = Selection::parse(&user).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        let (kind, host, port) = destination(&request)?;
+        let target = Target::parse("target", &host).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        let pool = selection.pool.clone();
+        let allow_private = self.allow_private(&pool).await?;
+        *label = self.inner.snapshot.label(&pool, true);
+        let assign = AssignRequest {
+            ttl: selection.ttl,
+            labels: selection.labels,
+            target: Some(target.clone()),
+        };
+        let mut upgrade = (kind == Kind::Tunnel).then(|| hyper::upgrade::on(&mut request));
+        let mut body = Some(request);
+        let settings = self.inner.settings;
+        let mut failures = 0;
+        for _ in 0..settings.attempts {
+            let assignment = match &selection.session {
+                Some(session) => {
+                    self.inner
+                        .store
+                        .assign_in_session(&pool, &assign, session)
+                        .await?
+                        .assignment
+                }
+                None => self.inner.store.assign(&pool, &assign).await?,
+            };
+            let (member, lease) = match assignment {
+                Assignment::Assigned { member, .. } => (member, None),
+                Assignment::Leased { member, lease, .. } => (member, Some(lease)),
+                Assignment::Empty { next_return } => {
+                    return Err(if failures > 0 {
+                        Refusal::UpstreamFailed { attempts: failures }
+                    } else {
+                        Refusal::NoEligible { next_return }
+                    });
+                }
+            };
+            let hold = lease.map(|lease| LeaseHold::start(&self.inner.store, &pool, lease));
+            let Some(upstream) = Upstream::parse(&member) else {
+                self.misconfigured(&pool, &member, "is not a proxy address");
+                return Err(Refusal::NotAProxy);
+            };
+            let dialer = &self.inner.dialer;
+            let dial = async {
+                match (kind, upstream.scheme()) {
+                    (Kind::Forward, Scheme::Http | Scheme::Https) => {
+                        dialer.connect_proxy(&upstream, allow_private).await
+                    }
+                    _ => dialer.tunnel(&upstream, &host, port, allow_private).await,
+                }
+            };
+            let connection = match tokio::time::timeout(settings.connect_timeout, dial).await {
+                Ok(Ok(connection)) => connection,
+                Ok(Err(DialError::PrivateAddress)) => {
+                    self.misconfigured(&pool, &member, "has a non-public address");
+                    return Err(Refusal::PrivateAddress);
+                }
+                Ok(Err(DialError::Failed(why))) => {
+                    self.failed(&pool, &member, &why, hold).await;
+                    failures += 1;
+                    continue;
+                }
+                Err(_) => {
+                    self.failed(&pool, &member, "timed out", hold).await;
+                    failures += 1;
+                    continue;
+                }
+            };
+            let held = Held {
+                gateway: self.clone(),
+                pool: pool.clone(),
+                member,
+                target: target.clone(),
+                hold,
+                started: Instant::now(),
+            };
+            return match (kind, upgrade.take(), body.take()) {
+                (Kind::Tunnel, Some(upgrade), _) => {
+                    Ok(("tunnel", held.tunnel(upgrade, connection)))
+                }
+                (_, _, Some(request)) => held
+                    .forward(request, upstream, connection, &host, port)
+                    .await
+                    .map(|response| ("forwarded", response)),
+                // Each kind keeps what it needs until its one successful dial.
+                _ => Err(Refusal::UpstreamFailed { attempts: failures }),
+            };
+        }
+        Err(Refusal::UpstreamFailed { attempts: failures })
+    }
+
+    /// The user name of a request whose password is the worker token.
+    fn authenticate(&self, headers: &HeaderMap) -> Result<String, Refusal> {
+        let value = headers
+            .get(header::PROXY_AUTHORIZATION)
+            .ok_or(Refusal::Unauthenticated)?
+            .as_bytes();
+        let encoded = value
+            .get(..6)
+            .filter(|scheme| scheme.eq_ignore_ascii_case(b"basic "))
+            .and_then(|_| value.get(6..))
+            .ok_or(Refusal::Unauthenticated)?;
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(encoded.trim_ascii())
+            .map_err(|_| Refusal::Unauthenticated)?;
+        let colon = decoded
+            .iter()
+            .position(|b| *b == b':')
+            .ok_or(Refusal::Unauthenticated)?;
+        let (user, password) = (&decoded[..colon], &decoded[colon + 1..]);
+        if let Some(token) = &self.inner.token {
+            // The length of a token is not secret; its bytes are compared in constant time.
+            let same =
+                password.len() == token.len() && bool::from(password.ct_eq(token.as_bytes()));
+            if !same {
+                return Err(Refusal::Unauthenticated);
+            }
+        }
+        String::from_utf8(user.to_vec())
+            .map_err(|_| Refusal::Invalid("proxy user name: not UTF-8".to_owned()))
+    }
+
+    /// The pool's private-address rule, read from the store at most once a second.
+    async fn allow_private(&self, pool: &PoolId) -> Result<bool, Refusal> {
+        let now = Instant::now();
+        {
+            let rules = self
+                .inner
+                .rules
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some((read, allow)) = rules.get(pool)
+                && now.duration_since(*read) < RULES_FRESH
+            {
+                return Ok(*allow);
+            }
+        }
+        let info = self.inner.store.pool(pool).await?;
+        let allow = info.config.rules.allow_private;
+        let mut rules = self
+            .inner
+            .rules
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if rules.len() >= MAX_REMEMBERED_POOLS {
+            rules.clear();
+        }
+        rules.insert(pool.clone(), (now, allow));
+        Ok(allow)
+    }
+
+    /// Logs, once per pool, that it holds a member the gateway must not dial.
+    fn misconfigured(&self, pool: &PoolId, member: &MemberId, what: &str) {
+        let mut logged = self
+            .inner
+            .misconfigured
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if logged.len() >= MAX_REMEMBERED_POOLS {
+            logged.clear();
+        }
+        if logged.insert(pool.clone()) {
+            tracing::warn!(
+                pool = pool.as_str(),
+                proxy = %member.masked(),
+                "gateway: the pool's member {what}, so the gateway cannot dial it; give the \
+                 gateway a pool of proxy addresses (or allow private addresses in its rules)"
+            );
+        }
+    }
+
+    /// Reports a failed attempt and gives its lease back.
+    async fn failed(&self, pool: &PoolId, member: &MemberId, why: &str, hold: Option<LeaseHold>) {
+        tracing::info!(
+            pool = pool.as_str(),
+            proxy = %member.masked(),
+            error = why,
+            "gateway: upstream failed before the tunnel was up; reported failed"
+        );
+        self.report(pool, member, OutcomeResult::Failed, None).await;
+        if let Some(hold) = hold {
+            hold.release().await;
+        }
+    }
+
+    async fn report(
+        &self,
+        pool: &PoolId,
+        member: &MemberId,
+        result: OutcomeResult,
+        target: Option<Target>,
+    ) {
+        let report = Report {
+            member: member.clone(),
+            result,
+            detail: String::new(),
+            latency_ms: None,
+            target,
+        };
+        if let Err(error) = self
+            .inner
+            .store
+            .report(pool, ReportSource::Worker, &[report])
+            .await
+        {
+            tracing::warn!(pool = pool.as_str(), %error, "gateway: the outcome report failed");
+        }
+    }
+
+    /// Reports `ok` without holding up the answer.
+    fn report_ok(&self, pool: &PoolId, member: &MemberId) {
+        let (gateway, pool, member) = (self.clone(), pool.clone(), member.clone());
+        tokio::spawn(async move {
+            gateway
+                .report(&pool, &member, OutcomeResult::Ok, None)
+                .await;
+        });
+    }
+}
+
+/// The kind, host and port a proxy request names.
+fn destination(request: &Request<Incoming>) -> Result<(Kind, String, u16), Refusal> {
+    let uri = request.uri();
+    if request.method() == Method::CONNECT {
+        let authority = uri
+            .authority()
+            .filter(|a| a.port_u16().is_some())
+            .ok_or_else(|| Refusal::Invalid("CONNECT names host:port".to_owned()))?;
+        let port = authority.port_u16().unwrap_or(443);
+        return Ok((Kind::Tunnel, authority.host().to_owned(), port));
+    }
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http"), Some(authority)) => Ok((
+            Kind::Forward,
+            authority.host().to_owned(),
+            authority.port_u16().unwrap_or(80),
+        )),
+        (Some("https"), _) => Err(Refusal::Invalid(
+            "https:// URLs go through a CONNECT tunnel; point the client's HTTPS proxy at the \
+             gateway too"
+                .to_owned(),
+        )),
+        _ => Err(Refusal::Invalid(
+            "this port is a proxy: send absolute-form http:// requests or CONNECT host:port"
+                .to_owned(),
+        )),
+    }
+}
+
+/// A member picked and dialled for one request: what its end needs.
+struct Held {
+    gateway: Gateway,
+    pool: PoolId,
+    member: MemberId,
+    target: Target,
+    hold: Option<LeaseHold>,
+    started: Instant,
+}
+
+impl Held {
+    /// Answers 200 and relays the tunnel once the client's connection is handed over.
+    fn tunnel(
+        self,
+        upgrade: hyper::upgrade::OnUpgrade,
+        connection: Connection,
+    ) -> Response<GatewayBody> {
+        self.gateway.report_ok(&self.pool, &self.member);
+        let entered = self.gateway.inner.tunnels.enter();
+        let idle = self.gateway.inner.settings.idle_timeout;
+        tokio::spawn(async move {
+            let relayed = match upgrade.await {
+                Ok(client) => relay(client, connection, idle, entered.closing()).await,
+                Err(_) => Relayed::default(),
+            };
+            metrics::counter!("pa_gateway_bytes_total", "direction" => "sent")
+                .increment(relayed.sent);
+            metrics::counter!("pa_gateway_bytes_total", "direction" => "received")
+                .increment(relayed.received);
+            tracing::info!(
+                pool = self.pool.as_str(),
+                proxy = %self.member.masked(),
+                target = self.target.as_str(),
+                sent = relayed.sent,
+                received = relayed.received,
+                duration_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                ended = relayed.ended,
+                "gateway tunnel closed"
+            );
+            if let Some(hold) = self.hold {
+                hold.release().await;
+            }
+            drop(entered);
+        });
+        Response::new(empty())
+    }
+
+    /// Sends one `http://` request through the dialled member and answers its response,
+    /// whose body holds the lease until it is sent.
+    async fn forward(
+        self,
+        request: Request<Incoming>,
+        upstream: Upstream,
+        connection: Connection,
+        host: &str,
+        port: u16,
+    ) -> Result<Response<GatewayBody>, Refusal> {
+        let (mut parts, body) = request.into_parts();
+        for name in &HOP_BY_HOP {
+            parts.headers.remove(name);
+        }
+        parts.version = hyper::Version::HTTP_11;
+        match upstream.scheme() {
+            Scheme::Http | Scheme::Https => {
+                if let Some(authorization) = upstream.authorization() {
+                    parts
+                        .headers
+                        .insert(header::PROXY_AUTHORIZATION, authorization);
+                }
+            }
+            _ => {
+                // Through a tunnel the request goes to the target itself, in origin form.
+                if !parts.headers.contains_key(header::HOST) {
+                    let authority = if port == 80 {
+                        host.to_owned()
+                    } else {
+                        format!("{host}:{port}")
+                    };
+                    if let Ok(value) = HeaderValue::from_str(&authority) {
+                        parts.headers.insert(header::HOST, value);
+                    }
+                }
+                let path = parts
+                    .uri
+                    .path_and_query()
+                    .map_or("/", hyper::http::uri::PathAndQuery::as_str);
+                parts.uri = Uri::try_from(path).unwrap_or_else(|_| Uri::from_static("/"));
+            }
+        }
+        let gateway = self.gateway.clone();
+        let exchange = async {
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(connection)).await?;
+            tokio::spawn(connection);
+            let response = sender
+                .send_request(Request::from_parts(parts, body))
+                .await?;
+            Ok::<_, hyper::Error>((sender, response))
+        };
+        let timeout = gateway.inner.settings.connect_timeout;
+        let (sender, response) = match tokio::time::timeout(timeout, exchange).await {
+            Ok(Ok(exchanged)) => exchanged,
+            failure => {
+                let why = match failure {
+                    Ok(Err(error)) => error.to_string(),
+                    _ => "timed out".to_owned(),
+                };
+                // The request (and its body) went to this member: it cannot be tried again.
+                gateway
+                    .failed(&self.pool, &self.member, &why, self.hold)
+                    .await;
+                return Err(Refusal::UpstreamFailed { attempts: 1 });
+            }
+        };
+        let status = response.status();
+        if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED
+            && matches!(upstream.scheme(), Scheme::Http | Scheme::Https)
+        {
+            // The member's proxy refused its own credentials: a proxy failure, not an
+            // answer of the target.
+            gateway
+                .failed(
+                    &self.pool,
+                    &self.member,
+                    "the proxy answered 407",
+                    self.hold,
+                )
+                .await;
+            return Err(Refusal::UpstreamFailed { attempts: 1 });
+        }
+        if matches!(
+            status,
+            StatusCode::FORBIDDEN | StatusCode::TOO_MANY_REQUESTS
+        ) {
+            gateway
+                .report(
+                    &self.pool,
+                    &self.member,
+                    OutcomeResult::Blocked,
+                    Some(self.target.clone()),
+                )
+                .await;
+        } else {
+            gateway.report_ok(&self.pool, &self.member);
+        }
+        let (mut parts, body) = response.into_parts();
+        for name in &HOP_BY_HOP {
+            parts.headers.remove(name);
+        }
+        let body = Forwarded {
+            inner: body,
+            received: 0,
+            status: status.as_u16(),
+            held: Some(self),
+            _sender: sender,
+        };
+        Ok(Response::from_parts(parts, body.boxed_unsync()))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An upstream's response body, which holds its member's lease (and its connection)
+    /// until it has been sent or dropped, and then logs the request's line.
+    struct Forwarded {
+        #[pin]
+        inner: Incoming,
+        received: u64,
+        status: u16,
+        held: Option<Held>,
+        _sender: hyper::client::conn::http1::SendRequest<Incoming>,
+    }
+
+    impl PinnedDrop for Forwarded {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(held) = this.held.take() {
+                metrics::counter!("pa_gateway_bytes_total", "direction" => "received")
+                    .increment(*this.received);
+                tracing::info!(
+                    pool = held.pool.as_str(),
+                    proxy = %held.member.masked(),
+                    target = held.target.as_str(),
+                    status = *this.status,
+                    received = *this.received,
+                    duration_ms = u64::try_from(held.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                    "gateway request forwarded"
+                );
+                // Dropping the hold releases the lease.
+                drop(held.hold);
+            }
+        }
+    }
+}
+
+impl hyper::body::Body for Forwarded {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.project();
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    *this.received += data.len() as u64;
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(error))) => Poll::Ready(Some(Err(Box::new(error)))),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A lease held for as long as a request or tunnel is open: renewed at a third of its ttl,
+/// released when it ends (or, if dropped without [`LeaseHold::release`], in a task).
+struct LeaseHold {
+    store: Arc<dyn Store>,
+    pool: PoolId,
+    lease: Option<Lease>,
+    renewing: tokio::task::JoinHandle<()>,
+}
+
+impl LeaseHold {
+    fn start(store: &Arc<dyn Store>, pool: &PoolId, lease: Lease) -> Self {
+        let every =
+            Duration::from_millis(lease.ttl_ms.as_millis() / 3).max(Duration::from_millis(50));
+        let renewing = {
+            let (store, pool, id, ttl) = (
+                Arc::clone(store),
+                pool.clone(),
+                lease.id.clone(),
+                lease.ttl_ms,
+            );
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    match store.renew(&pool, &id, Some(ttl)).await {
+                        Ok(_) => {}
+                        Err(StoreError::LeaseNotFound) => return,
+                        Err(error) => {
+                            tracing::warn!(pool = pool.as_str(), %error, "gateway: renewing a lease failed");
+                        }
+                    }
+                }
+            })
+        };
+        Self {
+            store: Arc::clone(store),
+            pool: pool.clone(),
+            lease: Some(lease),
+            renewing,
+        }
+    }
+
+    /// Stops renewing and releases the lease.
+    async fn release(mut self) {
+        self.renewing.abort();
+        if let Some(lease) = self.lease.take() {
+            release(&*self.store, &self.pool, &lease).await;
+        }
+    }
+}
+
+async fn release(store: &dyn Store, pool: &PoolId, lease: &Lease) {
+    match store.release(pool, &lease.id).await {
+        Ok(()) | Err(StoreError::LeaseNotFound) => {}
+        Err(error) => {
+            tracing::warn!(pool = pool.as_str(), %error, "gateway: releasing a lease failed; it expires by itself");
+        }
+    }
+}
+
+impl Drop for LeaseHold {
+    fn drop(&mut self) {
+        self.renewing.abort();
+        if let (Some(lease), Ok(runtime)) =
+            (self.lease.take(), tokio::runtime::Handle::try_current())
+        {
+            let (store, pool) = (Arc::clone(&self.store), self.pool.clone());
+            runtime.spawn(async move { release(&*store, &pool, &lease).await });
+        }
+    }
+}
+
+/// The open tunnels: counted for the metrics and for shutdown, which waits for them and
+/// then closes those still open. Cloning is shallow.
+#[derive(Clone)]
+pub struct Tunnels {
+    inner: Arc<TunnelSet>,
+}
+
+struct TunnelSet {
+    open: AtomicUsize,
+    ended: Notify,
+    closing: watch::Sender<bool>,
+}
+
+impl Default for Tunnels {
+    fn default() -> Self {
+        Self {
+            inner: Arc::new(TunnelSet {
+                open: AtomicUsize::new(0),
+                ended: Notify::new(),
+                closing: watch::channel(false).0,
+            }),
+        }
+    }
+}
+
+impl Tunnels {
+    fn enter(&self) -> Entered {
+        self.inner.open.fetch_add(1, Ordering::AcqRel);
+        metrics::gauge!("pa_gateway_tunnels_open").increment(1.0);
+        Entered {
+            set: Arc::clone(&self.inner),
+        }
+    }
+
+    /// Tunnels open now.
+    pub fn open(&self) -> usize {
+        self.inner.open.load(Ordering::Acquire)
+    }
+
+    /// Completes once no tunnel is open.
+    pub async fn drained(&self) {
+        loop {
+            let ended = self.inner.ended.notified();
+            let mut ended = std::pin::pin!(ended);
+            ended.as_mut().enable();
+            if self.open() == 0 {
+                return;
+            }
+            ended.await;
+        }
+    }
+
+    /// Closes every open tunnel (their leases are released as they end).
+    pub fn close_all(&self) {
+        self.inner.closing.send_replace(true);
+    }
+}
+
+/// One open tunnel's place in [`Tunnels`].
+struct Entered {
+    set: Arc<TunnelSet>,
+}
+
+impl Entered {
+    fn closing(&self) -> watch::Receiver<bool> {
+        self.set.closing.subscribe()
+    }
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        self.set.open.fetch_sub(1, Ordering::AcqRel);
+        metrics::gauge!("pa_gateway_tunnels_open").decrement(1.0);
+        self.set.ended.notify_waiters();
+    }
+}
+
+/// What a relayed tunnel carried and why it ended.
+#[derive(Debug, Default)]
+struct Relayed {
+    sent: u64,
+    received: u64,
+    ended: &'static str,
+}
+
+/// Copies bytes both ways until either side closes, the tunnel is idle for `idle`, or
+/// shutdown closes it.
+async fn relay(
+    client: hyper::upgrade::Upgraded,
+    mut upstream: Connection,
+    idle: Duration,
+    mut closing: watch::Receiver<bool>,
+) -> Relayed {
+    let counts = Arc::new(Counts::default());
+    let mut client = Counted {
+        inner: TokioIo::new(client),
+        counts: Arc::clone(&counts),
+    };
+    let ended = {
+        let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
+        let mut copy = std::pin::pin!(copy);
+        let shutdown = closing.wait_for(|closing| *closing);
+        let mut shutdown = std::pin::pin!(shutdown);
+        let tick = (idle / 4).max(Duration::from_millis(10));
+        let mut ticker = tokio::time::interval(tick);
+        let mut last = 0;
+        let mut quiet_since = Instant::now();
+        loop {
+            tokio::select! {
+                copied = &mut copy => break if copied.is_ok() { "closed" } else { "reset" },
+                _ = &mut shutdown => break "shutdown",
+                _ = ticker.tick() => {
+                    let total = counts.total();
+                    if total != last {
+                        last = total;
+                        quiet_since = Instant::now();
+                    } else if quiet_since.elapsed() >= idle {
+                        break "idle";
+                    }
+                }
+            }
+        }
+    };
+    Relayed {
+        sent: counts.sent.load(Ordering::Relaxed),
+        received: counts.received.load(Ordering::Relaxed),
+        ended,
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    /// From the client to the upstream.
+    sent: AtomicU64,
+    /// From the upstream to the client.
+    received: AtomicU64,
+}
+
+impl Counts {
+    fn total(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed) + self.received.load(Ordering::Relaxed)
+    }
+}
+
+/// The client's side of a tunnel, counting what it reads (sent on) and writes (received).
+struct Counted<T> {
+    inner: T,
+    counts: Arc<Counts>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let read = Pin::new(&mut this.inner).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        this.counts.sent.fetch_add(n as u64, Ordering::Relaxed);
+        read
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let written = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = written {
+            this.counts.received.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        written
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
