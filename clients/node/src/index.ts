@@ -33,6 +33,19 @@ export interface Assignment {
     assignments: number;
     inFlight?: number;
     lease?: Lease;
+    /** Set for an assign with a `session`. */
+    session?: SessionPin;
+}
+
+/**
+ * The sticky session an assign went through: its id, when it ends unless used again
+ * (RFC 3339, the service's clock), and whether this assign pinned a fresh member because
+ * the session's one was no longer eligible for the request.
+ */
+export interface SessionPin {
+    id: string;
+    expiresAt: string;
+    repinned: boolean;
 }
 
 /** What one report did, as the service answers it. */
@@ -138,6 +151,14 @@ export interface AssignOptions {
      * then resolves to an array in the service's pick order (empty on 204).
      */
     count?: number;
+    /**
+     * A sticky session (1 to 128 visible ASCII characters): the same member for every
+     * assign naming it while that member stays eligible for the request; a fresh pick,
+     * pinned in its place, otherwise. Not with `count`.
+     */
+    session?: string;
+    /** How long the session lives after this assign (1,000 ms to 24 h; the pool's default). */
+    sessionTtlMs?: number;
     /** Throw {@link NoProxyAvailable} on 204 instead of returning `null` (or `[]`). */
     raiseIfEmpty?: boolean;
 }
@@ -233,6 +254,11 @@ export class Client {
         return expect(answer.data) as ReportAnswer;
     }
 
+    /** Ends a sticky session. @throws {NotFound} `session_not_found` when it is not live. */
+    async endSession(pool: string, session: string): Promise<void> {
+        await this.#call(`/pools/${segment(pool)}/sessions/${segment(session)}`, undefined, 'DELETE');
+    }
+
     /** Ends a lease. @throws {NotFound} `lease_not_found` when it is not live. */
     async release(pool: string, leaseId: string): Promise<void> {
         await this.#call(`/pools/${segment(pool)}/leases/${segment(leaseId)}/release`);
@@ -307,15 +333,15 @@ export class Client {
         }
     }
 
-    /** POSTs one request (every worker route is a POST); the answer or the error it means. */
-    async #call(path: string, body?: unknown): Promise<Answer> {
+    /** Sends one request (a POST unless told); the answer or the error it means. */
+    async #call(path: string, body?: unknown, method = 'POST'): Promise<Answer> {
         const headers = { ...this.#headers };
         if (body !== undefined) headers['content-type'] = 'application/json';
         let response: Response;
         let raw: string;
         try {
             response = await fetch(this.baseUrl + path, {
-                method: 'POST',
+                method,
                 headers,
                 body: body === undefined ? undefined : JSON.stringify(body),
                 signal: AbortSignal.timeout(this.timeoutMs),
@@ -391,6 +417,8 @@ function assignBody(options: AssignOptions): Record<string, unknown> | undefined
     if (options.labels !== undefined) body.labels = options.labels;
     if (options.target !== undefined) body.target = options.target;
     if (options.count !== undefined) body.count = options.count;
+    if (options.session !== undefined) body.session = options.session;
+    if (options.sessionTtlMs !== undefined) body.session_ttl_ms = options.sessionTtlMs;
     return Object.keys(body).length === 0 ? undefined : body;
 }
 
@@ -448,5 +476,9 @@ function assignmentFromJson(data: Record<string, unknown>): Assignment {
     };
     if (data.in_flight !== undefined) assignment.inFlight = Number(data.in_flight);
     if (data.lease !== undefined) assignment.lease = leaseFromJson(data.lease);
+    if (data.session !== undefined) {
+        const pin = data.session as Record<string, unknown>;
+        assignment.session = { id: String(pin.id), expiresAt: String(pin.expires_at), repinned: Boolean(pin.repinned) };
+    }
     return assignment;
 }

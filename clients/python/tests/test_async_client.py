@@ -95,6 +95,22 @@ class AsyncBehaviour(unittest.IsolatedAsyncioTestCase):
                           Assignment(pool=pool, proxy=P2, assignments=1)])
         self.assertEqual(await self.client.assign(pool, labels={"country": "us"}, count=3), [])
 
+    async def test_a_session_keeps_its_proxy_and_ends_once(self) -> None:
+        pool = self.service.create_pool()
+        self.service.seed(pool, [P1, P2])
+        for count in (1, 2):
+            pinned = await self.client.assign(pool, session="s", session_ttl_ms=60000)
+            assert isinstance(pinned, Assignment) and pinned.session is not None
+            self.assertEqual((pinned.proxy, pinned.assignments, pinned.session.repinned),
+                             (P1, count, False))
+        await self.client.end_session(pool, "s")
+        with self.assertRaises(NotFound) as raised:
+            await self.client.end_session(pool, "s")
+        self.assertEqual(raised.exception.code, "session_not_found")
+        fresh = await self.client.assign(pool, session="s")
+        assert isinstance(fresh, Assignment) and fresh.session is not None
+        self.assertEqual((fresh.proxy, fresh.session.repinned), (P2, False))
+
     async def test_assign_returns_the_least_used_proxy_and_none_when_nothing_is_eligible(
             self) -> None:
         pool = self.service.create_pool()

@@ -221,15 +221,21 @@ class CrawlBehaviour(unittest.TestCase):
         self.assertEqual({m: v["assignments"] for m, v in self.members(pool).items()},
                          {self.good.url: 3, self.blocked.url: 1})
 
-    def test_a_request_naming_a_session_fails_instead_of_going_out_unpinned(self) -> None:
+    def test_requests_naming_a_session_go_out_through_its_one_proxy_and_others_rotate(
+            self) -> None:
         pool = self.service.create_pool({"rules": {"allow_private": True}})
-        self.service.seed(pool, [self.good.url])
-        result = self.crawl(pool, self.site.urls(1), meta={"proxy_allocator_session": "s1"})
-        self.assertEqual(result["items"], [])
-        self.assertEqual(self.site.hits, [])
-        self.assertEqual(result["stats"][
-            "downloader/exception_type_count/proxy_allocator.scrapy.SelectionNotSupported"], 1)
-        self.assertEqual(self.members(pool)[self.good.url]["assignments"], 0)
+        other = Proxy("127.0.0.4")
+        self.addCleanup(other.stop)
+        self.service.seed(pool, [self.good.url, other.url])
+        result = self.crawl(pool, self.site.urls(6), meta={"proxy_allocator_session": "login-1"})
+        self.assertEqual(len(result["items"]), 6)
+        # One proxy for the whole session, though least-used would have alternated.
+        self.assertEqual(len({i["proxy"] for i in result["items"]}), 1)
+        counts = {m: v["assignments"] for m, v in self.members(pool).items()}
+        self.assertEqual(sorted(counts.values()), [0, 6])
+        # Without a session the crawl rotates again, to the least used first.
+        result = self.crawl(pool, self.site.urls(2), CONCURRENT_REQUESTS=1)
+        self.assertEqual(sorted(v["assignments"] for v in self.members(pool).values()), [2, 6])
 
 
 class OnRedis(CrawlBehaviour):

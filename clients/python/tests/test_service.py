@@ -118,6 +118,31 @@ class ClientBehaviour(unittest.TestCase):
         self.assertEqual(len({a.lease.id for a in batch if a.lease is not None}), 2)
         self.assertEqual(client.assign(leasing, count=2), [])
 
+    def test_a_session_keeps_its_proxy_moves_when_it_is_disabled_and_ends_once(self) -> None:
+        pool = self.service.create_pool()
+        self.service.seed(pool, [P1, P2])
+        client = self.service.client()
+        first = client.assign(pool, session="login/1", session_ttl_ms=60000)
+        assert isinstance(first, Assignment) and first.session is not None
+        self.assertEqual((first.proxy, first.assignments), (P1, 1))
+        self.assertEqual((first.session.id, first.session.repinned), ("login/1", False))
+        again = client.assign(pool, session="login/1")
+        assert isinstance(again, Assignment) and again.session is not None
+        self.assertEqual((again.proxy, again.assignments, again.session.repinned),
+                         (P1, 2, False))
+        self.service.admin("POST", "/pools/{}/members/disable".format(pool), {"members": [P1]})
+        moved = client.assign(pool, session="login/1")
+        assert isinstance(moved, Assignment) and moved.session is not None
+        self.assertEqual((moved.proxy, moved.session.repinned), (P2, True))
+        self.assertIsNone(client.assign(pool).session)  # type: ignore[union-attr]
+        client.end_session(pool, "login/1")
+        with self.assertRaises(NotFound) as raised:
+            client.end_session(pool, "login/1")
+        self.assertEqual(raised.exception.code, "session_not_found")
+        with self.assertRaises(ProxyAllocatorError) as raised_bad:
+            client.assign(pool, session="with space")
+        self.assertEqual(raised_bad.exception.code, "invalid_request")
+
     def test_assign_returns_none_when_every_member_is_disabled(self) -> None:
         pool = self.service.create_pool()
         self.service.seed(pool, [P1])

@@ -20,6 +20,7 @@ from .client import (
     Leased,
     LeaseScope,
     Outcome,
+    Session,
     Source,
     SourceFetch,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "Outcome",
     "ProxyAllocatorError",
     "RESULTS",
+    "Session",
     "Source",
     "SourceFetch",
     "Unauthorized",

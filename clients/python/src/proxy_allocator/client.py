@@ -66,11 +66,29 @@ class Lease:
 
 
 @dataclass
+class Session:
+    """A sticky session as an assign left it: its ``id``, when it ends unless another assign
+    names it (``expires_at``, RFC 3339, the store's clock), and whether this assign moved it
+    to another member because its own was no longer eligible (``repinned``)."""
+
+    id: str
+    expires_at: str
+    repinned: bool
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Session":
+        """The session as the service writes it (``{"id", "expires_at", "repinned"}``)."""
+        return cls(id=data["id"], expires_at=data["expires_at"],
+                   repinned=bool(data["repinned"]))
+
+
+@dataclass
 class Assignment:
     """A member handed out by ``assign``.
 
     ``assignments`` is the member's count after this assignment. On a least-in-flight
-    pool, ``in_flight`` (its live leases, this one included) and ``lease`` are set too.
+    pool, ``in_flight`` (its live leases, this one included) and ``lease`` are set too; in a
+    sticky session, ``session``.
     """
 
     pool: str
@@ -78,6 +96,7 @@ class Assignment:
     assignments: int
     in_flight: Optional[int] = None
     lease: Optional[Lease] = None
+    session: Optional[Session] = None
 
     @property
     def proxies(self) -> Dict[str, str]:
@@ -89,12 +108,14 @@ class Assignment:
     def from_json(cls, data: Mapping[str, Any]) -> "Assignment":
         """The assignment as the service writes it."""
         lease = data.get("lease")
+        session = data.get("session")
         return cls(
             pool=data["pool"],
             proxy=data["proxy"],
             assignments=int(data["assignments"]),
             in_flight=None if data.get("in_flight") is None else int(data["in_flight"]),
             lease=None if lease is None else Lease.from_json(lease),
+            session=None if session is None else Session.from_json(session),
         )
 
 
@@ -239,7 +260,9 @@ Labels = Mapping[str, Union[str, Sequence[str]]]
 
 def _assign_body(ttl_ms: Optional[int], labels: Optional[Labels],
                  target: Optional[str] = None,
-                 count: Optional[int] = None) -> Optional[Dict[str, Any]]:
+                 count: Optional[int] = None,
+                 session: Optional[str] = None,
+                 session_ttl_ms: Optional[int] = None) -> Optional[Dict[str, Any]]:
     """The optional body of an assign. New assign fields of the service join here, and only
     once the service accepts them: it refuses unknown fields."""
     body: Dict[str, Any] = {}
@@ -252,6 +275,10 @@ def _assign_body(ttl_ms: Optional[int], labels: Optional[Labels],
         body["count"] = int(count)
     if target is not None:
         body["target"] = target
+    if session is not None:
+        body["session"] = session
+    if session_ttl_ms is not None:
+        body["session_ttl_ms"] = int(session_ttl_ms)
     return body or None
 
 
@@ -370,7 +397,8 @@ class Client:
 
     def assign(self, pool: str, ttl_ms: Optional[int] = None, *,
                labels: Optional[Labels] = None, target: Optional[str] = None,
-               count: Optional[int] = None,
+               count: Optional[int] = None, session: Optional[str] = None,
+               session_ttl_ms: Optional[int] = None,
                raise_if_empty: bool = False) -> Union[Optional[Assignment], List[Assignment]]:
         """Asks for a member of ``pool``; ``None`` when it has none to give (HTTP 204: skip
         this request), or with ``raise_if_empty`` :class:`NoProxyAvailable`, whose
@@ -381,14 +409,24 @@ class Client:
         host blocked (see :meth:`report`) are skipped while their ban lasts. ``count`` (1 to
         100) asks for up to that many distinct members at once: the answer is then a list of
         assignments in pick order (each with its own lease on a least-in-flight pool),
-        shorter when fewer fit, empty on 204.
+        shorter when fewer fit, empty on 204. ``session`` (1 to 128 visible ASCII
+        characters, your own id) keeps handing out the same member while it stays eligible
+        for the request, else moves the session to a fresh pick (``assignment.session.
+        repinned``); each call slides the session's end to ``session_ttl_ms`` (the pool's by
+        default) from now. It does not combine with ``count``.
 
         Raises :class:`NotFound` (``pool_not_found``), :class:`Unauthorized`,
         :class:`Unavailable`, or :class:`ProxyAllocatorError` for other error answers.
         """
         answer = self._call("POST", "/pools/{}/assign".format(_segment(pool)),
-                            _assign_body(ttl_ms, labels, target, count))
+                            _assign_body(ttl_ms, labels, target, count, session,
+                                         session_ttl_ms))
         return _assigned(pool, answer, raise_if_empty, count)
+
+    def end_session(self, pool: str, session: str) -> None:
+        """Ends a sticky session: the next assign naming it picks afresh. Raises
+        :class:`NotFound` (``session_not_found``) when the pool has no such live session."""
+        self._call("DELETE", "/pools/{}/sessions/{}".format(_segment(pool), _segment(session)))
 
     def release(self, pool: str, lease_id: str) -> None:
         """Ends a lease. Raises :class:`NotFound` (``lease_not_found``) when it is not live:

@@ -56,19 +56,7 @@ META_SKIP = "proxy_allocator_skip"
 META_PROXY = "proxy_allocator_proxy"
 _META_USED = "_proxy_allocator_used"
 
-#: Meta keys that need sticky sessions in the service, which this version of it does not
-#: offer: a request naming them fails rather than silently getting a proxy that ignores
-#: them.
-_WAITING_FOR_SERVICE = (META_SESSION,)
-
-
-class SelectionNotSupported(ProxyAllocatorError):
-    """A request asked for a session, which this version of the service cannot keep."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(None, "selection_not_supported",
-                         "request.meta[{!r}] needs per-request selection, which this version "
-                         "of the service does not offer".format(key))
+META_SESSION_TTL_MS = "proxy_allocator_session_ttl_ms"
 
 
 @dataclass
@@ -86,10 +74,10 @@ class ProxyAllocatorMiddleware:
 
     Per request, ``request.meta`` may name another pool (``proxy_allocator_pool``), labels
     (``proxy_allocator_labels``, instead of ``PROXY_ALLOCATOR_LABELS``), the target
-    (``proxy_allocator_target``; by default the request's host), or skip the middleware
-    (``proxy_allocator_skip``). ``proxy_allocator_session`` needs sticky sessions, which
-    this version of the service does not keep: a request that names one fails with
-    :class:`SelectionNotSupported`.
+    (``proxy_allocator_target``; by default the request's host), a sticky session
+    (``proxy_allocator_session``, with ``proxy_allocator_session_ttl_ms``: every request
+    naming it goes out through the same proxy while that proxy stays eligible for it), or
+    skip the middleware (``proxy_allocator_skip``).
     """
 
     def __init__(self, crawler: Crawler) -> None:
@@ -141,9 +129,6 @@ class ProxyAllocatorMiddleware:
         meta = request.meta
         if meta.get(META_SKIP):
             return None
-        for key in _WAITING_FOR_SERVICE:
-            if meta.get(key) is not None:
-                raise SelectionNotSupported(key)
         pool = meta.get(META_POOL) or self.pool
         labels = meta.get(META_LABELS, self.labels)
         target = None
@@ -152,8 +137,10 @@ class ProxyAllocatorMiddleware:
         waited = 0.0
         while True:
             try:
-                assigned = await self.client.assign(pool, self.lease_ttl_ms, labels=labels,
-                                                    target=target, raise_if_empty=True)
+                assigned = await self.client.assign(
+                    pool, self.lease_ttl_ms, labels=labels, target=target,
+                    session=meta.get(META_SESSION),
+                    session_ttl_ms=meta.get(META_SESSION_TTL_MS), raise_if_empty=True)
                 break
             except NoProxyAvailable as empty:
                 self._inc("no_proxy")
