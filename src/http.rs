@@ -4,6 +4,7 @@
 
 mod assign;
 mod auth;
+mod done;
 pub mod error;
 mod extract;
 mod import;

@@ -48,7 +48,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-pub use self::chunks::{CHUNK_BUDGET, CHUNK_GRANULE, MAX_CHUNK, MIN_CHUNK};
+pub use self::chunks::{CHUNK_BUDGET, CHUNK_GRANULE, LARGE_WORK_SHARE, MAX_CHUNK, MIN_CHUNK};
 pub use self::embedded::{DataDirOptions, EmbeddedStore, OpenError};
 pub use self::redis::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
@@ -227,6 +227,40 @@ pub struct Batch {
     /// When `assigned` is empty, no label filter was given and some members are cooling
     /// down: how long until the first of them comes back.
     pub next_return: Option<Duration>,
+}
+
+/// How a worker's previous use of a pool ended, sent with its next assign so that one call
+/// does both ([`Store::assign_after_done`]): an outcome report, a lease to release, or both.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Done {
+    /// The outcome of the request, applied as [`Store::report`] applies a worker's report.
+    pub report: Option<DoneReport>,
+    /// On a least-in-flight pool: the lease of that request, released.
+    pub lease: Option<LeaseId>,
+}
+
+/// The outcome a [`Done`] carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoneReport {
+    /// The member it is about; `None` for the member of [`Done::lease`].
+    pub member: Option<MemberId>,
+    /// What was seen.
+    pub result: OutcomeResult,
+    /// The host the request went to, as in [`Report::target`].
+    pub target: Option<Target>,
+}
+
+/// What a [`Done`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DoneSummary {
+    /// What the report did, when there was one about a member the pool has.
+    pub applied: Option<Applied>,
+    /// The report named a member the pool does not have (or a lease without one); it
+    /// changed nothing.
+    pub unknown: bool,
+    /// The lease was live and is now released. `false` for an unknown, ended or expired
+    /// lease, which changes nothing (an expired one is left to be reclaimed).
+    pub released: bool,
 }
 
 /// A live lease as its holder sees it.
@@ -775,7 +809,8 @@ impl StoreStatus {
 /// The pools' state. Every method is atomic with respect to every other, except the
 /// member calls (add, disable, enable, remove), which are atomic per chunk: the stores
 /// split them into chunks sized to keep each step short (see [`CHUNK_BUDGET`]), and a
-/// reader may see a call's first chunks applied before the rest.
+/// reader may see a call's first chunks applied before the rest. Between two chunks the
+/// store rests, so that large operations take at most [`LARGE_WORK_SHARE`] of its time.
 ///
 /// # Errors
 /// Every method fails with [`StoreError::Timeout`] or [`StoreError::Unavailable`] when the
@@ -819,6 +854,24 @@ pub trait Store: Send + Sync + 'static {
         request: &AssignRequest,
         count: AssignCount,
     ) -> Result<Batch, StoreError>;
+
+    /// Applies `done` (first the release of its lease, then its report, as
+    /// [`Store::release`] and [`Store::report`] would, from a worker), then assigns as
+    /// [`Store::assign`] does (or, with `count`, as [`Store::assign_several`] does), all in
+    /// one atomic step: a member the report takes out is not picked, and a lease released
+    /// frees its place for this pick. An unknown member or lease in `done` is answered in
+    /// the [`DoneSummary`] and never fails the assign. A single assign's answer is a batch
+    /// of at most one.
+    ///
+    /// # Errors
+    /// As [`Store::assign`]; on an error `done` changed nothing either.
+    async fn assign_after_done(
+        &self,
+        pool: &PoolId,
+        done: &Done,
+        request: &AssignRequest,
+        count: AssignCount,
+    ) -> Result<(Batch, DoneSummary), StoreError>;
 
     /// An assign in a sticky session, in one atomic step. When the session is live and its
     /// member is still eligible for this request (eligible in the pool, not banned for its

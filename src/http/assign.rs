@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use super::auth::Worker;
+use super::done::{DoneBody, DoneView, ParsedDone};
 use super::error::ApiError;
 use super::extract::{JsonBody, JsonOrDefault, PoolPath};
 use super::log::Outcome;
@@ -44,6 +45,10 @@ pub struct AssignBody {
     /// `session_ttl_ms` by default). Only with `session`.
     #[serde(default)]
     session_ttl_ms: Option<serde_json::Value>,
+    /// How the worker's previous use of this pool ended, applied before the pick in the
+    /// same atomic step.
+    #[serde(default)]
+    done: Option<DoneBody>,
 }
 
 /// What an assign asks for: one member, several, or one in a session.
@@ -185,9 +190,24 @@ pub async fn assign(
     _: Worker,
     State(state): State<AppState>,
     PoolPath(pool): PoolPath,
-    JsonOrDefault(body): JsonOrDefault<AssignBody>,
+    JsonOrDefault(mut body): JsonOrDefault<AssignBody>,
 ) -> Result<Response, ApiError> {
+    let done = body.done.take().map(DoneBody::parse).transpose()?;
     let (request, wanted) = body.request()?;
+    if let Some(done) = done {
+        let count = match wanted {
+            Wanted::One => None,
+            Wanted::Several(count) => Some(count),
+            Wanted::InSession(_) => {
+                return Err(ApiError::InvalidRequest(
+                    "done: an assign in a session does not carry done yet; report the \
+                     outcome or release the lease on its own"
+                        .to_owned(),
+                ));
+            }
+        };
+        return assign_after_done(&state, &pool, &done, &request, count).await;
+    }
     let (assignment, session) = match wanted {
         Wanted::Several(count) => return several(&state, &pool, &request, count).await,
         Wanted::One => (
@@ -271,6 +291,59 @@ async fn several(
         None => "empty",
         Some(Assignment::Leased { .. }) => "leased",
         Some(_) => "assigned",
+    };
+    response.extensions_mut().insert(Outcome(outcome));
+    Ok(response)
+}
+
+/// An answer with the `done` it carried: the assign's own fields, then `done`.
+#[derive(Serialize)]
+struct WithDone<T> {
+    #[serde(flatten)]
+    answer: T,
+    done: DoneView,
+}
+
+/// The assign of a body with `done`: the store applies it and picks in one step; the
+/// answer is the assign's (one member, or with `count` a batch) with what `done` did. A 204
+/// has no body: `done` was applied all the same.
+async fn assign_after_done(
+    state: &AppState,
+    pool: &PoolId,
+    done: &ParsedDone,
+    request: &AssignRequest,
+    count: Option<AssignCount>,
+) -> Result<Response, ApiError> {
+    let (batch, summary) = state
+        .store
+        .assign_after_done(pool, &done.done, request, count.unwrap_or(AssignCount::ONE))
+        .await
+        .map_err(filter_refused)?;
+    let view = done.view(pool, &summary);
+    let outcome = match batch.assigned.first() {
+        None => "empty",
+        Some(Assignment::Leased { .. }) => "leased",
+        Some(_) => "assigned",
+    };
+    let mut response = match (count, batch.assigned.first()) {
+        (_, None) => no_content(batch.next_return),
+        (None, Some(first)) => axum::Json(WithDone {
+            answer: Entry::of(pool, first),
+            done: view,
+        })
+        .into_response(),
+        (Some(_), Some(_)) => axum::Json(WithDone {
+            answer: Several {
+                pool,
+                assigned: batch
+                    .assigned
+                    .iter()
+                    .filter_map(|a| Entry::of(pool, a))
+                    .collect(),
+            },
+            done: view,
+        })
+        .into_response(),
     };
     response.extensions_mut().insert(Outcome(outcome));
     Ok(response)

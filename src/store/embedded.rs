@@ -43,12 +43,13 @@ use async_trait::async_trait;
 
 use super::{
     Applied, AssignRequest, Assignment, Batch, CHECK_CLAIM_HOLD, CheckRound, ClaimedSource, Cursor,
-    DisableReport, Effect, EnableReport, FetchOutcome, Health, LastCheck, Lease, MAX_LABEL_CHECKS,
-    MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, Origin, PRUNE_BATCH, PoolInfo,
-    PoolPage, PoolStats, Pruned, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport,
-    Renewed, Report, ReportSource, ReportSummary, Restored, SOURCE_CLAIM_HOLD,
-    SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport, SessionAssignment, SessionPin,
-    SessionRequest, SourceFetch, SourceState, StateFilter, Store, StoreError, StoreStatus, Swept,
+    DisableReport, Done, DoneSummary, Effect, EnableReport, FetchOutcome, Health, LastCheck, Lease,
+    MAX_LABEL_CHECKS, MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, Origin,
+    PRUNE_BATCH, PoolInfo, PoolPage, PoolStats, Pruned, PutPool, RECLAIM_ON_ASSIGN,
+    RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored,
+    SOURCE_CLAIM_HOLD, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport, SessionAssignment,
+    SessionPin, SessionRequest, SourceFetch, SourceState, StateFilter, Store, StoreError,
+    StoreStatus, Swept,
 };
 use crate::domain::{
     AssignCount, LabelFilter, LeaseId, LeaseTtl, MAX_SESSIONS, MemberId, OutcomeResult, Policy,
@@ -879,6 +880,45 @@ impl Pool {
     }
 
     /// The member of a lease that is still live at `now`.
+    /// Applies a worker's `done`: releases its lease when live, then applies its report
+    /// (about the lease's member when it names none), as assign_done.lua does.
+    fn apply_done(&mut self, done: &Done, now: Timestamp, draw: f64) -> DoneSummary {
+        let mut summary = DoneSummary::default();
+        let mut member = done.report.as_ref().and_then(|r| r.member.clone());
+        if let Some(lease) = &done.lease {
+            // An expired lease not yet reclaimed still names its member.
+            if member.is_none() {
+                member = self.leases.get(lease).map(|(m, _)| m.clone());
+            }
+            if self.live_lease(lease, now).is_ok() {
+                summary.released = self.end_lease(lease).is_some();
+            }
+        }
+        if let Some(report) = &done.report {
+            let applied = member.and_then(|member| {
+                let report = Report {
+                    member,
+                    result: report.result,
+                    detail: String::new(),
+                    latency_ms: None,
+                    target: report.target.clone(),
+                };
+                let (effect, streak, banned_until) =
+                    self.apply(ReportSource::Worker, &report, now, draw)?;
+                Some(Applied {
+                    member: report.member,
+                    result: report.result,
+                    effect,
+                    streak,
+                    banned_until,
+                })
+            });
+            summary.unknown = applied.is_none();
+            summary.applied = applied;
+        }
+        summary
+    }
+
     fn live_lease(&self, id: &LeaseId, now: Timestamp) -> Result<MemberId, StoreError> {
         match self.leases.get(id) {
             Some((member, expires_at)) if *expires_at > now => Ok(member.clone()),
@@ -1443,6 +1483,44 @@ const RETURNS_CHECKED: usize = 16;
 static NO_LABELS: std::sync::LazyLock<crate::domain::Labels> =
     std::sync::LazyLock::new(crate::domain::Labels::default);
 
+/// Appends the count update of every member `batch` handed out (`total` the pool's
+/// assignments after it).
+fn journal_batch(journal: Option<&mut Buffer>, pool: &PoolId, batch: &Batch, total: u64) {
+    let Some(journal) = journal else {
+        return;
+    };
+    for assignment in &batch.assigned {
+        if let Assignment::Assigned {
+            member,
+            assignments,
+        }
+        | Assignment::Leased {
+            member,
+            assignments,
+            ..
+        } = assignment
+        {
+            journal.assigned(pool, member, *assignments, total);
+        }
+    }
+}
+
+/// When the answer of a batch waits for the disk: leases issued are on disk before the
+/// worker holds them.
+fn batch_change(batch: Option<&Batch>) -> Change {
+    match batch {
+        Some(batch)
+            if batch
+                .assigned
+                .iter()
+                .any(|a| matches!(a, Assignment::Leased { .. })) =>
+        {
+            Change::Durable
+        }
+        _ => Change::Counts,
+    }
+}
+
 /// When an operation's answer waits for the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Change {
@@ -1556,8 +1634,9 @@ impl EmbeddedStore {
 
 impl EmbeddedStore {
     /// Runs `step` on the pool once per chunk of `members`, each chunk in a turn of the
-    /// lock of its own (timed for `sizer`), letting other operations in between; the end
-    /// of the log as the last chunk left it. Each chunk is atomic, the call is not.
+    /// lock of its own (timed for `sizer`, paced by the store's duty cycle), letting other
+    /// operations in between; the end of the log as the last chunk left it. Each chunk is
+    /// atomic, the call is not.
     async fn in_chunks<T: Sync>(
         &self,
         pool: &PoolId,
@@ -1567,10 +1646,11 @@ impl EmbeddedStore {
     ) -> Result<Option<u64>, StoreError> {
         let mut end = None;
         for chunk in sizer.chunks(members) {
+            self.chunks.rest().await;
             let ((), chunk_end) = self.with_pool(pool, |p, _| {
                 let started = std::time::Instant::now();
                 step(p, chunk);
-                sizer.record(chunk.len(), started.elapsed());
+                self.chunks.ran(sizer, chunk.len(), started.elapsed());
             })?;
             end = chunk_end.or(end);
             // The lock is free now; let the operations that waited for it run before the
@@ -1663,36 +1743,50 @@ impl Store for EmbeddedStore {
             let now = Timestamp::now();
             p.return_due(now, RETURN_ON_ASSIGN);
             let batch = p.assign_several(request, count, now)?;
-            if let Some(journal) = journal {
-                for assignment in &batch.assigned {
-                    if let Assignment::Assigned {
-                        member,
-                        assignments,
-                    }
-                    | Assignment::Leased {
-                        member,
-                        assignments,
-                        ..
-                    } = assignment
-                    {
-                        journal.assigned(pool, member, *assignments, p.total_assignments);
-                    }
-                }
-            }
+            journal_batch(journal, pool, &batch, p.total_assignments);
             Ok(batch)
         })?;
-        // Leases issued are on disk before the worker holds them.
-        let change = match &answer.0 {
-            Ok(batch)
-                if batch
-                    .assigned
-                    .iter()
-                    .any(|a| matches!(a, Assignment::Leased { .. })) =>
-            {
-                Change::Durable
-            }
-            _ => Change::Counts,
-        };
+        let change = batch_change(answer.0.as_ref().ok());
+        self.settle(answer, change).await?
+    }
+
+    async fn assign_after_done(
+        &self,
+        pool: &PoolId,
+        done: &Done,
+        request: &AssignRequest,
+        count: AssignCount,
+    ) -> Result<(Batch, DoneSummary), StoreError> {
+        let draw = super::jitter_draw();
+        let answer = self.with_pool(pool, |p, journal| {
+            let now = Timestamp::now();
+            // `done` first, in the same turn of the lock as the pick, as assign_done.lua
+            // does it in the same script: the pick sees what the report and the release did.
+            let summary = p.apply_done(done, now, draw);
+            p.return_due(now, RETURN_ON_ASSIGN);
+            let batch = if count == AssignCount::ONE {
+                let assignment = if p.config.policy == Policy::LeastInFlight {
+                    p.assign_least_in_flight(request, now)
+                } else {
+                    p.assign_least_used(request, now)
+                }?;
+                match assignment {
+                    Assignment::Empty { next_return } => Batch {
+                        assigned: Vec::new(),
+                        next_return,
+                    },
+                    assigned => Batch {
+                        assigned: vec![assigned],
+                        next_return: None,
+                    },
+                }
+            } else {
+                p.assign_several(request, count, now)?
+            };
+            journal_batch(journal, pool, &batch, p.total_assignments);
+            Ok((batch, summary))
+        })?;
+        let change = batch_change(answer.0.as_ref().ok().map(|(batch, _)| batch));
         self.settle(answer, change).await?
     }
 
@@ -1797,6 +1891,7 @@ impl Store for EmbeddedStore {
         for id in &due {
             loop {
                 let batch = sizer.size() as u64;
+                self.chunks.rest().await;
                 let step = match self.with_pool(id, |p, _| {
                     let started = std::time::Instant::now();
                     let step = Swept {
@@ -1804,7 +1899,8 @@ impl Store for EmbeddedStore {
                         returned: p.return_due(now, batch),
                     };
                     let done = step.reclaimed + step.returned;
-                    sizer.record(
+                    self.chunks.ran(
+                        sizer,
                         usize::try_from(done).unwrap_or(usize::MAX),
                         started.elapsed(),
                     );
@@ -2228,9 +2324,13 @@ impl Store for EmbeddedStore {
         let mut ineligible_start: PageStart = Some((None, ineligible_skip));
         let deep = |start: &PageStart| start.as_ref().is_some_and(|(_, left)| *left > SKIP_STEP);
         while labels.is_empty() && (deep(&eligible_start) || deep(&ineligible_start)) {
+            // Paced like a large operation's chunks (see chunks.rs).
+            self.chunks.rest().await;
             self.with_pool(pool, |p, _| {
+                let started = std::time::Instant::now();
                 walk_on(&p.eligible, &mut eligible_start);
                 walk_on(&p.ineligible, &mut ineligible_start);
+                self.chunks.ran_piece(started.elapsed());
             })?;
             tokio::task::yield_now().await;
         }
@@ -2566,6 +2666,25 @@ mod tests {
                 .add_members(&pool(p), &Seed::new(members(0..40)))
                 .await
                 .expect("seeded");
+        }
+    }
+
+    /// On a paused clock, which moves only while the store rests between chunks.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_of_several_chunks_rests_between_them_and_a_call_of_one_does_not() {
+        for (count, rests) in [(500, false), (2_000, true)] {
+            let store = EmbeddedStore::new();
+            store
+                .put_pool(&pool("a"), &PoolConfig::default())
+                .await
+                .expect("a");
+            let before = tokio::time::Instant::now();
+            let report = store
+                .add_members(&pool("a"), &Seed::new(members(0..count)))
+                .await
+                .expect("seeded");
+            assert_eq!(report.added.len(), count as usize);
+            assert_eq!(before.elapsed() > Duration::ZERO, rests, "{count} members");
         }
     }
 

@@ -17,6 +17,7 @@ mod cli;
 mod concurrency;
 mod contract;
 mod deploy;
+mod done;
 mod due;
 mod gateway;
 mod health;

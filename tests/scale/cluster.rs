@@ -279,6 +279,51 @@ async fn sessions_live_on_the_pool_s_primary_and_keep_its_assigns_on_one_member(
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_assign_carrying_done_is_one_evalsha_on_the_pool_s_primary_and_bans_in_its_slot() {
+    let cluster = RedisCluster::start();
+    let app = app_on(&cluster).await;
+    let primaries = cluster.primaries();
+    for (pool, owner) in pool_per_primary(&cluster, "done") {
+        app.create_pool(&pool, json!({})).await;
+        app.seed(&pool, &["a", "b"], Some(0)).await;
+        // Scripts loaded before anything is counted.
+        app.assigned(&pool).await;
+        let before: Vec<_> = primaries
+            .iter()
+            .map(|port| command_calls(&cluster.url(*port)))
+            .collect();
+        let (status, body) = app
+            .post_json(
+                &format!("/pools/{pool}/assign"),
+                json!({"target": "shop.example.com",
+                       "done": {"proxy": "a", "result": "blocked", "target": "shop.example.com"}}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(
+            (&body["proxy"], &body["done"]["effect"]),
+            (&json!("b"), &json!("banned")),
+            "{body}"
+        );
+        for (port, before) in primaries.iter().zip(&before) {
+            let seen = command_delta(before, &command_calls(&cluster.url(*port)));
+            let evalshas = (*port == owner).then_some(1);
+            assert_eq!(
+                seen.get("evalsha").copied(),
+                evalshas,
+                "port {port}: {seen:?}"
+            );
+        }
+        let key = format!("{}:{{{pool}}}:bans:shop.example.com", app.key_prefix);
+        assert_eq!(
+            redis_cli(&cluster.url(owner), &["EXISTS", &key]),
+            redis::Value::Int(1),
+            "{key}"
+        );
+    }
+}
+
 const ASSIGNS: u64 = 512;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -35,6 +35,38 @@ export interface Assignment {
     lease?: Lease;
     /** Set for an assign with a `session`. */
     session?: SessionPin;
+    /** Set for an assign that carried `done`: what the service did with it. */
+    done?: DoneEffect;
+}
+
+/**
+ * How the worker's previous request through the pool ended, sent with the next assign
+ * instead of a report and a release of their own: the service applies it first, in the
+ * same atomic step as the pick, so a proxy the report takes out is not handed out again.
+ * `proxy` and `result` (with `status` and `target` as in {@link Client.report}) report an
+ * outcome; `lease` (an `assignment.lease.id`) releases a lease, with an optional `result`
+ * about its proxy.
+ */
+export interface Done {
+    proxy?: string;
+    result?: Result;
+    status?: number;
+    target?: string;
+    lease?: string;
+}
+
+/**
+ * What an assign's {@link Done} did: the report's `effect` (as {@link AppliedOutcome}, or
+ * `unknown` for a proxy the pool does not have; absent without a result), the proxy's
+ * failure streak and ban, and whether the lease was live and is now released. An unknown
+ * proxy or lease never fails the assign.
+ */
+export interface DoneEffect {
+    released: boolean;
+    proxy?: string;
+    effect?: AppliedOutcome['effect'] | 'returned' | 'unknown';
+    consecutiveFailures?: number;
+    bannedUntil?: string;
 }
 
 /**
@@ -159,6 +191,12 @@ export interface AssignOptions {
     session?: string;
     /** How long the session lives after this assign (1,000 ms to 24 h; the pool's default). */
     sessionTtlMs?: number;
+    /**
+     * The previous request's outcome and lease, applied before the pick in the same step
+     * (also when the answer is 204): one call per request cycle instead of two. With
+     * `count`, the first assignment carries its {@link DoneEffect}.
+     */
+    done?: Done;
     /** Throw {@link NoProxyAvailable} on 204 instead of returning `null` (or `[]`). */
     raiseIfEmpty?: boolean;
 }
@@ -228,7 +266,9 @@ export class Client {
         }
         const data = answer.data as Record<string, unknown>;
         if (options.count !== undefined) {
-            return (data.assigned as Record<string, unknown>[]).map(assignmentFromJson);
+            const batch = (data.assigned as Record<string, unknown>[]).map(assignmentFromJson);
+            if (batch.length > 0 && data.done !== undefined) batch[0].done = doneFromJson(data.done);
+            return batch;
         }
         return assignmentFromJson(data);
     }
@@ -419,6 +459,7 @@ function assignBody(options: AssignOptions): Record<string, unknown> | undefined
     if (options.count !== undefined) body.count = options.count;
     if (options.session !== undefined) body.session = options.session;
     if (options.sessionTtlMs !== undefined) body.session_ttl_ms = options.sessionTtlMs;
+    if (options.done !== undefined) body.done = doneBody(options.done);
     return Object.keys(body).length === 0 ? undefined : body;
 }
 
@@ -468,6 +509,28 @@ function leaseFromJson(data: unknown): Lease {
     return { id: String(lease.id), expiresAt: String(lease.expires_at), ttlMs: Number(lease.ttl_ms) };
 }
 
+function doneBody(done: Done): Record<string, unknown> {
+    if (done.lease === undefined && (done.proxy === undefined || done.result === undefined)) {
+        throw new TypeError('done needs a lease, or a proxy and a result');
+    }
+    if (done.result !== undefined && !RESULTS.includes(done.result)) {
+        throw new TypeError(`result is one of ${RESULTS.join(', ')}, not ${JSON.stringify(done.result)}`);
+    }
+    const body: Record<string, unknown> = {};
+    for (const [key, value] of Object.entries(done)) if (value !== undefined) body[key] = value;
+    return body;
+}
+
+function doneFromJson(data: unknown): DoneEffect {
+    const done = data as Record<string, unknown>;
+    const effect: DoneEffect = { released: Boolean(done.released) };
+    if (done.proxy !== undefined) effect.proxy = String(done.proxy);
+    if (done.effect !== undefined) effect.effect = done.effect as DoneEffect['effect'];
+    if (done.consecutive_failures !== undefined) effect.consecutiveFailures = Number(done.consecutive_failures);
+    if (done.banned_until !== undefined) effect.bannedUntil = String(done.banned_until);
+    return effect;
+}
+
 function assignmentFromJson(data: Record<string, unknown>): Assignment {
     const assignment: Assignment = {
         pool: String(data.pool),
@@ -480,5 +543,6 @@ function assignmentFromJson(data: Record<string, unknown>): Assignment {
         const pin = data.session as Record<string, unknown>;
         assignment.session = { id: String(pin.id), expiresAt: String(pin.expires_at), repinned: Boolean(pin.repinned) };
     }
+    if (data.done !== undefined) assignment.done = doneFromJson(data.done);
     return assignment;
 }

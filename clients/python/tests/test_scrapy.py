@@ -123,12 +123,19 @@ class CrawlBehaviour(unittest.TestCase):
         self.assertEqual((pool_stats["in_flight"], pool_stats["abandoned"]), (0, 0))
         self.assertNotIn("proxy_allocator/report_failed", stats)
         self.assertNotIn("proxy_allocator/release_failed", stats)
+        # Each download's report and release went once: with a later assign, or alone.
+        self.assertEqual(stats.get("proxy_allocator/carried", 0)
+                         + stats.get("proxy_allocator/sent_alone", 0),
+                         stats["proxy_allocator/assigned"])
         return {"pool": pool, "dead": dead, "stats": stats, "members": members}
 
     def test_a_crawl_takes_out_the_dead_proxy_and_bans_the_blocking_one_for_that_site_only(
             self) -> None:
         crawled = self.crawl_through_a_good_a_blocking_and_a_dead_proxy()
         pool, dead, stats, members = (crawled[k] for k in ("pool", "dead", "stats", "members"))
+        # By default the reports ride on later assigns: a download that finishes while
+        # others wait for a proxy leaves its report to the next of them.
+        self.assertGreaterEqual(stats["proxy_allocator/carried"], 1)
         # The dead proxy is out for every site; the blocking one only for the site's host.
         self.assertEqual((stats["proxy_allocator/tripped"], stats["proxy_allocator/banned"]),
                          (1, 1))
@@ -146,9 +153,11 @@ class CrawlBehaviour(unittest.TestCase):
 
     def test_without_per_target_reports_a_block_takes_the_proxy_out_for_every_site(
             self) -> None:
+        # Reports and releases sent at once, each in a call of its own, hold the same.
         crawled = self.crawl_through_a_good_a_blocking_and_a_dead_proxy(
-            PROXY_ALLOCATOR_PER_TARGET=False)
+            PROXY_ALLOCATOR_PER_TARGET=False, PROXY_ALLOCATOR_CARRY_DONE=False)
         dead, stats, members = (crawled[k] for k in ("dead", "stats", "members"))
+        self.assertNotIn("proxy_allocator/carried", stats)
         self.assertEqual(stats["proxy_allocator/tripped"], 2)
         self.assertNotIn("proxy_allocator/banned", stats)
         # Taken out, each with the reason its last report gave.

@@ -11,6 +11,8 @@ from harness import ADMIN, WORKER, RedisServer, Service, free_port
 from proxy_allocator import (
     Assignment,
     Client,
+    Done,
+    DoneEffect,
     Lease,
     NoProxyAvailable,
     NotFound,
@@ -142,6 +144,39 @@ class ClientBehaviour(unittest.TestCase):
         with self.assertRaises(ProxyAllocatorError) as raised_bad:
             client.assign(pool, session="with space")
         self.assertEqual(raised_bad.exception.code, "invalid_request")
+
+    def test_done_reports_the_last_request_and_releases_its_lease_before_the_pick(
+            self) -> None:
+        pool = self.service.create_pool({"health": {"max_consecutive_failures": 1,
+                                                    "cooldown_ms": 90000, "jitter_percent": 0}})
+        self.service.seed(pool, [P1, P2])
+        client = self.service.client()
+        client.assign(pool)
+        client.assign(pool)
+        # Tied at one each: P1 would be next, but the failure carried with this assign takes
+        # it out first.
+        carried = client.assign(pool, done=Done(proxy=P1, result="failed", status=502))
+        self.assertEqual(carried, Assignment(
+            pool=pool, proxy=P2, assignments=2,
+            done=DoneEffect(released=False, proxy=P1, effect="tripped", consecutive_failures=1)))
+        unknown = client.assign(pool, done=Done(proxy="http://nobody.example.net:1", result="ok"))
+        assert isinstance(unknown, Assignment)
+        self.assertEqual((unknown.proxy, unknown.done), (P2, DoneEffect(released=False,
+                                                                        effect="unknown")))
+        with self.assertRaises(ValueError):
+            client.assign(pool, done=Done(result="ok"))
+
+        leased = self.service.create_pool({"policy": "least-in-flight", "max_in_flight": 1})
+        self.service.seed(leased, [P1])
+        first = client.assign(leased)
+        assert isinstance(first, Assignment) and first.lease is not None
+        self.assertIsNone(client.assign(leased))
+        following = client.assign(leased, done=Done(lease=first.lease.id, result="ok"))
+        assert isinstance(following, Assignment)
+        self.assertEqual((following.proxy, following.in_flight, following.done),
+                         (P1, 1, DoneEffect(released=True, proxy=P1, effect="counted",
+                                            consecutive_failures=0)))
+        self.assertIsNone(client.assign(leased, done=Done(lease=first.lease.id)))
 
     def test_assign_returns_none_when_every_member_is_disabled(self) -> None:
         pool = self.service.create_pool()

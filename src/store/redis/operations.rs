@@ -9,11 +9,11 @@ use redis::{Script, Value};
 use super::RedisStore;
 use super::keys::{DELETE_KEY_PARTS, POOL_INFO_KEY_PARTS, POOL_KEY_PARTS};
 use super::reply::{
-    self, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply, DeletePoolReply,
-    DisableOutcome, DisableReply, EnableOutcome, EnableReply, EndSessionReply, MembersReply,
-    OutcomesReply, PoolInfoReply, PruneReply, PutPoolReply, RecordSourceReply, ReleaseReply,
-    RemoveReply, RenewReply, SeedOutcome, SeedReply, SessionAssignReply, SourceStatesReply,
-    SweepReply, WalkReply,
+    self, AssignDoneReply, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply,
+    DeletePoolReply, DisableOutcome, DisableReply, EnableOutcome, EnableReply, EndSessionReply,
+    MembersReply, OutcomesReply, PoolInfoReply, PruneReply, PutPoolReply, RecordSourceReply,
+    ReleaseReply, RemoveReply, RenewReply, SeedOutcome, SeedReply, SessionAssignReply,
+    SourceStatesReply, SweepReply, WalkReply,
 };
 use crate::domain::{
     AssignCount, LabelFilter, LeaseId, LeaseTtl, MAX_SESSIONS, MemberId, PoolConfig, PoolId,
@@ -21,12 +21,12 @@ use crate::domain::{
 };
 use crate::store::{
     Applied, AssignRequest, Assignment, BAN_CLEANUP, Batch, CheckRound, ClaimedSource, Cursor,
-    DisableReport, EnableReport, FetchOutcome, Lease, MAX_BAN_TARGETS, MAX_LABEL_CHECKS,
-    MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PRUNE_BATCH, PoolInfo, PoolPage, Pruned,
-    PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
-    ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin,
-    SeedReport, SessionAssignment, SessionPin, SessionRequest, SourceState, StateFilter, Store,
-    StoreError, StoreStatus, Swept,
+    DisableReport, Done, DoneSummary, EnableReport, FetchOutcome, Lease, MAX_BAN_TARGETS,
+    MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PRUNE_BATCH, PoolInfo,
+    PoolPage, Pruned, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report,
+    ReportSource, ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_POOLS_PER_CALL, Seed,
+    SeedOrigin, SeedReport, SessionAssignment, SessionPin, SessionRequest, SourceState,
+    StateFilter, Store, StoreError, StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
@@ -63,6 +63,52 @@ fn seen_place(id: u64, fetch: u64) -> String {
     (id.saturating_mul(1 << 32) + fetch.min((1 << 32) - 1)).to_string()
 }
 
+/// The seven arguments `assign_done.lua` takes after the assign's (see that script).
+struct DoneArgs {
+    member: String,
+    lease: String,
+    draw: String,
+    result: &'static str,
+    targeted: &'static str,
+}
+
+impl DoneArgs {
+    fn of(done: &Done) -> Self {
+        let report = done.report.as_ref();
+        Self {
+            member: report
+                .and_then(|r| r.member.as_ref())
+                .map(|m| m.as_str().to_owned())
+                .unwrap_or_default(),
+            lease: done
+                .lease
+                .as_ref()
+                .map(|l| l.as_str().to_owned())
+                .unwrap_or_default(),
+            draw: crate::store::jitter_draw().to_string(),
+            result: report.map_or("", |r| r.result.as_str()),
+            targeted: if report.is_some_and(|r| r.target.is_some()) {
+                "1"
+            } else {
+                ""
+            },
+        }
+    }
+
+    fn as_args(&self) -> [&[u8]; 7] {
+        let [max_targets, cleanup] = &*BAN_LIMITS;
+        [
+            self.member.as_bytes(),
+            self.result.as_bytes(),
+            self.lease.as_bytes(),
+            self.targeted.as_bytes(),
+            self.draw.as_bytes(),
+            max_targets.as_bytes(),
+            cleanup.as_bytes(),
+        ]
+    }
+}
+
 impl RedisStore {
     /// Runs `assign.lua` for up to `count` members (one script call whatever the count).
     async fn assign_batch(
@@ -71,18 +117,20 @@ impl RedisStore {
         request: &AssignRequest,
         count: AssignCount,
     ) -> Result<Batch, StoreError> {
-        let (value, ids) = self.run_assign(pool, request, count, None).await?;
+        let (value, ids) = self.run_assign(pool, request, count, None, None).await?;
         self.batch_of(pool, AssignReply::decode(value)?, ids).await
     }
 
-    /// Runs `assign.lua` once, in `session` when there is one (then for one member); answers
-    /// its reply and the lease ids it was given.
+    /// Runs `assign.lua` once, in `session` when there is one (then for one member), or with
+    /// `done`, `assign_done.lua`: the same pick after the worker's last outcome, in the same
+    /// call; answers its reply and the lease ids it was given.
     async fn run_assign(
         &self,
         pool: &PoolId,
         request: &AssignRequest,
         count: AssignCount,
         session: Option<&SessionRequest>,
+        done: Option<&Done>,
     ) -> Result<(Value, Vec<LeaseId>), StoreError> {
         // The ids are drawn for every assign, used only on least-in-flight pools: deciding
         // here would need the pool's policy, which only the script reads.
@@ -130,9 +178,20 @@ impl RedisStore {
         if let Some(session) = session {
             extra.extend(self.session_keys(pool, &session.id));
         }
-        let value = self
-            .eval_keyed(&self.scripts.assign, pool, None, &extra, &args)
-            .await?;
+        // `done`'s arguments and its target's ban hash go last: the script takes them off
+        // before the pick, which sees the assign's own.
+        let done_args = done.map(DoneArgs::of);
+        let script = match (done, &done_args) {
+            (Some(done), Some(done_args)) => {
+                if let Some(target) = done.report.as_ref().and_then(|r| r.target.as_ref()) {
+                    extra.extend(self.ban_keys(pool, &[target]));
+                }
+                args.extend(done_args.as_args());
+                &self.scripts.assign_done
+            }
+            _ => &self.scripts.assign,
+        };
+        let value = self.eval_keyed(script, pool, None, &extra, &args).await?;
         Ok((value, ids))
     }
 
@@ -344,6 +403,7 @@ impl RedisStore {
         for _ in 0..MAX_SWEEP_STEPS {
             // Each step sized from what the steps before it cost (see chunks.rs).
             let batch = sizer.size() as u64;
+            self.chunks.rest().await;
             let started = Instant::now();
             let value = self
                 .eval(&self.scripts.sweep, pool, &[batch.to_string().as_bytes()])
@@ -355,7 +415,8 @@ impl RedisStore {
                 Err(e) => return Err(e),
             };
             let done = step.swept.reclaimed + step.swept.returned;
-            sizer.record(
+            self.chunks.ran(
+                sizer,
                 usize::try_from(done).unwrap_or(usize::MAX),
                 started.elapsed(),
             );
@@ -524,6 +585,58 @@ impl Store for RedisStore {
         self.assign_batch(pool, request, count).await
     }
 
+    async fn assign_after_done(
+        &self,
+        pool: &PoolId,
+        done: &Done,
+        request: &AssignRequest,
+        count: AssignCount,
+    ) -> Result<(Batch, DoneSummary), StoreError> {
+        let (value, ids) = self
+            .run_assign(pool, request, count, None, Some(done))
+            .await?;
+        let AssignDoneReply { done: reply, pick } = AssignDoneReply::decode(value)?;
+        // One hint for both: the script's covers the report's trip and the pick's leases.
+        self.hint_due(pool, reply.due_hint).await?;
+        let pick = match pick {
+            AssignReply::Leased {
+                expires_at,
+                ttl_ms,
+                members,
+                ..
+            } => AssignReply::Leased {
+                expires_at,
+                ttl_ms,
+                due_hint: None,
+                members,
+            },
+            other => other,
+        };
+        let batch = self.batch_of(pool, pick, ids).await?;
+        let mut summary = DoneSummary {
+            released: reply.released,
+            ..DoneSummary::default()
+        };
+        if let Some(report) = &done.report {
+            // The member is the lease's when the report named none: the script read it
+            // from the lease.
+            let member = report.member.clone().or(reply.member);
+            match (member, reply.report) {
+                (Some(member), Some(Some((effect, streak, banned_until)))) => {
+                    summary.applied = Some(Applied {
+                        member,
+                        result: report.result,
+                        effect,
+                        streak,
+                        banned_until,
+                    });
+                }
+                _ => summary.unknown = true,
+            }
+        }
+        Ok((batch, summary))
+    }
+
     async fn assign_in_session(
         &self,
         pool: &PoolId,
@@ -531,7 +644,7 @@ impl Store for RedisStore {
         session: &SessionRequest,
     ) -> Result<SessionAssignment, StoreError> {
         let (value, ids) = self
-            .run_assign(pool, request, AssignCount::ONE, Some(session))
+            .run_assign(pool, request, AssignCount::ONE, Some(session), None)
             .await?;
         let (ends_at, repinned, reply) = match SessionAssignReply::decode(value)? {
             SessionAssignReply::TooManySessions => return Err(StoreError::TooManySessions),
@@ -971,11 +1084,12 @@ impl Store for RedisStore {
         let mut start = seed.assignments;
         let mut pending_adds = seed.pending_adds;
         for chunk in sizer.chunks(&seed.members) {
+            self.chunks.rest().await;
             let started = Instant::now();
             let part = self
                 .seed_chunk(pool, seed, chunk, start, pending_adds)
                 .await?;
-            sizer.record(chunk.len(), started.elapsed());
+            self.chunks.ran(sizer, chunk.len(), started.elapsed());
             start = Some(part.start_assignments);
             if seed.dry_run {
                 pending_adds += part.added.len() as u64;
@@ -1029,9 +1143,14 @@ impl Store for RedisStore {
                 ineligible_count.to_string(),
             ];
             let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+            // Paced like a large operation's chunks: a client paging through a large pool
+            // sends piece after piece.
+            self.chunks.rest().await;
+            let started = Instant::now();
             let value = self
                 .eval_keyed(&self.scripts.members, pool, None, &extra, &args)
                 .await?;
+            self.chunks.ran_piece(started.elapsed());
             let piece = MembersReply::decode(value, target.is_some())?;
             // A set that gave fewer than asked has nothing more.
             eligible_left = if piece.eligible.len() < eligible_count {
@@ -1064,11 +1183,12 @@ impl Store for RedisStore {
         let sizer = &self.chunks.disable;
         let mut report = DisableReport::default();
         for chunk in sizer.chunks(members) {
+            self.chunks.rest().await;
             let started = Instant::now();
             let value = self
                 .member_script(&self.scripts.disable, pool, reason.as_bytes(), chunk)
                 .await?;
-            sizer.record(chunk.len(), started.elapsed());
+            self.chunks.ran(sizer, chunk.len(), started.elapsed());
             let DisableReply(outcomes) = DisableReply::decode(value, chunk.len())?;
             for (member, outcome) in chunk.iter().zip(outcomes) {
                 match outcome {
@@ -1093,11 +1213,12 @@ impl Store for RedisStore {
         let policy = restore.map(RestorePolicy::as_str).unwrap_or("");
         let mut report: Option<EnableReport> = None;
         for chunk in sizer.chunks(members) {
+            self.chunks.rest().await;
             let started = Instant::now();
             let value = self
                 .member_script(&self.scripts.enable, pool, policy.as_bytes(), chunk)
                 .await?;
-            sizer.record(chunk.len(), started.elapsed());
+            self.chunks.ran(sizer, chunk.len(), started.elapsed());
             let reply = EnableReply::decode(value, chunk.len())?;
             let report = report.get_or_insert_with(|| EnableReport {
                 restore: reply.restore,
@@ -1133,9 +1254,10 @@ impl Store for RedisStore {
         let mut report = RemoveReport::default();
         for chunk in sizer.chunks(members) {
             let args: Vec<&[u8]> = chunk.iter().map(|m| m.as_str().as_bytes()).collect();
+            self.chunks.rest().await;
             let started = Instant::now();
             let value = self.eval(&self.scripts.remove, pool, &args).await?;
-            sizer.record(chunk.len(), started.elapsed());
+            self.chunks.ran(sizer, chunk.len(), started.elapsed());
             let RemoveReply(removed) = RemoveReply::decode(value, chunk.len())?;
             for (member, removed) in chunk.iter().zip(removed) {
                 if removed {

@@ -843,22 +843,95 @@ impl OutcomesReply {
                     let [effect, streak, banned_until] = outcome else {
                         return Err("outcome too short".into());
                     };
-                    let effect = match int(effect)? {
-                        0 => return Ok(None),
-                        1 => Effect::Counted,
-                        2 => Effect::Tripped,
-                        3 => Effect::Ignored,
-                        4 => Effect::Returned,
-                        5 => Effect::Banned,
-                        _ => return Err("unknown effect".into()),
-                    };
-                    let banned_until = Some(count(banned_until)?)
-                        .filter(|&ms| ms > 0)
-                        .map(Timestamp);
-                    Ok(Some((effect, count(streak)?, banned_until)))
+                    report_outcome(effect, streak, banned_until)
                 })
                 .collect::<Read<_>>()?;
             Ok(Self { outcomes, due_hint })
+        })
+    }
+}
+
+/// One report's `effect, streak, banned_until` (`apply_report` in report.lua): `None` for
+/// effect 0, a member the pool does not have.
+fn report_outcome(
+    effect: &Value,
+    streak: &Value,
+    banned_until: &Value,
+) -> Read<Option<(Effect, u64, Option<Timestamp>)>> {
+    let effect = match int(effect)? {
+        0 => return Ok(None),
+        1 => Effect::Counted,
+        2 => Effect::Tripped,
+        3 => Effect::Ignored,
+        4 => Effect::Returned,
+        5 => Effect::Banned,
+        _ => return Err("unknown effect".into()),
+    };
+    let banned_until = Some(count(banned_until)?)
+        .filter(|&ms| ms > 0)
+        .map(Timestamp);
+    Ok(Some((effect, count(streak)?, banned_until)))
+}
+
+/// `assign_done.lua`: what the worker's `done` did, then the pick's reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct AssignDoneReply {
+    /// What the report and the release did.
+    pub(super) done: DoneReply,
+    /// The pick, as `assign.lua` replies it.
+    pub(super) pick: AssignReply,
+}
+
+/// What `done` did, as `assign_done.lua` replies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct DoneReply {
+    /// `None` when `done` had no report; else, as [`OutcomesReply::outcomes`] holds each
+    /// report, `None` for a member the pool does not have.
+    pub(super) report: Option<Option<(Effect, u64, Option<Timestamp>)>>,
+    /// The lease was live and has ended.
+    pub(super) released: bool,
+    /// The due index's hint, after the report and the pick.
+    pub(super) due_hint: Option<u64>,
+    /// The member the report was about (the lease's when it named none), when known.
+    pub(super) member: Option<MemberId>,
+}
+
+impl AssignDoneReply {
+    /// Decodes `{-1}` or `{1, {effect, streak, banned_until, released, due hint or 0,
+    /// member or ''}, assign.lua's reply}` with effect -1 for no report, else as
+    /// outcomes.lua's.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        let (done, pick) = decode("assign_done.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let mut done = Items::new(items.next()?)?;
+            let pick = items.next()?;
+            items.end()?;
+            let [effect, streak, banned_until] = [done.next()?, done.next()?, done.next()?];
+            let report = match int(&effect)? {
+                -1 => None,
+                _ => Some(report_outcome(&effect, &streak, &banned_until)?),
+            };
+            let released = match done.int()? {
+                0 => false,
+                1 => true,
+                _ => return Err("released is 0 or 1".into()),
+            };
+            let due_hint = done.due_time()?;
+            let member = string(done.next()?)?;
+            done.end()?;
+            Ok((
+                DoneReply {
+                    report,
+                    released,
+                    due_hint,
+                    member: (!member.is_empty()).then(|| MemberId::from_stored(member)),
+                },
+                pick,
+            ))
+        })?;
+        Ok(Self {
+            done,
+            pick: AssignReply::decode(pick)?,
         })
     }
 }

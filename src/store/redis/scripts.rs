@@ -8,8 +8,12 @@ use redis::Script;
 
 /// Declares [`Scripts`] from `name: source` lines, where the source is `plain` (the file
 /// alone), `with_helpers` (the file with `labels.lua`, `leases.lua` and `health.lua` in front
-/// of it) or `fast_path_then_helpers` (`<name>_fast.lua`, then the file with its helpers: a
-/// script that answers its common case before the helpers' closures are made).
+/// of it), `with_reports` (the same helpers and `report.lua`, the outcome rules, in front of
+/// it), `fast_path_then_helpers` (`<name>_fast.lua`, then the file with its helpers: a
+/// script that answers its common case before the helpers' closures are made) or
+/// `picking_after_done` (the helpers, `report.lua`, the file, then the whole assign,
+/// `assign_fast.lua` and `assign.lua`, as a function the file's answer calls: the assign
+/// that applies the worker's last outcome first).
 macro_rules! scripts {
     ($($name:ident: $source:ident,)*) => {
         /// Every script of the store.
@@ -45,6 +49,28 @@ macro_rules! scripts {
             include_str!(concat!("../scripts/", stringify!($name), ".lua"))
         ))
     };
+    (@with_reports $name:ident) => {
+        Script::new(concat!(
+            include_str!("../scripts/labels.lua"),
+            include_str!("../scripts/leases.lua"),
+            include_str!("../scripts/health.lua"),
+            include_str!("../scripts/report.lua"),
+            include_str!(concat!("../scripts/", stringify!($name), ".lua"))
+        ))
+    };
+    (@picking_after_done $name:ident) => {
+        Script::new(concat!(
+            include_str!("../scripts/labels.lua"),
+            include_str!("../scripts/leases.lua"),
+            include_str!("../scripts/health.lua"),
+            include_str!("../scripts/report.lua"),
+            include_str!(concat!("../scripts/", stringify!($name), ".lua")),
+            "local function pick()\n",
+            include_str!("../scripts/assign_fast.lua"),
+            include_str!("../scripts/assign.lua"),
+            "end\nreturn with_done(done, pick())\n"
+        ))
+    };
     (@with_helpers $name:ident) => {
         Script::new(concat!(
             include_str!("../scripts/labels.lua"),
@@ -57,6 +83,7 @@ macro_rules! scripts {
 
 scripts! {
     assign: fast_path_then_helpers,
+    assign_done: picking_after_done,
     put_pool: plain,
     pool_info: plain,
     delete_pool: plain,
@@ -69,7 +96,7 @@ scripts! {
     release: with_helpers,
     renew: with_helpers,
     sweep: with_helpers,
-    outcomes: with_helpers,
+    outcomes: with_reports,
     claim_check: plain,
     claim_sources: plain,
     record_source: plain,

@@ -20,11 +20,11 @@ mod redis_server;
 
 use self::redis_server::RedisServer;
 use super::reply::{
-    AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply, DeletePoolReply,
-    DisableOutcome, DisableReply, EnableOutcome, EnableReply, EndSessionReply, MembersReply,
-    OutcomesReply, PoolInfoReply, PruneReply, RecordSourceReply, ReleaseReply, RemoveReply,
-    RenewReply, Renewal, SeedOutcome, SeedReply, SessionAssignReply, SourceStatesReply, SweepReply,
-    WalkReply,
+    AssignDoneReply, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply,
+    DeletePoolReply, DisableOutcome, DisableReply, DoneReply, EnableOutcome, EnableReply,
+    EndSessionReply, MembersReply, OutcomesReply, PoolInfoReply, PruneReply, RecordSourceReply,
+    ReleaseReply, RemoveReply, RenewReply, Renewal, SeedOutcome, SeedReply, SessionAssignReply,
+    SourceStatesReply, SweepReply, WalkReply,
 };
 use super::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
@@ -201,6 +201,7 @@ async fn every_script_s_replies_decode_from_a_real_redis() {
                 assign(&redis).await;
                 session_assign(&redis).await;
             }
+            "assign_done" => assign_done(&redis).await,
             "put_pool" => put_pool(&redis).await,
             "pool_info" => pool_info(&redis).await,
             "delete_pool" => delete_pool(&redis).await,
@@ -224,6 +225,98 @@ async fn every_script_s_replies_decode_from_a_real_redis() {
             other => panic!("{other}.lua has no reply test: add its case to this match"),
         }
     }
+}
+
+/// Runs `assign_done.lua` for one member with the lease id `lease`, after `done`'s
+/// member, result and lease (each `""` for none), with no target.
+async fn run_assign_done(redis: &TestRedis, pool: &PoolId, lease: &str, done: [&str; 3]) -> Value {
+    let [member, result, ended] = done;
+    redis
+        .eval(
+            "assign_done",
+            pool,
+            &[
+                lease, "", "16", "16", "2000", "1", member, result, ended, "", "0", "100000", "16",
+            ],
+        )
+        .await
+}
+
+async fn assign_done(redis: &TestRedis) {
+    let used = pool("assign-done");
+    assert_pool_not_found(AssignDoneReply::decode(
+        run_assign_done(redis, &used, "l0", ["a", "ok", ""]).await,
+    ));
+    redis.create(&used, tripping_after(1)).await;
+    redis.seed(&used, &["a"], 0).await;
+    redis.seed(&used, &["b"], 3).await;
+    // A report that trips `a`: the pick takes `b`, and the trip moved the pool's due time.
+    let tripped =
+        AssignDoneReply::decode(run_assign_done(redis, &used, "l0", ["a", "failed", ""]).await)
+            .expect("decodes");
+    let returns_at: u64 = redis
+        .side(&["ZSCORE", &TestRedis::key(&used, "returns"), "a"])
+        .await;
+    assert_eq!(
+        tripped,
+        AssignDoneReply {
+            done: DoneReply {
+                report: Some(Some((Effect::Tripped, 1, None))),
+                released: false,
+                due_hint: Some(returns_at),
+                member: Some(member("a")),
+            },
+            pick: AssignReply::Assigned(vec![(member("b"), 4)]),
+        }
+    );
+    // A member the pool does not have; no report at all.
+    let unknown =
+        AssignDoneReply::decode(run_assign_done(redis, &used, "l0", ["nobody", "ok", ""]).await)
+            .expect("decodes");
+    assert_eq!(
+        unknown.done,
+        DoneReply {
+            report: Some(None),
+            released: false,
+            due_hint: None,
+            member: Some(member("nobody")),
+        }
+    );
+    let none = AssignDoneReply::decode(run_assign_done(redis, &used, "l0", ["", "", ""]).await)
+        .expect("decodes");
+    assert_eq!(
+        none.done,
+        DoneReply {
+            report: None,
+            released: false,
+            due_hint: None,
+            member: None,
+        }
+    );
+    assert_eq!(none.pick, AssignReply::Assigned(vec![(member("b"), 6)]));
+
+    // A lease released and reported about through it, and the next one leased.
+    let leased = pool("assign-done-leased");
+    redis.create(&leased, least_in_flight()).await;
+    redis.seed(&leased, &["a"], 0).await;
+    run_assign(redis, &leased, "lease-1", "5000").await;
+    let released = AssignDoneReply::decode(
+        run_assign_done(redis, &leased, "lease-2", ["", "ok", "lease-1"]).await,
+    )
+    .expect("decodes");
+    assert_eq!(
+        released.done,
+        DoneReply {
+            report: Some(Some((Effect::Counted, 0, None))),
+            released: true,
+            due_hint: None,
+            member: Some(member("a")),
+        }
+    );
+    assert!(
+        matches!(&released.pick, AssignReply::Leased { members, .. } if members == &[(member("a"), 2, 1)]),
+        "{released:?}"
+    );
 }
 
 /// Runs `assign.lua` with a lease id and a ttl (`""` for the pool's).

@@ -1,0 +1,70 @@
+-- The head of an assign that carries `done`, how the worker's previous use of the pool
+-- ended: put after the helpers and report.lua, and followed by assign_fast.lua and
+-- assign.lua wrapped in `local function pick()` (see `picking_after_done` in
+-- redis/scripts.rs), so that the report and the release are applied first and the pick,
+-- in the same script call, sees what they did (a member the report takes out is not
+-- picked), and then by `return with_done(done, pick())`.
+-- KEYS and ARGV are the assign's (see assign.lua), then, after them, this part's own: when
+-- the report names a target, one more key, its ban hash (see report.lua); and seven
+-- arguments: the member reported about ('' for the lease's member), the result
+-- (ok | failed | blocked, '' for no report), the lease to release ('' for none), '1' when
+-- the last key is the report's ban hash ('' otherwise), the jitter draw in [-1, 1], most
+-- targets per pool and most expired targets to clear (as outcomes.lua's ARGV[2..4]). They
+-- are taken off the end of KEYS and ARGV before the pick, which so sees exactly the
+-- arguments of an assign without `done`.
+-- Returns {-1} when the pool does not exist, else
+-- {1, {effect, streak, banned_until, released, due hint, member}, the pick's reply} with
+-- effect -1 when there was no report, else as `apply_report` answers it, released 1 when
+-- the lease was live and is now ended (0 otherwise), the hint the pool's new earliest due
+-- time after the report and the pick, or 0 (see `due_by` in leases.lua), and the member
+-- reported about ('' when none: no report, or a lease unknown).
+local DONE_ARGS = 7
+
+local function apply_done()
+    local n = #ARGV
+    local member, result, lease = ARGV[n - 6], ARGV[n - 5], ARGV[n - 4]
+    local slot = ARGV[n - 3] == '1' and #KEYS or nil
+    local draw, max_targets, cleanup = ARGV[n - 2], ARGV[n - 1], ARGV[n]
+    local answer = false
+    if redis.call('EXISTS', KEYS[1]) == 1 then
+        local released = 0
+        if lease ~= '' then
+            -- The member of a lease that expired and was not reclaimed yet is still known:
+            -- the report is about it all the same.
+            if member == '' then
+                member = redis.call('HGET', KEYS[7], lease) or ''
+            end
+            if live(lease, now_ms()) and end_lease(lease) then
+                released = 1
+            end
+        end
+        local effect, streak, banned_until = -1, 0, 0
+        if result ~= '' then
+            if member == '' then
+                effect = 0
+            else
+                local ctx = report_context('worker', draw, max_targets, cleanup)
+                effect, streak, banned_until = apply_report(ctx, member, result, slot)
+            end
+        end
+        answer = {effect, streak, banned_until, released, 0, member}
+    end
+    for _ = 1, DONE_ARGS do
+        ARGV[#ARGV] = nil
+    end
+    if slot then
+        KEYS[#KEYS] = nil
+    end
+    return answer
+end
+
+-- The whole answer from what `done` did and what the pick replied.
+local function with_done(done, picked)
+    if not done then
+        return {-1}
+    end
+    done[5] = due_hint or 0
+    return {1, done, picked}
+end
+
+local done = apply_done()
