@@ -32,7 +32,8 @@ SCRIPTS = os.path.join(ROOT, "src", "store", "scripts")
 SCRIPT_PARTS = ["assign_fast.lua", "labels.lua", "leases.lua", "health.lua", "assign.lua"]
 KEY_PARTS = ["meta", "eligible", "ineligible", "taken_out", "by_in_flight", "in_flight",
              "leases", "lease_expiry", "health", "returns", "checks", "check_round", "labels",
-             "by_label", "label_members"]
+             "by_label", "label_members", "sources", "origins", "seen", "check_fails",
+             "prune", "bans", "paced"]
 SIZES = [int(s) for s in os.environ.get("SIZES", "100 10000 1000000").split()]
 DURATION = int(os.environ.get("DURATION", "10"))
 # The machines are shared and noisy: every figure is the median of ROUNDS runs, and the
