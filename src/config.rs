@@ -224,6 +224,11 @@ pub struct Config {
     #[arg(long, env = "GATEWAY_CONNECT_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub gateway_connect_timeout_ms: u64,
 
+    /// A PEM file of CA certificates the gateway trusts, besides the Mozilla roots, for its
+    /// TLS to `https` members (a private proxy fleet's own CA).
+    #[arg(long, env = "GATEWAY_CA_FILE")]
+    pub gateway_ca_file: Option<PathBuf>,
+
     /// Longest time, in milliseconds, a gateway tunnel may pass no byte either way before it
     /// is closed (and its lease released).
     #[arg(long, env = "GATEWAY_IDLE_TIMEOUT_MS", default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..))]

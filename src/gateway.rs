@@ -123,6 +123,8 @@ enum Refusal {
     PrivateAddress,
     #[error("the store is unavailable; retry shortly")]
     Store,
+    #[error("the pool holds the most live sessions it keeps; retry once some have ended")]
+    TooManySessions,
 }
 
 impl Refusal {
@@ -131,7 +133,9 @@ impl Refusal {
             Self::Unauthenticated => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             Self::Invalid(_) => StatusCode::BAD_REQUEST,
             Self::PoolNotFound => StatusCode::NOT_FOUND,
-            Self::NoEligible { .. } | Self::Store => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NoEligible { .. } | Self::Store | Self::TooManySessions => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::UpstreamFailed { .. } | Self::NotAProxy | Self::PrivateAddress => {
                 StatusCode::BAD_GATEWAY
             }
@@ -148,6 +152,7 @@ impl Refusal {
             Self::NotAProxy => "member_not_a_proxy",
             Self::PrivateAddress => "private_address",
             Self::Store => "store_unavailable",
+            Self::TooManySessions => "too_many_sessions",
         }
     }
 
@@ -177,7 +182,7 @@ impl Refusal {
                 });
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
             }
-            Self::Store => {
+            Self::Store | Self::TooManySessions => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             }
             _ => {}
@@ -196,6 +201,7 @@ impl Refusal {
             Self::NotAProxy => "member-not-a-proxy",
             Self::PrivateAddress => "private-address",
             Self::Store => "store-unavailable",
+            Self::TooManySessions => "too-many-sessions",
         }
     }
 }
@@ -204,6 +210,7 @@ impl From<StoreError> for Refusal {
     fn from(error: StoreError) -> Self {
         match error {
             StoreError::PoolNotFound => Self::PoolNotFound,
+            StoreError::TooManySessions => Self::TooManySessions,
             StoreError::FilterTooCostly => Self::Invalid(format!(
                 "the label filter would check more than {} members; filter on one key",
                 crate::store::MAX_LABEL_CHECKS
@@ -244,20 +251,21 @@ const HOP_BY_HOP: [HeaderName; 6] = [
 ];
 
 impl Gateway {
-    /// A gateway over `store`; `token` is the worker token (none: any password is taken,
-    /// which startup only allows on loopback).
+    /// A gateway over `store` dialling with `dialer`; `token` is the worker token (none: any
+    /// password is taken, which startup only allows on loopback).
     pub fn new(
         store: Arc<dyn Store>,
         token: Option<String>,
         settings: Settings,
         snapshot: PoolSnapshot,
+        dialer: Dialer,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
                 token,
                 settings,
-                dialer: Dialer::default(),
+                dialer,
                 snapshot,
                 tunnels: Tunnels::default(),
                 rules: Mutex::new(HashMap::new()),
@@ -296,13 +304,6 @@ impl Gateway {
     ) -> Result<(&'static str, Response<GatewayBody>), Refusal> {
         let user = self.authenticate(request.headers())?;
         let selection = Selection::parse(&user).map_err(|e| Refusal::Invalid(e.to_string()))?;
-        if selection.session.is_some() {
-            return Err(Refusal::Invalid(
-                "proxy user name: sticky sessions (session, sessionttl) are not served by this \
-                 version"
-                    .to_owned(),
-            ));
-        }
         let (kind, host, port) = destination(&request)?;
         let target = Target::parse("target", &host).map_err(|e| Refusal::Invalid(e.to_string()))?;
         let pool = selection.pool.clone();
@@ -318,7 +319,17 @@ impl Gateway {
         let settings = self.inner.settings;
         let mut failures = 0;
         for _ in 0..settings.attempts {
-            let (member, lease) = match self.inner.store.assign(&pool, &assign).await? {
+            let assignment = match &selection.session {
+                Some(session) => {
+                    self.inner
+                        .store
+                        .assign_in_session(&pool, &assign, session)
+                        .await?
+                        .assignment
+                }
+                None => self.inner.store.assign(&pool, &assign).await?,
+            };
+            let (member, lease) = match assignment {
                 Assignment::Assigned { member, .. } => (member, None),
                 Assignment::Leased { member, lease, .. } => (member, Some(lease)),
                 Assignment::Empty { next_return } => {
@@ -656,6 +667,21 @@ impl Held {
             }
         };
         let status = response.status();
+        if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED
+            && matches!(upstream.scheme(), Scheme::Http | Scheme::Https)
+        {
+            // The member's proxy refused its own credentials: a proxy failure, not an
+            // answer of the target.
+            gateway
+                .failed(
+                    &self.pool,
+                    &self.member,
+                    "the proxy answered 407",
+                    self.hold,
+                )
+                .await;
+            return Err(Refusal::UpstreamFailed { attempts: 1 });
+        }
         if matches!(
             status,
             StatusCode::FORBIDDEN | StatusCode::TOO_MANY_REQUESTS
@@ -751,7 +777,7 @@ impl hyper::body::Body for Forwarded {
     }
 }
 
-/// A lease held for as long as a request or tunnel is open: renewed at half its ttl,
+/// A lease held for as long as a request or tunnel is open: renewed at a third of its ttl,
 /// released when it ends (or, if dropped without [`LeaseHold::release`], in a task).
 struct LeaseHold {
     store: Arc<dyn Store>,
@@ -763,7 +789,7 @@ struct LeaseHold {
 impl LeaseHold {
     fn start(store: &Arc<dyn Store>, pool: &PoolId, lease: Lease) -> Self {
         let every =
-            Duration::from_millis(lease.ttl_ms.as_millis() / 2).max(Duration::from_millis(50));
+            Duration::from_millis(lease.ttl_ms.as_millis() / 3).max(Duration::from_millis(50));
         let renewing = {
             let (store, pool, id, ttl) = (
                 Arc::clone(store),

@@ -96,6 +96,18 @@ fn describe() {
     );
     describe_gauge!("pa_connections_open", "Connections open, by listener.");
     describe_gauge!("pa_connections_max", "The connection cap of each listener.");
+    describe_counter!(
+        "pa_gateway_requests_total",
+        "Gateway requests by pool and outcome (tunnel, forwarded, or the code of the gateway's \
+         own answer: no_eligible_proxy, upstream_failed, proxy_auth_required, ...)."
+    );
+    describe_gauge!("pa_gateway_tunnels_open", "Gateway tunnels open.");
+    describe_counter!(
+        "pa_gateway_bytes_total",
+        Unit::Bytes,
+        "Bytes the gateway relayed, by direction (sent: client to upstream; received: upstream \
+         to client)."
+    );
 }
 
 /// The metrics of one listener (see [`crate::connections`]), registered once: every

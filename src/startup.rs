@@ -13,6 +13,7 @@ use tower::ServiceExt;
 
 use crate::config::{Config, RedisSettingsError};
 use crate::connections::{self, GuardedListener, Limits as ConnectionLimits};
+use crate::gateway::upstream::Dialer;
 use crate::gateway::{Gateway, Tunnels};
 use crate::http::{self, AppState, Limits, Tokens};
 use crate::monitoring::PoolSnapshot;
@@ -61,6 +62,14 @@ pub enum StartupError {
          or WORKER_TOKEN_FILE (the gateway's proxy password)"
     )]
     OpenGateway(SocketAddr),
+    /// `GATEWAY_CA_FILE` cannot be read or holds no certificate.
+    #[error("cannot read GATEWAY_CA_FILE {path}: {reason}")]
+    GatewayCa {
+        /// The file.
+        path: String,
+        /// The cause.
+        reason: String,
+    },
     /// The Redis settings do not name exactly one way to reach Redis.
     #[error("invalid Redis settings: {0}")]
     RedisSettings(#[from] RedisSettingsError),
@@ -192,11 +201,13 @@ impl Application {
                     |cap| usize::try_from(cap).unwrap_or(usize::MAX),
                 );
                 let listener = bind("gateway", addr, cap.max(1)).await?;
+                let dialer = Dialer::new(gateway_roots(&config)?);
                 let gateway = Gateway::new(
                     Arc::clone(&store),
                     worker_token,
                     config.gateway_settings(),
                     snapshot.clone(),
+                    dialer,
                 );
                 Some((listener, gateway))
             }
@@ -437,6 +448,29 @@ fn worker_token(config: &Config) -> Result<Option<String>, StartupError> {
         );
     }
     Ok(token)
+}
+
+/// The extra CA certificates of `GATEWAY_CA_FILE`, none when it is unset.
+fn gateway_roots(
+    config: &Config,
+) -> Result<Vec<tokio_rustls::rustls::pki_types::CertificateDer<'static>>, StartupError> {
+    use tokio_rustls::rustls::pki_types::CertificateDer;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    let Some(path) = &config.gateway_ca_file else {
+        return Ok(Vec::new());
+    };
+    let failure = |reason: String| StartupError::GatewayCa {
+        path: path.display().to_string(),
+        reason,
+    };
+    let pem = std::fs::read(path).map_err(|e| failure(e.to_string()))?;
+    let roots = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| failure(e.to_string()))?;
+    if roots.is_empty() {
+        return Err(failure("no certificate in the file".to_owned()));
+    }
+    Ok(roots)
 }
 
 /// Without a worker token the gateway would be an open proxy: only a loopback address is

@@ -48,7 +48,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-pub use self::chunks::{CHUNK_BUDGET, CHUNK_GRANULE, MAX_CHUNK, MIN_CHUNK};
+pub use self::chunks::{CHUNK_BUDGET, CHUNK_GRANULE, LARGE_WORK_SHARE, MAX_CHUNK, MIN_CHUNK};
 pub use self::embedded::{DataDirOptions, EmbeddedStore, OpenError};
 pub use self::redis::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
@@ -809,7 +809,8 @@ impl StoreStatus {
 /// The pools' state. Every method is atomic with respect to every other, except the
 /// member calls (add, disable, enable, remove), which are atomic per chunk: the stores
 /// split them into chunks sized to keep each step short (see [`CHUNK_BUDGET`]), and a
-/// reader may see a call's first chunks applied before the rest.
+/// reader may see a call's first chunks applied before the rest. Between two chunks the
+/// store rests, so that large operations take at most [`LARGE_WORK_SHARE`] of its time.
 ///
 /// # Errors
 /// Every method fails with [`StoreError::Timeout`] or [`StoreError::Unavailable`] when the

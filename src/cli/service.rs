@@ -12,6 +12,11 @@ use crate::domain::PoolId;
 /// Members asked for per page when listing: the service's largest page.
 const PAGE: usize = 1_000;
 
+/// The shortest time an import waits for its answer, whatever `--timeout-ms` says: the
+/// service writes a large list in chunks it paces so that other pools stay fast, and a
+/// list of a million lines takes it tens of seconds.
+pub const IMPORT_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// A request body.
 pub enum Body {
     /// No body.
@@ -27,6 +32,8 @@ pub struct Service {
     http: reqwest::Client,
     base: String,
     token: String,
+    /// The timeout of an import: `--timeout-ms`, at least [`IMPORT_TIMEOUT`].
+    import_timeout: Duration,
 }
 
 impl Service {
@@ -66,7 +73,12 @@ impl Service {
             .no_proxy()
             .build()
             .map_err(|error| Failure::Unreachable(chain(&error)))?;
-        Ok(Self { http, base, token })
+        Ok(Self {
+            http,
+            base,
+            token,
+            import_timeout: IMPORT_TIMEOUT.max(Duration::from_millis(remote.timeout_ms)),
+        })
     }
 
     /// A GET whose answer must have a body.
@@ -115,8 +127,10 @@ impl Service {
             Body::Json(value) => request
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .body(value.to_string()),
+            // A text list is an import (see IMPORT_TIMEOUT).
             Body::Text(bytes) => request
                 .header(reqwest::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+                .timeout(self.import_timeout)
                 .body(bytes),
         };
         let unreachable = |error: reqwest::Error| {

@@ -7,13 +7,15 @@
 //!   value that holds `-` is written: pool `eu-web` is `eu--web`. A part cannot start with
 //!   `-`.
 //! - The first part is the pool id; the others come in pairs, a key and its value.
-//! - The keys `session` (a sticky session's name, 1 to 64 characters of A-Z, a-z, 0-9,
-//!   `_`, `.`), `sessionttl` (its lifetime in milliseconds) and `ttl` (the lease ttl in
-//!   milliseconds, on least-in-flight pools) are options; every other key is a label key,
+//! - The keys `session` (a sticky session's id, 1 to 128 visible ASCII characters but `:`,
+//!   which a Basic user name cannot hold), `sessionttl` (its lifetime in milliseconds,
+//!   1,000 to 86,400,000) and `ttl` (the lease ttl in milliseconds, on least-in-flight
+//!   pools) are options; every other key is a label key,
 //!   and the pick is among members with that label value. A label key given twice accepts
 //!   either value (`country-de-country-fr`). An option given twice is refused.
 
-use crate::domain::{LabelFilter, LeaseTtl, PoolId};
+use crate::domain::{LabelFilter, LeaseTtl, PoolId, SessionId, SessionTtl};
+use crate::store::SessionRequest;
 
 /// Longest user name read, in bytes.
 pub const MAX_USER_LEN: usize = 1024;
@@ -25,10 +27,8 @@ pub struct Selection {
     pub pool: PoolId,
     /// Only members whose labels pass this filter are picked.
     pub labels: LabelFilter,
-    /// A sticky session's name.
-    pub session: Option<String>,
-    /// The session's lifetime in milliseconds.
-    pub session_ttl_ms: Option<u64>,
+    /// A sticky session, with its lifetime when one was given.
+    pub session: Option<SessionRequest>,
     /// A lease ttl other than the pool's.
     pub ttl: Option<LeaseTtl>,
 }
@@ -61,13 +61,6 @@ fn parts(name: &str) -> Vec<String> {
     parts
 }
 
-fn valid_session(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.'))
-}
-
 impl Selection {
     /// Reads a user name.
     ///
@@ -92,31 +85,32 @@ impl Selection {
         }
         let mut labels = Vec::new();
         let mut session = None;
-        let mut session_ttl_ms = None;
+        let mut session_ttl = None;
         let mut ttl = None;
         for pair in options.chunks_exact(2) {
             let (key, value) = (pair[0].as_str(), pair[1].as_str());
             let twice = || invalid(format!("{key} is given twice"));
             match key {
                 "session" => {
-                    if !valid_session(value) {
-                        return Err(invalid(
-                            "session: 1 to 64 characters of A-Z, a-z, 0-9, '_' and '.'",
-                        ));
-                    }
-                    if session.replace(value.to_owned()).is_some() {
+                    let id =
+                        SessionId::parse("session", value).map_err(|e| invalid(e.to_string()))?;
+                    if session.replace(id).is_some() {
                         return Err(twice());
                     }
                 }
                 "sessionttl" => {
-                    let ms = value
+                    let ttl = value
                         .parse::<u64>()
                         .ok()
-                        .filter(|ms| *ms > 0)
+                        .and_then(|ms| SessionTtl::from_millis(ms).ok())
                         .ok_or_else(|| {
-                            invalid("sessionttl: a number of milliseconds, at least 1")
+                            invalid(format!(
+                                "sessionttl: a session's lifetime in milliseconds, {} to {}",
+                                SessionTtl::MIN_MS,
+                                SessionTtl::MAX_MS
+                            ))
                         })?;
-                    if session_ttl_ms.replace(ms).is_some() {
+                    if session_ttl.replace(ttl).is_some() {
                         return Err(twice());
                     }
                 }
@@ -139,7 +133,7 @@ impl Selection {
                 _ => labels.push(format!("{key}={value}")),
             }
         }
-        if session_ttl_ms.is_some() && session.is_none() {
+        if session_ttl.is_some() && session.is_none() {
             return Err(invalid("sessionttl: only with a session"));
         }
         let labels = LabelFilter::from_pairs("label", labels.iter().map(String::as_str))
@@ -147,8 +141,10 @@ impl Selection {
         Ok(Self {
             pool,
             labels,
-            session,
-            session_ttl_ms,
+            session: session.map(|id| SessionRequest {
+                id,
+                ttl: session_ttl,
+            }),
             ttl,
         })
     }
@@ -170,7 +166,6 @@ mod tests {
                 pool: PoolId::parse("web").expect("a pool"),
                 labels: LabelFilter::default(),
                 session: None,
-                session_ttl_ms: None,
                 ttl: None,
             })
         );
@@ -182,8 +177,13 @@ mod tests {
             .expect("valid");
         assert_eq!(selection.pool.as_str(), "web");
         assert_eq!(selection.labels, labels(&["country=de"]));
-        assert_eq!(selection.session.as_deref(), Some("abc123"));
-        assert_eq!(selection.session_ttl_ms, Some(60_000));
+        assert_eq!(
+            selection.session,
+            Some(SessionRequest {
+                id: SessionId::parse("session", "abc123").expect("an id"),
+                ttl: Some(SessionTtl::from_millis(60_000).expect("a ttl")),
+            })
+        );
         assert_eq!(selection.ttl.map(LeaseTtl::as_millis), Some(5_000));
     }
 
@@ -213,8 +213,9 @@ mod tests {
         assert!(refused("-web").contains("pool id"));
         assert!(refused("web-country").contains("come in pairs"));
         assert!(refused("web-session-a-session-b").contains("session is given twice"));
-        assert!(refused("web-session-a b").contains("session: 1 to 64"));
-        assert!(refused("web-sessionttl-10").contains("only with a session"));
+        assert!(refused("web-session-a b").contains("session: a session id"));
+        assert!(refused("web-session-a-sessionttl-10").contains("sessionttl: a session's"));
+        assert!(refused("web-sessionttl-1000").contains("only with a session"));
         assert!(refused("web-ttl-5").contains("ttl: a lease ttl"));
         assert!(refused("web-Country-de").contains("label key"));
         assert!(refused(&"w".repeat(MAX_USER_LEN + 1)).contains("at most"));

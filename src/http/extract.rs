@@ -234,7 +234,9 @@ pub enum ListKind {
 
 /// A list of candidates, read as it arrives rather than as a whole, within the route's
 /// body limits: its size (a `Content-Length` over it is refused before anything is read;
-/// a body growing past it fails when it does) and its read timeout, counted from here.
+/// a body growing past it fails when it does) and its read timeout, counted from here in
+/// the time spent waiting for the body: an import writes each batch before it reads on,
+/// and the store's pace (see `store::chunks`) is not the client's slowness.
 #[derive(Debug)]
 pub struct ListBody {
     /// How the list is written.
@@ -243,7 +245,8 @@ pub struct ListBody {
     limit: usize,
     read: usize,
     read_timeout: Duration,
-    deadline: tokio::time::Instant,
+    /// What is left of `read_timeout` for waiting on the body.
+    waiting_left: Duration,
 }
 
 impl ListBody {
@@ -254,12 +257,14 @@ impl ListBody {
     /// timeout, 400 when it cannot be read.
     pub async fn next_piece(&mut self) -> Result<Option<Bytes>, ApiError> {
         use futures_util::StreamExt;
-        let piece = tokio::time::timeout_at(self.deadline, self.body.next())
+        let started = tokio::time::Instant::now();
+        let piece = tokio::time::timeout(self.waiting_left, self.body.next())
             .await
             .map_err(|_| {
                 crate::monitoring::record_body_timeout();
                 ApiError::RequestTimeout(self.read_timeout)
             })?;
+        self.waiting_left = self.waiting_left.saturating_sub(started.elapsed());
         match piece {
             None => Ok(None),
             Some(Err(error)) => Err(ApiError::InvalidJson(format!(
@@ -307,7 +312,7 @@ impl<S: Send + Sync> FromRequest<S> for ListBody {
             limit,
             read: 0,
             read_timeout,
-            deadline: tokio::time::Instant::now() + read_timeout,
+            waiting_left: read_timeout,
         })
     }
 }

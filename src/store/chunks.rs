@@ -12,13 +12,25 @@
 //! several chunks is not: a reader may see the first chunks applied and not the rest, and
 //! a store failure part-way leaves the earlier chunks written (running the call again
 //! completes it).
+//!
+//! Between two chunks the store is left to everything else for a while: a [`DutyCycle`],
+//! one per store and shared by all its large operations, makes the next chunk (of the same
+//! call or of any other) wait until the store has had the chunk's own cost times
+//! (1 − [`LARGE_WORK_SHARE`]) / [`LARGE_WORK_SHARE`] to itself, so that large operations
+//! together take at most that share of its time. A call that finds the store rested starts
+//! at once.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 /// What one chunk should cost the store. Well under the 5 ms a step may take at most: on a
-/// busy machine the same chunk's time varies severalfold from one call to the next.
-pub const CHUNK_BUDGET: Duration = Duration::from_millis(1);
+/// busy machine the same chunk's time varies severalfold from one call to the next. And
+/// short enough that an assign of another pool which finds a chunk running waits less
+/// than its own idle p99 (under a millisecond on Redis) for it to end.
+pub const CHUNK_BUDGET: Duration = Duration::from_micros(500);
 
 /// Every chunk but a call's last holds a whole multiple of this many members.
 pub const CHUNK_GRANULE: usize = 100;
@@ -114,7 +126,71 @@ impl<'a, T> Iterator for Chunks<'a, T> {
     }
 }
 
-/// One sizer per member operation of a store, and one for the sweep's steps.
+/// The largest share of the store's time that the chunks of large operations (seed,
+/// import, disable, enable, remove, the sweep's steps, the pieces of a member listing) take
+/// all together. Every pool on a Redis shares its one thread, and so does every assign:
+/// with chunks sent back to back Redis was busy three quarters of the time, an assign of
+/// another pool often queued behind a chunk, and the assigns queued behind it had no time
+/// to drain before the next one, which put their p99 at 1.4–5.9 × its idle figure
+/// (`bench/slowlog.sh`). A rest of twice the chunk's cost is enough for that queue (16
+/// assigns take Redis about half a millisecond, a chunk's budget) to drain with room to
+/// spare, and makes a large operation about three times as long as its chunks alone.
+pub const LARGE_WORK_SHARE: f64 = 1.0 / 3.0;
+
+/// How long the store rests after a chunk that took `took`, so that the chunk takes
+/// [`LARGE_WORK_SHARE`] of the time from its start to the next chunk's.
+pub(crate) fn rest_after(took: Duration) -> Duration {
+    took.mul_f64((1.0 - LARGE_WORK_SHARE) / LARGE_WORK_SHARE)
+}
+
+/// When the next chunk of a store's large operations may start: after the last chunk's
+/// end and the rest it earned. Shared by every large operation of the store, so that two
+/// at once, or a caller sending one call after another, share one budget instead of
+/// taking one each.
+#[derive(Debug, Default)]
+pub(crate) struct DutyCycle {
+    /// The end of the rest owed; `None` before the first chunk.
+    resume_at: Mutex<Option<Instant>>,
+}
+
+impl DutyCycle {
+    /// How long a chunk ready to start at `now` waits first.
+    pub(crate) fn wait_at(&self, now: Instant) -> Duration {
+        self.resume()
+            .map_or(Duration::ZERO, |at| at.saturating_duration_since(now))
+    }
+
+    /// Books a chunk that ended at `ended` and took `took`. Its rest follows the rest still
+    /// owed when that ends later (chunks of two operations at once queue behind each other
+    /// in the store, so their rests add up).
+    pub(crate) fn book(&self, ended: Instant, took: Duration) {
+        let mut resume_at = self
+            .resume_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let from = resume_at.map_or(ended, |owed| owed.max(ended));
+        *resume_at = Some(from + rest_after(took));
+    }
+
+    /// Waits until the store has rested from the chunks before (at once when it has).
+    pub(crate) async fn rest(&self) {
+        let wait = self.wait_at(Instant::now());
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    fn resume(&self) -> Option<Instant> {
+        // A panic elsewhere cannot leave the instant half-written: it is one value.
+        *self
+            .resume_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// One sizer per member operation of a store, one for the sweep's steps, and the duty
+/// cycle they all share.
 #[derive(Debug)]
 pub(crate) struct MemberChunks {
     /// Seeding and importing.
@@ -128,6 +204,28 @@ pub(crate) struct MemberChunks {
     /// The sweep's steps on one pool, counted in leases reclaimed plus members returned:
     /// a step reclaims and returns at most this many of each.
     pub(crate) sweep: ChunkSizer,
+    /// The rests between chunks of all of them, and of the pieces of member listings.
+    duty: DutyCycle,
+}
+
+impl MemberChunks {
+    /// Waits out the rest the store is owed before a chunk (see [`DutyCycle`]).
+    pub(crate) async fn rest(&self) {
+        self.duty.rest().await;
+    }
+
+    /// Records that a chunk of `members`, sized by `sizer`, just ended and took `took`:
+    /// sizes the next chunk of `sizer` and books the rest it earned.
+    pub(crate) fn ran(&self, sizer: &ChunkSizer, members: usize, took: Duration) {
+        sizer.record(members, took);
+        self.duty.book(Instant::now(), took);
+    }
+
+    /// Records that a step no sizer sizes (a piece of a member listing) just ended and
+    /// took `took`: books the rest it earned.
+    pub(crate) fn ran_piece(&self, took: Duration) {
+        self.duty.book(Instant::now(), took);
+    }
 }
 
 impl Default for MemberChunks {
@@ -138,6 +236,7 @@ impl Default for MemberChunks {
             enable: ChunkSizer::default(),
             remove: ChunkSizer::default(),
             sweep: ChunkSizer::starting_at(SWEEP_FIRST_STEP),
+            duty: DutyCycle::default(),
         }
     }
 }
@@ -153,20 +252,26 @@ mod tests {
     #[test]
     fn chunks_grow_toward_the_budget_at_most_twofold_and_stay_whole_hundreds() {
         let sizer = ChunkSizer::default();
-        // 0.5 µs a member: 2,000 fit in the 1 ms budget, reached in two steps from 500.
-        sizer.record(500, Duration::from_micros(250));
+        // 0.125 µs a member: 4,000 fit in the 0.5 ms budget, reached in three steps from 500.
+        sizer.record(500, Duration::from_nanos(62_500));
         assert_eq!(sizer.size(), 1_000);
-        sizer.record(1_000, Duration::from_micros(500));
+        sizer.record(1_000, Duration::from_micros(125));
         assert_eq!(sizer.size(), 2_000);
-        sizer.record(2_000, Duration::from_micros(1_000));
+        sizer.record(2_000, Duration::from_micros(250));
+        assert_eq!(sizer.size(), 4_000);
+        sizer.record(4_000, Duration::from_micros(500));
+        assert_eq!(sizer.size(), 4_000);
+        // 3 µs a member: 166 fit, reached in halvings and cut to whole hundreds.
+        sizer.record(4_000, Duration::from_micros(12_000));
         assert_eq!(sizer.size(), 2_000);
-        // 3 µs a member: 333 fit, reached in two halvings and cut to whole hundreds.
         sizer.record(2_000, Duration::from_micros(6_000));
         assert_eq!(sizer.size(), 1_000);
         sizer.record(1_000, Duration::from_micros(3_000));
         assert_eq!(sizer.size(), 500);
         sizer.record(500, Duration::from_micros(1_500));
-        assert_eq!(sizer.size(), 300);
+        assert_eq!(sizer.size(), 200);
+        sizer.record(200, Duration::from_micros(600));
+        assert_eq!(sizer.size(), 100);
     }
 
     #[test]
@@ -192,5 +297,60 @@ mod tests {
         assert_eq!(lengths, [500, 500, 250]);
         let none: [u32; 0] = [];
         assert_eq!(sizer.chunks(&none).count(), 1);
+    }
+
+    #[test]
+    fn a_chunk_earns_the_store_twice_its_cost_of_rest() {
+        assert_eq!(
+            rest_after(Duration::from_millis(1)),
+            Duration::from_millis(2)
+        );
+        assert_eq!(
+            rest_after(Duration::from_micros(1_700)),
+            Duration::from_micros(3_400)
+        );
+        assert_eq!(rest_after(Duration::ZERO), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_next_chunk_waits_out_the_rest_that_is_left_and_a_rested_store_none() {
+        let duty = DutyCycle::default();
+        let start = Instant::now();
+        let at = |micros| start + Duration::from_micros(micros);
+        assert_eq!(duty.wait_at(start), Duration::ZERO);
+        // A chunk of 2 ms ending at 2 ms: the next may start at 6 ms.
+        duty.book(at(2_000), Duration::from_millis(2));
+        assert_eq!(duty.wait_at(at(2_000)), Duration::from_millis(4));
+        assert_eq!(duty.wait_at(at(5_000)), Duration::from_millis(1));
+        assert_eq!(duty.wait_at(at(6_000)), Duration::ZERO);
+        assert_eq!(duty.wait_at(at(20_000)), Duration::ZERO);
+        // Long after, a chunk of 1 ms earns 2 ms from its own end.
+        duty.book(at(30_000), Duration::from_millis(1));
+        assert_eq!(duty.wait_at(at(30_000)), Duration::from_millis(2));
+    }
+
+    #[test]
+    fn the_rests_of_chunks_that_ran_at_once_add_up() {
+        let duty = DutyCycle::default();
+        let start = Instant::now();
+        let at = |micros| start + Duration::from_micros(micros);
+        // Two operations' chunks of 1 ms sent together, the second queued behind the first:
+        // the first earns the store until 3 ms, the second 2 ms more.
+        duty.book(at(1_000), Duration::from_millis(1));
+        duty.book(at(2_000), Duration::from_millis(1));
+        assert_eq!(duty.wait_at(at(2_000)), Duration::from_millis(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_chunk_after_another_waits_for_the_rest_and_the_first_does_not() {
+        let chunks = MemberChunks::default();
+        let before = Instant::now();
+        chunks.rest().await;
+        assert_eq!(before.elapsed(), Duration::ZERO);
+        chunks.ran(&chunks.seed, 1_000, Duration::from_millis(1));
+        let ended = Instant::now();
+        chunks.rest().await;
+        assert_eq!(ended.elapsed(), Duration::from_millis(2));
+        assert_eq!(chunks.seed.size(), 500);
     }
 }

@@ -1634,8 +1634,9 @@ impl EmbeddedStore {
 
 impl EmbeddedStore {
     /// Runs `step` on the pool once per chunk of `members`, each chunk in a turn of the
-    /// lock of its own (timed for `sizer`), letting other operations in between; the end
-    /// of the log as the last chunk left it. Each chunk is atomic, the call is not.
+    /// lock of its own (timed for `sizer`, paced by the store's duty cycle), letting other
+    /// operations in between; the end of the log as the last chunk left it. Each chunk is
+    /// atomic, the call is not.
     async fn in_chunks<T: Sync>(
         &self,
         pool: &PoolId,
@@ -1645,10 +1646,11 @@ impl EmbeddedStore {
     ) -> Result<Option<u64>, StoreError> {
         let mut end = None;
         for chunk in sizer.chunks(members) {
+            self.chunks.rest().await;
             let ((), chunk_end) = self.with_pool(pool, |p, _| {
                 let started = std::time::Instant::now();
                 step(p, chunk);
-                sizer.record(chunk.len(), started.elapsed());
+                self.chunks.ran(sizer, chunk.len(), started.elapsed());
             })?;
             end = chunk_end.or(end);
             // The lock is free now; let the operations that waited for it run before the
@@ -1889,6 +1891,7 @@ impl Store for EmbeddedStore {
         for id in &due {
             loop {
                 let batch = sizer.size() as u64;
+                self.chunks.rest().await;
                 let step = match self.with_pool(id, |p, _| {
                     let started = std::time::Instant::now();
                     let step = Swept {
@@ -1896,7 +1899,8 @@ impl Store for EmbeddedStore {
                         returned: p.return_due(now, batch),
                     };
                     let done = step.reclaimed + step.returned;
-                    sizer.record(
+                    self.chunks.ran(
+                        sizer,
                         usize::try_from(done).unwrap_or(usize::MAX),
                         started.elapsed(),
                     );
@@ -2320,9 +2324,13 @@ impl Store for EmbeddedStore {
         let mut ineligible_start: PageStart = Some((None, ineligible_skip));
         let deep = |start: &PageStart| start.as_ref().is_some_and(|(_, left)| *left > SKIP_STEP);
         while labels.is_empty() && (deep(&eligible_start) || deep(&ineligible_start)) {
+            // Paced like a large operation's chunks (see chunks.rs).
+            self.chunks.rest().await;
             self.with_pool(pool, |p, _| {
+                let started = std::time::Instant::now();
                 walk_on(&p.eligible, &mut eligible_start);
                 walk_on(&p.ineligible, &mut ineligible_start);
+                self.chunks.ran_piece(started.elapsed());
             })?;
             tokio::task::yield_now().await;
         }
@@ -2658,6 +2666,25 @@ mod tests {
                 .add_members(&pool(p), &Seed::new(members(0..40)))
                 .await
                 .expect("seeded");
+        }
+    }
+
+    /// On a paused clock, which moves only while the store rests between chunks.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_of_several_chunks_rests_between_them_and_a_call_of_one_does_not() {
+        for (count, rests) in [(500, false), (2_000, true)] {
+            let store = EmbeddedStore::new();
+            store
+                .put_pool(&pool("a"), &PoolConfig::default())
+                .await
+                .expect("a");
+            let before = tokio::time::Instant::now();
+            let report = store
+                .add_members(&pool("a"), &Seed::new(members(0..count)))
+                .await
+                .expect("seeded");
+            assert_eq!(report.added.len(), count as usize);
+            assert_eq!(before.elapsed() > Duration::ZERO, rests, "{count} members");
         }
     }
 

@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::helpers::{Backend, TestApp, backend_config};
-use crate::proxies::{HttpProxy, Server, closed_port, socks5, target};
+use crate::proxies::{HttpProxy, Server, TestCa, closed_port, socks4, socks5, target};
 
 /// The worker token, which is the gateway's proxy password.
 const TOKEN: &str = "gateway-test-token";
@@ -565,4 +565,549 @@ async fn a_429_from_the_target_bans_that_member_for_that_target_only() {
     banned.sort();
     assert_eq!(banned, expected);
     app.stop().await;
+}
+
+/// Opens a tunnel by hand; the status of the answer and, on 200, the open stream.
+async fn open_tunnel(gateway: SocketAddr, user: &str, to: &str) -> (u16, Option<TcpStream>) {
+    let mut stream = TcpStream::connect(gateway).await.expect("connected");
+    let authorization = basic(user, TOKEN).expect("a credential");
+    let request = format!(
+        "CONNECT {to} HTTP/1.1\r\nHost: {to}\r\nProxy-Authorization: {authorization}\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.expect("sent");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = stream.read(&mut byte).await.expect("read");
+        assert_eq!(n, 1, "closed before the head ended: {head:?}");
+        head.push(byte[0]);
+    }
+    let status: u16 = String::from_utf8_lossy(&head[9..12])
+        .parse()
+        .expect("a status");
+    (status, (status == 200).then_some(stream))
+}
+
+/// A request for `/health` through an open tunnel to the plain-HTTP target, and its body.
+async fn health_through(stream: &mut TcpStream) -> String {
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: target\r\n\r\n")
+        .await
+        .expect("sent");
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.expect("read");
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    text.split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or(text)
+}
+
+/// The pool's `(in_flight, abandoned)` stats.
+async fn leases(app: &TestApp, pool: &str) -> (u64, u64) {
+    let (_, info) = app.get(&format!("/pools/{pool}")).await;
+    (
+        info["stats"]["in_flight"].as_u64().expect("in_flight"),
+        info["stats"]["abandoned"].as_u64().expect("abandoned"),
+    )
+}
+
+/// Waits until the pool's stats are `expected` (the releases of closed tunnels are on their
+/// way), at most 10 s.
+async fn leases_become(app: &TestApp, pool: &str, expected: (u64, u64)) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while leases(app, pool).await != expected {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            leases(app, pool).await
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_in_flight_1_holds_with_50_concurrent_tunnels_and_closing_one_frees_its_member() {
+    for backend in [Backend::Embedded, Backend::Redis] {
+        let app = spawn_on(backend, |_| {}).await;
+        let site = target(None).await;
+        // One proxy server; five members that reach it with credentials of their own, so its
+        // record says which member each tunnel went through.
+        let proxy = HttpProxy::default().start().await;
+        app.create_pool(
+            "busy",
+            json!({"policy": "least-in-flight", "max_in_flight": 1,
+                   "rules": {"allow_private": true}}),
+        )
+        .await;
+        let members: Vec<String> = (0..5)
+            .map(|i| format!("http://u{i}:p@127.0.0.1:{}", proxy.port()))
+            .collect();
+        let ids: Vec<&str> = members.iter().map(String::as_str).collect();
+        app.seed("busy", &ids, None).await;
+        let to = format!("127.0.0.1:{}", site.port());
+        let gateway = gateway(&app);
+        let opened =
+            futures_util::future::join_all((0..50).map(|_| open_tunnel(gateway, "busy", &to)))
+                .await;
+        let mut statuses: Vec<u16> = opened.iter().map(|(status, _)| *status).collect();
+        statuses.sort_unstable();
+        let mut expected = vec![200; 5];
+        expected.extend(vec![503; 45]);
+        assert_eq!(statuses, expected, "{backend:?}");
+        let mut seen = proxy.seen();
+        seen.sort();
+        let mut each: Vec<String> = (0..5)
+            .map(|i| {
+                use base64::Engine;
+                let credential =
+                    base64::engine::general_purpose::STANDARD.encode(format!("u{i}:p"));
+                format!("CONNECT {to} HTTP/1.1 | Basic {credential}")
+            })
+            .collect();
+        each.sort();
+        assert_eq!(seen, each, "one tunnel per member: {backend:?}");
+        assert_eq!(leases(&app, "busy").await, (5, 0), "{backend:?}");
+
+        let mut tunnels: Vec<TcpStream> = opened.into_iter().filter_map(|(_, s)| s).collect();
+        let mut first = tunnels.pop().expect("a tunnel");
+        assert_eq!(health_through(&mut first).await, HEALTHY, "{backend:?}");
+        drop(first);
+        leases_become(&app, "busy", (4, 0)).await;
+        let (status, again) = open_tunnel(gateway, "busy", &to).await;
+        assert_eq!(
+            status, 200,
+            "the freed member takes a tunnel again: {backend:?}"
+        );
+        let (status, _) = open_tunnel(gateway, "busy", &to).await;
+        assert_eq!(status, 503, "{backend:?}");
+        drop(again);
+        drop(tunnels);
+        leases_become(&app, "busy", (0, 0)).await;
+        app.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_tunnel_keeps_its_lease_past_its_ttl_and_gives_it_back_when_it_closes() {
+    let app = spawn().await;
+    let site = target(None).await;
+    let proxy = HttpProxy::default().start().await;
+    app.create_pool(
+        "busy",
+        json!({"policy": "least-in-flight", "rules": {"allow_private": true}}),
+    )
+    .await;
+    app.seed(
+        "busy",
+        &[&format!("http://127.0.0.1:{}", proxy.port())],
+        None,
+    )
+    .await;
+    let to = format!("127.0.0.1:{}", site.port());
+    // A lease of 1.5 s, renewed every 500 ms while the tunnel is open; the sweep runs every
+    // 100 ms and would reclaim it as abandoned once it expired.
+    let (status, tunnel) = open_tunnel(gateway(&app), "busy-ttl-1500", &to).await;
+    assert_eq!(status, 200);
+    let mut tunnel = tunnel.expect("open");
+    tokio::time::sleep(std::time::Duration::from_millis(4_500)).await;
+    assert_eq!(
+        leases(&app, "busy").await,
+        (1, 0),
+        "still held, never reclaimed"
+    );
+    assert_eq!(health_through(&mut tunnel).await, HEALTHY);
+    drop(tunnel);
+    leases_become(&app, "busy", (0, 0)).await;
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_open_tunnels_finish_and_closes_those_left_at_the_drain_timeout() {
+    use crate::process::ServiceProcess;
+    let site = target(None).await;
+    let proxy = http_proxy().await;
+    let port = closed_port();
+    let mut service = ServiceProcess::start(&[
+        ("WORKER_TOKEN", TOKEN.to_owned()),
+        ("GATEWAY_LISTEN", format!("127.0.0.1:{port}")),
+        ("SHUTDOWN_TIMEOUT_MS", "1500".to_owned()),
+        (
+            "RUST_LOG",
+            "warn,proxy_allocator::startup=info,proxy_allocator::gateway=info".to_owned(),
+        ),
+    ]);
+    let client = reqwest::Client::new();
+    let admin = |method, path: &str| {
+        client
+            .request(method, format!("{}{path}", service.base))
+            .bearer_auth(crate::helpers::ADMIN)
+    };
+    let created = admin(reqwest::Method::PUT, "/pools/web")
+        .json(&json!({"policy": "least-in-flight", "rules": {"allow_private": true}}))
+        .send()
+        .await
+        .expect("created");
+    assert_eq!(created.status(), 201);
+    let seeded = admin(reqwest::Method::POST, "/pools/web/members")
+        .json(&json!({"members": [member("http", &proxy)]}))
+        .send()
+        .await
+        .expect("seeded");
+    assert_eq!(seeded.status(), 200);
+    let gateway = SocketAddr::from(([127, 0, 0, 1], port));
+    let to = format!("127.0.0.1:{}", site.port());
+    let (status, busy) = open_tunnel(gateway, "web", &to).await;
+    assert_eq!(status, 200);
+    let (status, idle) = open_tunnel(gateway, "web", &to).await;
+    assert_eq!(status, 200);
+    let (mut busy, mut idle) = (busy.expect("open"), idle.expect("open"));
+
+    service.terminate();
+    service.wait_lines("shutting down", 1);
+    assert_eq!(
+        health_through(&mut busy).await,
+        HEALTHY,
+        "a tunnel open at SIGTERM keeps working while the service drains"
+    );
+    drop(busy);
+    let mut rest = Vec::new();
+    let read = idle.read_to_end(&mut rest).await.map(|_| rest.len());
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "closed at the drain timeout: {read:?}"
+    );
+    assert!(
+        service
+            .wait_exit(std::time::Duration::from_secs(10))
+            .is_some(),
+        "the service exits once the drain ends"
+    );
+    let warned = service.wait_lines("drain timeout reached", 1);
+    assert_eq!(warned.len(), 1, "{:?}", service.all_lines());
+    // One line per tunnel, with its bytes each way, and never the member's password.
+    let mut closed: Vec<(String, String, u64, u64)> = service
+        .wait_lines("gateway tunnel closed", 2)
+        .iter()
+        .map(|line| {
+            let line: Value = serde_json::from_str(line).expect("a JSON line");
+            assert!(line["duration_ms"].is_u64(), "{line}");
+            (
+                line["proxy"].as_str().expect("proxy").to_owned(),
+                line["ended"].as_str().expect("ended").to_owned(),
+                line["sent"].as_u64().expect("sent"),
+                line["received"].as_u64().expect("received"),
+            )
+        })
+        .collect();
+    closed.sort();
+    let masked = format!("http://***@127.0.0.1:{}", proxy.port());
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{HEALTHY}",
+        HEALTHY.len()
+    );
+    let request = "GET /health HTTP/1.1\r\nHost: target\r\n\r\n";
+    assert_eq!(
+        closed,
+        vec![
+            (
+                masked.clone(),
+                "closed".to_owned(),
+                request.len() as u64,
+                answer.len() as u64
+            ),
+            (masked, "shutdown".to_owned(), 0, 0),
+        ]
+    );
+    assert!(
+        service
+            .all_lines()
+            .iter()
+            .all(|line| !line.contains("s3cret")),
+        "credentials never reach the log"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_max_connections_caps_the_open_tunnels() {
+    let app = spawn_on(Backend::Embedded, |config| {
+        config.gateway_max_connections = Some(2)
+    })
+    .await;
+    let site = target(None).await;
+    let proxy = HttpProxy::default().start().await;
+    proxy_pool(&app, "web").await;
+    app.seed(
+        "web",
+        &[&format!("http://127.0.0.1:{}", proxy.port())],
+        None,
+    )
+    .await;
+    let to = format!("127.0.0.1:{}", site.port());
+    let gateway = gateway(&app);
+    let (first, one) = open_tunnel(gateway, "web", &to).await;
+    let (second, two) = open_tunnel(gateway, "web", &to).await;
+    assert_eq!((first, second), (200, 200));
+    // The third connection is closed at once (with the API's 503 when its request had
+    // already arrived), never dialled.
+    let mut third = TcpStream::connect(gateway).await.expect("connected");
+    let authorization = basic("web", TOKEN).expect("a credential");
+    let _ = third
+        .write_all(
+            format!("CONNECT {to} HTTP/1.1\r\nProxy-Authorization: {authorization}\r\n\r\n")
+                .as_bytes(),
+        )
+        .await;
+    let mut answer = Vec::new();
+    let _ = third.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 503 "),
+        "{answer}"
+    );
+    assert_eq!(proxy.seen().len(), 2);
+    drop(one);
+    // The closed tunnel's place is free once its task has ended.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let mut probe = TcpStream::connect(gateway).await.expect("connected");
+        let _ = probe
+            .write_all(
+                format!("CONNECT {to} HTTP/1.1\r\nProxy-Authorization: {authorization}\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await;
+        let mut head = [0u8; 12];
+        if probe.read_exact(&mut head).await.is_ok() && &head == b"HTTP/1.1 200" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the place never came back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    drop(two);
+    app.stop().await;
+}
+
+/// A file holding `ca`'s certificate, removed when dropped.
+struct CaFile(std::path::PathBuf);
+
+impl CaFile {
+    fn new(ca: &TestCa) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("gateway-ca-{:016x}.pem", rand::random::<u64>()));
+        std::fs::write(&path, ca.pem()).expect("written");
+        Self(path)
+    }
+}
+
+impl Drop for CaFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_socks4_and_socks5h_members_are_dialled_by_their_scheme() {
+    let ca = TestCa::new();
+    let ca_file = CaFile::new(&ca);
+    let trusted = ca_file.0.clone();
+    let app = spawn_on(Backend::Embedded, move |config| {
+        config.gateway_ca_file = Some(trusted)
+    })
+    .await;
+    let site = target(None).await;
+    let tls = HttpProxy {
+        tls: Some(ca.acceptor(&["127.0.0.1"])),
+        authorization: Some(MEMBER_BASIC),
+        ..HttpProxy::default()
+    }
+    .start()
+    .await;
+    let four = socks4().await;
+    let five = socks5(None).await;
+    for (pool, id) in [
+        ("tls", member("https", &tls)),
+        ("four", format!("socks4://127.0.0.1:{}", four.port())),
+        ("fiveh", format!("socks5h://127.0.0.1:{}", five.port())),
+    ] {
+        proxy_pool(&app, pool).await;
+        app.seed(pool, &[&id], None).await;
+    }
+    let port = site.port();
+    let url = format!("http://127.0.0.1:{port}/health");
+    assert_eq!(
+        curl(&app, "tls", &["--proxytunnel", &url]).await,
+        (0, HEALTHY.to_owned())
+    );
+    assert_eq!(curl(&app, "tls", &[&url]).await, (0, HEALTHY.to_owned()));
+    assert_eq!(
+        tls.seen(),
+        vec![
+            format!("CONNECT 127.0.0.1:{port} HTTP/1.1 | {MEMBER_BASIC}"),
+            format!("GET {url} HTTP/1.1 | {MEMBER_BASIC}"),
+        ],
+        "over TLS to the proxy, trusted through GATEWAY_CA_FILE"
+    );
+    assert_eq!(
+        curl(&app, "four", &["--proxytunnel", &url]).await,
+        (0, HEALTHY.to_owned())
+    );
+    assert_eq!(four.seen(), vec![format!("socks4 127.0.0.1:{port}")]);
+    let by_name = format!("http://localhost:{port}/health");
+    assert_eq!(
+        curl(&app, "fiveh", &["--proxytunnel", &by_name]).await,
+        (0, HEALTHY.to_owned())
+    );
+    assert_eq!(
+        five.seen(),
+        vec![format!("socks5 name localhost:{port}")],
+        "socks5h leaves the name to the proxy"
+    );
+    app.stop().await;
+
+    // Without the CA the proxy's certificate is refused: a failed attempt, reported.
+    let app = spawn().await;
+    proxy_pool(&app, "tls").await;
+    app.seed("tls", &[&member("https", &tls)], None).await;
+    let (status, _, body) = raw(
+        &app,
+        &format!("CONNECT 127.0.0.1:{port} HTTP/1.1"),
+        basic("tls", TOKEN),
+    )
+    .await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(
+        health(&app, "tls").await,
+        vec![(member("https", &tls), 3, 3)]
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_requests_reaches_http_and_https_targets_through_the_gateway() {
+    let ca = TestCa::new();
+    let ca_file = CaFile::new(&ca);
+    let app = spawn().await;
+    let secure = target(Some(ca.acceptor(&["127.0.0.1"]))).await;
+    let plain = target(None).await;
+    let proxy = http_proxy().await;
+    proxy_pool(&app, "web").await;
+    app.seed("web", &[&member("http", &proxy)], None).await;
+    let script = r#"
+import sys, requests
+proxy, ca = sys.argv[1], sys.argv[2]
+proxies = {"http": proxy, "https": proxy}
+for url in sys.argv[3:]:
+    answer = requests.get(url, proxies=proxies, verify=ca, timeout=20)
+    print(answer.status_code, answer.text)
+"#;
+    let output = tokio::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(format!("http://web:{TOKEN}@{}", gateway(&app)))
+        .arg(&ca_file.0)
+        .arg(format!("https://127.0.0.1:{}/health", secure.port()))
+        .arg(format!("http://127.0.0.1:{}/health", plain.port()))
+        .output()
+        .await
+        .expect("python3 runs");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        format!("200 {HEALTHY}\n200 {HEALTHY}\n"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        proxy.seen(),
+        vec![
+            format!(
+                "CONNECT 127.0.0.1:{} HTTP/1.1 | {MEMBER_BASIC}",
+                secure.port()
+            ),
+            format!(
+                "GET http://127.0.0.1:{}/health HTTP/1.1 | {MEMBER_BASIC}",
+                plain.port()
+            ),
+        ]
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_proxy_refuses_its_credentials_is_reported_failed_not_passed_on() {
+    let app = spawn().await;
+    let site = target(None).await;
+    let proxy = HttpProxy {
+        authorization: Some("Basic b3RoZXI6Y3JlZGVudGlhbHM="),
+        ..HttpProxy::default()
+    }
+    .start()
+    .await;
+    proxy_pool(&app, "web").await;
+    app.seed("web", &[&member("http", &proxy)], None).await;
+    let url = format!("http://127.0.0.1:{}/health", site.port());
+    let (status, head, body) = raw(&app, &format!("GET {url} HTTP/1.1"), basic("web", TOKEN)).await;
+    assert_eq!(status, 502, "{head}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).expect("JSON"),
+        error(
+            "upstream_failed",
+            "1 member(s) tried, none could be reached"
+        )
+    );
+    assert_eq!(
+        health(&app, "web").await,
+        vec![(member("http", &proxy), 1, 1)]
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_in_the_user_name_pins_one_upstream() {
+    for backend in [Backend::Embedded, Backend::Redis] {
+        let app = spawn_on(backend, |_| {}).await;
+        let site = target(None).await;
+        // One proxy server; three members reaching it with credentials of their own, so its
+        // record says which member carried each request.
+        let proxy = HttpProxy::default().start().await;
+        proxy_pool(&app, "web").await;
+        let members: Vec<String> = (0..3)
+            .map(|i| format!("http://u{i}:p@127.0.0.1:{}", proxy.port()))
+            .collect();
+        let ids: Vec<&str> = members.iter().map(String::as_str).collect();
+        app.seed("web", &ids, Some(0)).await;
+        let url = format!("http://127.0.0.1:{}/health", site.port());
+        for _ in 0..4 {
+            assert_eq!(
+                curl(&app, "web-session-abc", &[&url]).await,
+                (0, HEALTHY.to_owned())
+            );
+        }
+        for _ in 0..2 {
+            let answer = curl(
+                &app,
+                "web-session-x--y-sessionttl-60000",
+                &["--proxytunnel", &url],
+            )
+            .await;
+            assert_eq!(answer, (0, HEALTHY.to_owned()));
+        }
+        let seen = proxy.seen();
+        assert_eq!(seen.len(), 6, "{backend:?}");
+        let credential = |line: &String| line.rsplit(" | ").next().unwrap_or_default().to_owned();
+        let first = credential(&seen[0]);
+        assert!(
+            seen[..4].iter().all(|line| credential(line) == first),
+            "{seen:?}"
+        );
+        let second = credential(&seen[4]);
+        assert_eq!(credential(&seen[5]), second, "{seen:?}");
+        assert_ne!(
+            first, second,
+            "the second session was pinned to a less-used member"
+        );
+        app.stop().await;
+    }
 }

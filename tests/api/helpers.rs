@@ -491,12 +491,19 @@ pub fn concrete_path(template: &str) -> String {
 /// Sends `request` as raw bytes and returns the status and JSON body of the answer: for
 /// paths an HTTP client would normalise (`/pools/../assign`) or headers it would refuse.
 pub async fn raw_request(base: &str, request: &str) -> (StatusCode, Value) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let addr = base.trim_start_matches("http://");
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
         .expect("connected");
     stream.write_all(request.as_bytes()).await.expect("sent");
+    raw_answer(&mut stream).await
+}
+
+/// Status and JSON body (Null for an empty body) of the answer on `stream`, read to its
+/// end (the request asked for `connection: close`).
+pub async fn raw_answer(stream: &mut (impl tokio::io::AsyncRead + Unpin)) -> (StatusCode, Value) {
+    use tokio::io::AsyncReadExt;
     let mut answer = Vec::new();
     stream.read_to_end(&mut answer).await.expect("an answer");
     let text = String::from_utf8_lossy(&answer);

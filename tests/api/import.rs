@@ -9,7 +9,8 @@ use proxy_allocator::store::Seed;
 
 use crate::for_each_store;
 use crate::helpers::{
-    ADMIN, Backend, TestApp, assert_error, backend_config, raw_request, read, test_config,
+    ADMIN, Backend, TestApp, assert_error, backend_config, raw_answer, raw_request, read,
+    test_config,
 };
 use crate::spy::spawn_spied;
 
@@ -234,6 +235,46 @@ async fn a_large_list_is_written_in_chunks_with_one_starting_count_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_list_is_written_in_chunks_with_one_starting_count_on_embedded() {
     a_large_list_is_written_in_chunks_with_one_starting_count(Backend::Embedded).await;
+}
+
+/// Three batches written in 1.5 s in all, more than the 1 s the list may take to arrive,
+/// before the list's last line is sent: the service waited for the list well under 1 s,
+/// and the time it spent writing is not the client's.
+#[tokio::test]
+async fn the_import_read_timeout_counts_the_wait_for_the_list_not_the_time_spent_writing_it() {
+    use tokio::io::AsyncWriteExt;
+    let mut config = test_config(None);
+    config.import_body_read_timeout_ms = 1_000;
+    let (app, spy) = spawn_spied(config).await;
+    app.create_pool("p", json!({})).await;
+    spy.slow_seeds_by(std::time::Duration::from_millis(500));
+    let seeded = spy.seeds.mark();
+    let (first, last) = (public_list(3 * MAX_MEMBERS_PER_CALL), "12.0.0.1:8080\n");
+    let stream = tokio::net::TcpStream::connect(app.base.trim_start_matches("http://"))
+        .await
+        .expect("connected");
+    let (mut reader, mut stream) = stream.into_split();
+    let mut answer = tokio::spawn(async move { raw_answer(&mut reader).await });
+    let head = format!(
+        "POST /pools/p/import HTTP/1.1\r\nhost: test\r\nauthorization: Bearer {ADMIN}\r\n\
+         content-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        first.len() + last.len()
+    );
+    stream.write_all(head.as_bytes()).await.expect("sent");
+    stream.write_all(first.as_bytes()).await.expect("sent");
+    tokio::select! {
+        () = spy.seeds.await_one_after(seeded + 2, "third batch of the import") => {}
+        early = &mut answer => panic!("answered before the list was whole: {early:?}"),
+    }
+    stream.write_all(last.as_bytes()).await.expect("sent");
+    let (status, body) = answer.await.expect("read");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body,
+        json!({"accepted": 30_001, "added": 30_001, "existing": 0, "duplicates": 0,
+               "rejected": {}, "examples": []})
+    );
+    app.stop().await;
 }
 
 async fn candidates_beyond_max_members_are_rejected_as_pool_full_in_dry_runs_too(app: TestApp) {

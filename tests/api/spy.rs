@@ -83,7 +83,10 @@ pub struct Spy {
     pub source_ticks: Calls,
     /// Sources this app claimed for a fetch.
     pub sources_claimed: AtomicU64,
+    /// Seedings (one per batch of an import).
+    pub seeds: Calls,
     after_seed: Mutex<Option<AfterSeed>>,
+    seed_delay: Mutex<Duration>,
 }
 
 impl Spy {
@@ -98,7 +101,9 @@ impl Spy {
             rounds: AtomicU64::new(0),
             source_ticks: Calls::default(),
             sources_claimed: AtomicU64::new(0),
+            seeds: Calls::default(),
             after_seed: Mutex::new(None),
+            seed_delay: Mutex::new(Duration::ZERO),
         }
     }
 
@@ -107,6 +112,12 @@ impl Spy {
     /// another client had come in between two store calls of one request.
     pub fn after_next_seed(&self, then: impl FnOnce(&SeedReport) -> Seed + Send + 'static) {
         *self.after_seed.lock().expect("not poisoned") = Some(Box::new(then));
+    }
+
+    /// Makes every seeding from now on take `delay` longer, as on a store that paces its
+    /// chunks or is busy.
+    pub fn slow_seeds_by(&self, delay: Duration) {
+        *self.seed_delay.lock().expect("not poisoned") = delay;
     }
 }
 
@@ -313,7 +324,12 @@ impl Store for Spy {
     }
 
     async fn add_members(&self, pool: &PoolId, seed: &Seed) -> Result<SeedReport, StoreError> {
-        let report = self.inner.add_members(pool, seed).await?;
+        self.seeds.start();
+        let delay = *self.seed_delay.lock().expect("not poisoned");
+        tokio::time::sleep(delay).await;
+        let report = self.inner.add_members(pool, seed).await;
+        self.seeds.finish();
+        let report = report?;
         let then = if seed.dry_run {
             None
         } else {

@@ -33,6 +33,51 @@ export interface Assignment {
     assignments: number;
     inFlight?: number;
     lease?: Lease;
+    /** Set for an assign with a `session`. */
+    session?: SessionPin;
+    /** Set for an assign that carried `done`: what the service did with it. */
+    done?: DoneEffect;
+}
+
+/**
+ * How the worker's previous request through the pool ended, sent with the next assign
+ * instead of a report and a release of their own: the service applies it first, in the
+ * same atomic step as the pick, so a proxy the report takes out is not handed out again.
+ * `proxy` and `result` (with `status` and `target` as in {@link Client.report}) report an
+ * outcome; `lease` (an `assignment.lease.id`) releases a lease, with an optional `result`
+ * about its proxy.
+ */
+export interface Done {
+    proxy?: string;
+    result?: Result;
+    status?: number;
+    target?: string;
+    lease?: string;
+}
+
+/**
+ * What an assign's {@link Done} did: the report's `effect` (as {@link AppliedOutcome}, or
+ * `unknown` for a proxy the pool does not have; absent without a result), the proxy's
+ * failure streak and ban, and whether the lease was live and is now released. An unknown
+ * proxy or lease never fails the assign.
+ */
+export interface DoneEffect {
+    released: boolean;
+    proxy?: string;
+    effect?: AppliedOutcome['effect'] | 'returned' | 'unknown';
+    consecutiveFailures?: number;
+    bannedUntil?: string;
+}
+
+/**
+ * The sticky session an assign went through: its id, when it ends unless used again
+ * (RFC 3339, the service's clock), and whether this assign pinned a fresh member because
+ * the session's one was no longer eligible for the request.
+ */
+export interface SessionPin {
+    id: string;
+    expiresAt: string;
+    repinned: boolean;
 }
 
 /** What one report did, as the service answers it. */
@@ -138,6 +183,20 @@ export interface AssignOptions {
      * then resolves to an array in the service's pick order (empty on 204).
      */
     count?: number;
+    /**
+     * A sticky session (1 to 128 visible ASCII characters): the same member for every
+     * assign naming it while that member stays eligible for the request; a fresh pick,
+     * pinned in its place, otherwise. Not with `count`.
+     */
+    session?: string;
+    /** How long the session lives after this assign (1,000 ms to 24 h; the pool's default). */
+    sessionTtlMs?: number;
+    /**
+     * The previous request's outcome and lease, applied before the pick in the same step
+     * (also when the answer is 204): one call per request cycle instead of two. With
+     * `count`, the first assignment carries its {@link DoneEffect}.
+     */
+    done?: Done;
     /** Throw {@link NoProxyAvailable} on 204 instead of returning `null` (or `[]`). */
     raiseIfEmpty?: boolean;
 }
@@ -207,7 +266,9 @@ export class Client {
         }
         const data = answer.data as Record<string, unknown>;
         if (options.count !== undefined) {
-            return (data.assigned as Record<string, unknown>[]).map(assignmentFromJson);
+            const batch = (data.assigned as Record<string, unknown>[]).map(assignmentFromJson);
+            if (batch.length > 0 && data.done !== undefined) batch[0].done = doneFromJson(data.done);
+            return batch;
         }
         return assignmentFromJson(data);
     }
@@ -231,6 +292,11 @@ export class Client {
         if (options.target !== undefined) body.target = options.target;
         const answer = await this.#call(`/pools/${segment(pool)}/outcomes`, body);
         return expect(answer.data) as ReportAnswer;
+    }
+
+    /** Ends a sticky session. @throws {NotFound} `session_not_found` when it is not live. */
+    async endSession(pool: string, session: string): Promise<void> {
+        await this.#call(`/pools/${segment(pool)}/sessions/${segment(session)}`, undefined, 'DELETE');
     }
 
     /** Ends a lease. @throws {NotFound} `lease_not_found` when it is not live. */
@@ -307,15 +373,15 @@ export class Client {
         }
     }
 
-    /** POSTs one request (every worker route is a POST); the answer or the error it means. */
-    async #call(path: string, body?: unknown): Promise<Answer> {
+    /** Sends one request (a POST unless told); the answer or the error it means. */
+    async #call(path: string, body?: unknown, method = 'POST'): Promise<Answer> {
         const headers = { ...this.#headers };
         if (body !== undefined) headers['content-type'] = 'application/json';
         let response: Response;
         let raw: string;
         try {
             response = await fetch(this.baseUrl + path, {
-                method: 'POST',
+                method,
                 headers,
                 body: body === undefined ? undefined : JSON.stringify(body),
                 signal: AbortSignal.timeout(this.timeoutMs),
@@ -391,6 +457,9 @@ function assignBody(options: AssignOptions): Record<string, unknown> | undefined
     if (options.labels !== undefined) body.labels = options.labels;
     if (options.target !== undefined) body.target = options.target;
     if (options.count !== undefined) body.count = options.count;
+    if (options.session !== undefined) body.session = options.session;
+    if (options.sessionTtlMs !== undefined) body.session_ttl_ms = options.sessionTtlMs;
+    if (options.done !== undefined) body.done = doneBody(options.done);
     return Object.keys(body).length === 0 ? undefined : body;
 }
 
@@ -440,6 +509,28 @@ function leaseFromJson(data: unknown): Lease {
     return { id: String(lease.id), expiresAt: String(lease.expires_at), ttlMs: Number(lease.ttl_ms) };
 }
 
+function doneBody(done: Done): Record<string, unknown> {
+    if (done.lease === undefined && (done.proxy === undefined || done.result === undefined)) {
+        throw new TypeError('done needs a lease, or a proxy and a result');
+    }
+    if (done.result !== undefined && !RESULTS.includes(done.result)) {
+        throw new TypeError(`result is one of ${RESULTS.join(', ')}, not ${JSON.stringify(done.result)}`);
+    }
+    const body: Record<string, unknown> = {};
+    for (const [key, value] of Object.entries(done)) if (value !== undefined) body[key] = value;
+    return body;
+}
+
+function doneFromJson(data: unknown): DoneEffect {
+    const done = data as Record<string, unknown>;
+    const effect: DoneEffect = { released: Boolean(done.released) };
+    if (done.proxy !== undefined) effect.proxy = String(done.proxy);
+    if (done.effect !== undefined) effect.effect = done.effect as DoneEffect['effect'];
+    if (done.consecutive_failures !== undefined) effect.consecutiveFailures = Number(done.consecutive_failures);
+    if (done.banned_until !== undefined) effect.bannedUntil = String(done.banned_until);
+    return effect;
+}
+
 function assignmentFromJson(data: Record<string, unknown>): Assignment {
     const assignment: Assignment = {
         pool: String(data.pool),
@@ -448,5 +539,10 @@ function assignmentFromJson(data: Record<string, unknown>): Assignment {
     };
     if (data.in_flight !== undefined) assignment.inFlight = Number(data.in_flight);
     if (data.lease !== undefined) assignment.lease = leaseFromJson(data.lease);
+    if (data.session !== undefined) {
+        const pin = data.session as Record<string, unknown>;
+        assignment.session = { id: String(pin.id), expiresAt: String(pin.expires_at), repinned: Boolean(pin.repinned) };
+    }
+    if (data.done !== undefined) assignment.done = doneFromJson(data.done);
     return assignment;
 }

@@ -148,6 +148,51 @@ for (const store of ['redis', 'embedded']) {
             assert.deepEqual([other.proxy, other.inFlight], [P1, 1]);
         });
 
+        test('a session keeps its proxy while it stays eligible, re-pins after, and ends on endSession', async () => {
+            const pool = await service.createPool({ health: { max_consecutive_failures: 1, cooldown_ms: 90_000, jitter_percent: 0 } });
+            await service.seed(pool, [P1, P2]);
+            const first = await client.assign(pool, { session: 'login-1', sessionTtlMs: 60_000 });
+            const { expiresAt, ...pin } = first.session;
+            assert.deepEqual({ ...first, session: pin }, { pool, proxy: P1, assignments: 1, session: { id: 'login-1', repinned: false } });
+            assert.ok(Date.parse(expiresAt) > Date.now() + 50_000, expiresAt);
+            // P1 is no longer the least used, and the session keeps it all the same.
+            const again = await client.assign(pool, { session: 'login-1' });
+            assert.deepEqual([again.proxy, again.assignments, again.session.repinned], [P1, 2, false]);
+            await client.report(pool, P1, 'failed');
+            const moved = await client.assign(pool, { session: 'login-1' });
+            assert.deepEqual([moved.proxy, moved.assignments, moved.session.repinned], [P2, 1, true]);
+            await client.endSession(pool, 'login-1');
+            await assert.rejects(client.endSession(pool, 'login-1'), (error) => error instanceof NotFound && error.code === 'session_not_found');
+            await assert.rejects(client.assign(pool, { session: 'login-1', count: 2 }), (error) => error.status === 400);
+        });
+
+        test('done reports the last request and releases its lease before the pick, in the same call', async () => {
+            const pool = await service.createPool({ health: { max_consecutive_failures: 1, cooldown_ms: 90_000, jitter_percent: 0 } });
+            await service.seed(pool, [P1, P2]);
+            assert.equal((await client.assign(pool)).proxy, P1);
+            assert.equal((await client.assign(pool)).proxy, P2);
+            // Tied at one each: P1 would be next, but the failure carried with this assign
+            // takes it out first.
+            assert.deepEqual(await client.assign(pool, { done: { proxy: P1, result: 'failed', status: 502 } }), {
+                pool,
+                proxy: P2,
+                assignments: 2,
+                done: { released: false, proxy: P1, effect: 'tripped', consecutiveFailures: 1 },
+            });
+            const unknown = await client.assign(pool, { done: { proxy: 'http://nobody.example.net:1', result: 'ok' } });
+            assert.deepEqual([unknown.proxy, unknown.done], [P2, { released: false, effect: 'unknown' }]);
+            await assert.rejects(client.assign(pool, { done: { result: 'ok' } }), TypeError);
+
+            const leased = await service.createPool({ policy: 'least-in-flight', max_in_flight: 1 });
+            await service.seed(leased, [P1]);
+            const first = await client.assign(leased);
+            assert.equal(await client.assign(leased), null);
+            const next = await client.assign(leased, { done: { lease: first.lease.id, result: 'ok' } });
+            assert.deepEqual([next.proxy, next.inFlight, next.done], [P1, 1, { released: true, proxy: P1, effect: 'counted', consecutiveFailures: 0 }]);
+            const again = await client.assign(leased, { done: { lease: first.lease.id } });
+            assert.equal(again, null);
+        });
+
         test('count hands out distinct members in pick order, each counted once, and [] on 204', async () => {
             const pool = await service.createPool();
             const members = ['http://c1.example.net:3128', 'http://c2.example.net:3128', 'http://c3.example.net:3128'];

@@ -15,6 +15,8 @@ from test_fake_service import LEASE_ID, LEASED, NO_CONTENT, RELEASE, FakeService
 from proxy_allocator import (
     AsyncClient,
     Assignment,
+    Done,
+    DoneEffect,
     Forbidden,
     NoProxyAvailable,
     NotFound,
@@ -94,6 +96,40 @@ class AsyncBehaviour(unittest.IsolatedAsyncioTestCase):
                          [Assignment(pool=pool, proxy=P1, assignments=1),
                           Assignment(pool=pool, proxy=P2, assignments=1)])
         self.assertEqual(await self.client.assign(pool, labels={"country": "us"}, count=3), [])
+
+    async def test_done_is_applied_before_the_pick_of_the_same_call(self) -> None:
+        pool = self.service.create_pool({"health": {"max_consecutive_failures": 1,
+                                                    "cooldown_ms": 90000, "jitter_percent": 0}})
+        self.service.seed(pool, [P1, P2])
+        await self.client.assign(pool)
+        await self.client.assign(pool)
+        carried = await self.client.assign(pool, target="shop.example.com",
+                                           done=Done(proxy=P1, result="blocked",
+                                                     target="shop.example.com"))
+        assert isinstance(carried, Assignment) and carried.done is not None
+        # Banned for that site only: P1 is still the next pick anywhere else.
+        self.assertEqual((carried.proxy, carried.done.effect, carried.done.released),
+                         (P2, "banned", False))
+        self.assertIsNotNone(carried.done.banned_until)
+        other = await self.client.assign(pool, target="news.example.org")
+        assert isinstance(other, Assignment)
+        self.assertEqual((other.proxy, other.done), (P1, None))
+
+    async def test_a_session_keeps_its_proxy_and_ends_once(self) -> None:
+        pool = self.service.create_pool()
+        self.service.seed(pool, [P1, P2])
+        for count in (1, 2):
+            pinned = await self.client.assign(pool, session="s", session_ttl_ms=60000)
+            assert isinstance(pinned, Assignment) and pinned.session is not None
+            self.assertEqual((pinned.proxy, pinned.assignments, pinned.session.repinned),
+                             (P1, count, False))
+        await self.client.end_session(pool, "s")
+        with self.assertRaises(NotFound) as raised:
+            await self.client.end_session(pool, "s")
+        self.assertEqual(raised.exception.code, "session_not_found")
+        fresh = await self.client.assign(pool, session="s")
+        assert isinstance(fresh, Assignment) and fresh.session is not None
+        self.assertEqual((fresh.proxy, fresh.session.repinned), (P2, False))
 
     async def test_assign_returns_the_least_used_proxy_and_none_when_nothing_is_eligible(
             self) -> None:

@@ -123,12 +123,19 @@ class CrawlBehaviour(unittest.TestCase):
         self.assertEqual((pool_stats["in_flight"], pool_stats["abandoned"]), (0, 0))
         self.assertNotIn("proxy_allocator/report_failed", stats)
         self.assertNotIn("proxy_allocator/release_failed", stats)
+        # Each download's report and release went once: with a later assign, or alone.
+        self.assertEqual(stats.get("proxy_allocator/carried", 0)
+                         + stats.get("proxy_allocator/sent_alone", 0),
+                         stats["proxy_allocator/assigned"])
         return {"pool": pool, "dead": dead, "stats": stats, "members": members}
 
     def test_a_crawl_takes_out_the_dead_proxy_and_bans_the_blocking_one_for_that_site_only(
             self) -> None:
         crawled = self.crawl_through_a_good_a_blocking_and_a_dead_proxy()
         pool, dead, stats, members = (crawled[k] for k in ("pool", "dead", "stats", "members"))
+        # By default the reports ride on later assigns: a download that finishes while
+        # others wait for a proxy leaves its report to the next of them.
+        self.assertGreaterEqual(stats["proxy_allocator/carried"], 1)
         # The dead proxy is out for every site; the blocking one only for the site's host.
         self.assertEqual((stats["proxy_allocator/tripped"], stats["proxy_allocator/banned"]),
                          (1, 1))
@@ -146,9 +153,11 @@ class CrawlBehaviour(unittest.TestCase):
 
     def test_without_per_target_reports_a_block_takes_the_proxy_out_for_every_site(
             self) -> None:
+        # Reports and releases sent at once, each in a call of its own, hold the same.
         crawled = self.crawl_through_a_good_a_blocking_and_a_dead_proxy(
-            PROXY_ALLOCATOR_PER_TARGET=False)
+            PROXY_ALLOCATOR_PER_TARGET=False, PROXY_ALLOCATOR_CARRY_DONE=False)
         dead, stats, members = (crawled[k] for k in ("dead", "stats", "members"))
+        self.assertNotIn("proxy_allocator/carried", stats)
         self.assertEqual(stats["proxy_allocator/tripped"], 2)
         self.assertNotIn("proxy_allocator/banned", stats)
         # Taken out, each with the reason its last report gave.
@@ -221,15 +230,21 @@ class CrawlBehaviour(unittest.TestCase):
         self.assertEqual({m: v["assignments"] for m, v in self.members(pool).items()},
                          {self.good.url: 3, self.blocked.url: 1})
 
-    def test_a_request_naming_a_session_fails_instead_of_going_out_unpinned(self) -> None:
+    def test_requests_naming_a_session_go_out_through_its_one_proxy_and_others_rotate(
+            self) -> None:
         pool = self.service.create_pool({"rules": {"allow_private": True}})
-        self.service.seed(pool, [self.good.url])
-        result = self.crawl(pool, self.site.urls(1), meta={"proxy_allocator_session": "s1"})
-        self.assertEqual(result["items"], [])
-        self.assertEqual(self.site.hits, [])
-        self.assertEqual(result["stats"][
-            "downloader/exception_type_count/proxy_allocator.scrapy.SelectionNotSupported"], 1)
-        self.assertEqual(self.members(pool)[self.good.url]["assignments"], 0)
+        other = Proxy("127.0.0.4")
+        self.addCleanup(other.stop)
+        self.service.seed(pool, [self.good.url, other.url])
+        result = self.crawl(pool, self.site.urls(6), meta={"proxy_allocator_session": "login-1"})
+        self.assertEqual(len(result["items"]), 6)
+        # One proxy for the whole session, though least-used would have alternated.
+        self.assertEqual(len({i["proxy"] for i in result["items"]}), 1)
+        counts = {m: v["assignments"] for m, v in self.members(pool).items()}
+        self.assertEqual(sorted(counts.values()), [0, 6])
+        # Without a session the crawl rotates again, to the least used first.
+        result = self.crawl(pool, self.site.urls(2), CONCURRENT_REQUESTS=1)
+        self.assertEqual(sorted(v["assignments"] for v in self.members(pool).values()), [2, 6])
 
 
 class OnRedis(CrawlBehaviour):

@@ -11,6 +11,8 @@ from harness import ADMIN, WORKER, RedisServer, Service, free_port
 from proxy_allocator import (
     Assignment,
     Client,
+    Done,
+    DoneEffect,
     Lease,
     NoProxyAvailable,
     NotFound,
@@ -117,6 +119,64 @@ class ClientBehaviour(unittest.TestCase):
         self.assertEqual([a.proxy for a in batch], [P1, P2])
         self.assertEqual(len({a.lease.id for a in batch if a.lease is not None}), 2)
         self.assertEqual(client.assign(leasing, count=2), [])
+
+    def test_a_session_keeps_its_proxy_moves_when_it_is_disabled_and_ends_once(self) -> None:
+        pool = self.service.create_pool()
+        self.service.seed(pool, [P1, P2])
+        client = self.service.client()
+        first = client.assign(pool, session="login/1", session_ttl_ms=60000)
+        assert isinstance(first, Assignment) and first.session is not None
+        self.assertEqual((first.proxy, first.assignments), (P1, 1))
+        self.assertEqual((first.session.id, first.session.repinned), ("login/1", False))
+        again = client.assign(pool, session="login/1")
+        assert isinstance(again, Assignment) and again.session is not None
+        self.assertEqual((again.proxy, again.assignments, again.session.repinned),
+                         (P1, 2, False))
+        self.service.admin("POST", "/pools/{}/members/disable".format(pool), {"members": [P1]})
+        moved = client.assign(pool, session="login/1")
+        assert isinstance(moved, Assignment) and moved.session is not None
+        self.assertEqual((moved.proxy, moved.session.repinned), (P2, True))
+        self.assertIsNone(client.assign(pool).session)  # type: ignore[union-attr]
+        client.end_session(pool, "login/1")
+        with self.assertRaises(NotFound) as raised:
+            client.end_session(pool, "login/1")
+        self.assertEqual(raised.exception.code, "session_not_found")
+        with self.assertRaises(ProxyAllocatorError) as raised_bad:
+            client.assign(pool, session="with space")
+        self.assertEqual(raised_bad.exception.code, "invalid_request")
+
+    def test_done_reports_the_last_request_and_releases_its_lease_before_the_pick(
+            self) -> None:
+        pool = self.service.create_pool({"health": {"max_consecutive_failures": 1,
+                                                    "cooldown_ms": 90000, "jitter_percent": 0}})
+        self.service.seed(pool, [P1, P2])
+        client = self.service.client()
+        client.assign(pool)
+        client.assign(pool)
+        # Tied at one each: P1 would be next, but the failure carried with this assign takes
+        # it out first.
+        carried = client.assign(pool, done=Done(proxy=P1, result="failed", status=502))
+        self.assertEqual(carried, Assignment(
+            pool=pool, proxy=P2, assignments=2,
+            done=DoneEffect(released=False, proxy=P1, effect="tripped", consecutive_failures=1)))
+        unknown = client.assign(pool, done=Done(proxy="http://nobody.example.net:1", result="ok"))
+        assert isinstance(unknown, Assignment)
+        self.assertEqual((unknown.proxy, unknown.done), (P2, DoneEffect(released=False,
+                                                                        effect="unknown")))
+        with self.assertRaises(ValueError):
+            client.assign(pool, done=Done(result="ok"))
+
+        leased = self.service.create_pool({"policy": "least-in-flight", "max_in_flight": 1})
+        self.service.seed(leased, [P1])
+        first = client.assign(leased)
+        assert isinstance(first, Assignment) and first.lease is not None
+        self.assertIsNone(client.assign(leased))
+        following = client.assign(leased, done=Done(lease=first.lease.id, result="ok"))
+        assert isinstance(following, Assignment)
+        self.assertEqual((following.proxy, following.in_flight, following.done),
+                         (P1, 1, DoneEffect(released=True, proxy=P1, effect="counted",
+                                            consecutive_failures=0)))
+        self.assertIsNone(client.assign(leased, done=Done(lease=first.lease.id)))
 
     def test_assign_returns_none_when_every_member_is_disabled(self) -> None:
         pool = self.service.create_pool()

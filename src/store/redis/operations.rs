@@ -403,6 +403,7 @@ impl RedisStore {
         for _ in 0..MAX_SWEEP_STEPS {
             // Each step sized from what the steps before it cost (see chunks.rs).
             let batch = sizer.size() as u64;
+            self.chunks.rest().await;
             let started = Instant::now();
             let value = self
                 .eval(&self.scripts.sweep, pool, &[batch.to_string().as_bytes()])
@@ -414,7 +415,8 @@ impl RedisStore {
                 Err(e) => return Err(e),
             };
             let done = step.swept.reclaimed + step.swept.returned;
-            sizer.record(
+            self.chunks.ran(
+                sizer,
                 usize::try_from(done).unwrap_or(usize::MAX),
                 started.elapsed(),
             );
@@ -1089,11 +1091,12 @@ impl Store for RedisStore {
         let mut start = seed.assignments;
         let mut pending_adds = seed.pending_adds;
         for chunk in sizer.chunks(&seed.members) {
+            self.chunks.rest().await;
             let started = Instant::now();
             let part = self
                 .seed_chunk(pool, seed, chunk, start, pending_adds)
                 .await?;
-            sizer.record(chunk.len(), started.elapsed());
+            self.chunks.ran(sizer, chunk.len(), started.elapsed());
             start = Some(part.start_assignments);
             if seed.dry_run {
                 pending_adds += part.added.len() as u64;
@@ -1147,9 +1150,14 @@ impl Store for RedisStore {
                 ineligible_count.to_string(),
             ];
             let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+            // Paced like a large operation's chunks: a client paging through a large pool
+            // sends piece after piece.
+            self.chunks.rest().await;
+            let started = Instant::now();
             let value = self
                 .eval_keyed(&self.scripts.members, pool, None, &extra, &args)
                 .await?;
+            self.chunks.ran_piece(started.elapsed());
             let piece = MembersReply::decode(value, target.is_some())?;
             // A set that gave fewer than asked has nothing more.
             eligible_left = if piece.eligible.len() < eligible_count {
@@ -1182,11 +1190,12 @@ impl Store for RedisStore {
         let sizer = &self.chunks.disable;
         let mut report = DisableReport::default();
         for chunk in sizer.chunks(members) {
+            self.chunks.rest().await;
             let started = Instant::now();
             let value = self
                 .member_script(&self.scripts.disable, pool, reason.as_bytes(), chunk)
                 .await?;
-            sizer.record(chunk.len(), started.elapsed());
+            self.chunks.ran(sizer, chunk.len(), started.elapsed());
             let DisableReply(outcomes) = DisableReply::decode(value, chunk.len())?;
             for (member, outcome) in chunk.iter().zip(outcomes) {
                 match outcome {
@@ -1211,11 +1220,12 @@ impl Store for RedisStore {
         let policy = restore.map(RestorePolicy::as_str).unwrap_or("");
         let mut report: Option<EnableReport> = None;
         for chunk in sizer.chunks(members) {
+            self.chunks.rest().await;
             let started = Instant::now();
             let value = self
                 .member_script(&self.scripts.enable, pool, policy.as_bytes(), chunk)
                 .await?;
-            sizer.record(chunk.len(), started.elapsed());
+            self.chunks.ran(sizer, chunk.len(), started.elapsed());
             let reply = EnableReply::decode(value, chunk.len())?;
             let report = report.get_or_insert_with(|| EnableReport {
                 restore: reply.restore,
@@ -1251,9 +1261,10 @@ impl Store for RedisStore {
         let mut report = RemoveReport::default();
         for chunk in sizer.chunks(members) {
             let args: Vec<&[u8]> = chunk.iter().map(|m| m.as_str().as_bytes()).collect();
+            self.chunks.rest().await;
             let started = Instant::now();
             let value = self.eval(&self.scripts.remove, pool, &args).await?;
-            sizer.record(chunk.len(), started.elapsed());
+            self.chunks.ran(sizer, chunk.len(), started.elapsed());
             let RemoveReply(removed) = RemoveReply::decode(value, chunk.len())?;
             for (member, removed) in chunk.iter().zip(removed) {
                 if removed {

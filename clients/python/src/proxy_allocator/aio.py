@@ -20,6 +20,7 @@ from .client import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_TIMEOUT,
     Assignment,
+    Done,
     Labels,
     Lease,
     Leased,
@@ -97,15 +98,26 @@ class AsyncClient:
 
     async def assign(self, pool: str, ttl_ms: Optional[int] = None, *,
                      labels: Optional[Labels] = None, target: Optional[str] = None,
-                     count: Optional[int] = None, raise_if_empty: bool = False
+                     count: Optional[int] = None, session: Optional[str] = None,
+                     session_ttl_ms: Optional[int] = None, done: Optional[Done] = None,
+                     raise_if_empty: bool = False
                      ) -> Union[Optional[Assignment], List[Assignment]]:
         """As :meth:`Client.assign`: a member (carrying ``labels`` when given, not banned
-        for ``target``), ``None`` on 204 (or with ``raise_if_empty``
-        :class:`NoProxyAvailable` with ``retry_after``); with ``count``, a list of up to
-        that many distinct members, empty on 204."""
+        for ``target``, the same one for a live ``session`` while it stays eligible),
+        ``None`` on 204 (or with ``raise_if_empty`` :class:`NoProxyAvailable` with
+        ``retry_after``); with ``count``, a list of up to that many distinct members, empty
+        on 204. ``done`` (a :class:`Done`) reports the previous request and releases its
+        lease in the same step, before the pick (``assignment.done`` says what it did)."""
         answer = await self._call("/pools/{}/assign".format(_segment(pool)),
-                                  _assign_body(ttl_ms, labels, target, count))
+                                  _assign_body(ttl_ms, labels, target, count, session,
+                                               session_ttl_ms, done))
         return _assigned(pool, answer, raise_if_empty, count)
+
+    async def end_session(self, pool: str, session: str) -> None:
+        """As :meth:`Client.end_session`: ends a sticky session, :class:`NotFound`
+        (``session_not_found``) when the pool has no such live session."""
+        await self._call("/pools/{}/sessions/{}".format(_segment(pool), _segment(session)),
+                         method="DELETE")
 
     async def release(self, pool: str, lease_id: str) -> None:
         """As :meth:`Client.release`: ends a lease, :class:`NotFound` when it is not live."""

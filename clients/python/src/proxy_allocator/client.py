@@ -66,11 +66,87 @@ class Lease:
 
 
 @dataclass
+class Session:
+    """A sticky session as an assign left it: its ``id``, when it ends unless another assign
+    names it (``expires_at``, RFC 3339, the store's clock), and whether this assign moved it
+    to another member because its own was no longer eligible (``repinned``)."""
+
+    id: str
+    expires_at: str
+    repinned: bool
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Session":
+        """The session as the service writes it (``{"id", "expires_at", "repinned"}``)."""
+        return cls(id=data["id"], expires_at=data["expires_at"],
+                   repinned=bool(data["repinned"]))
+
+
+@dataclass
+class Done:
+    """How the worker's previous request through a pool ended, sent with the next assign
+    (``assign(..., done=...)``) instead of a report and a release of their own: the service
+    applies it first, in the same atomic step as the pick, so a proxy the report takes out
+    is not handed out again.
+
+    ``proxy`` and ``result`` (``ok``, ``failed``, ``blocked``; ``status`` and ``target`` as
+    in :meth:`Client.report`) report an outcome; ``lease`` (an ``assignment.lease.id``)
+    releases a lease of a least-in-flight pool, with an optional ``result`` about its
+    proxy (``proxy`` may then be left out).
+    """
+
+    proxy: Optional[str] = None
+    result: Optional[str] = None
+    status: Optional[int] = None
+    target: Optional[str] = None
+    lease: Optional[str] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        """The assign body's ``done``, after checking that it says something."""
+        if self.lease is None and (self.proxy is None or self.result is None):
+            raise ValueError("done needs a lease, or a proxy and a result")
+        if self.result is not None:
+            _check_result(self.result)
+        body: Dict[str, Any] = {}
+        for name in ("proxy", "result", "status", "target", "lease"):
+            value = getattr(self, name)
+            if value is not None:
+                body[name] = value
+        return body
+
+
+@dataclass
+class DoneEffect:
+    """What the service did with an assign's :class:`Done`: the report's ``effect`` (as
+    :class:`Outcome` says it; ``unknown`` for a proxy the pool does not have; ``None``
+    without a result), the proxy's ``consecutive_failures`` and ``banned_until``, and
+    whether the lease was live and is now ``released``. An unknown proxy or lease never
+    fails the assign."""
+
+    released: bool
+    proxy: Optional[str] = None
+    effect: Optional[str] = None
+    consecutive_failures: Optional[int] = None
+    banned_until: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "DoneEffect":
+        """The answer's ``done`` as the service writes it."""
+        failures = data.get("consecutive_failures")
+        return cls(released=bool(data["released"]), proxy=data.get("proxy"),
+                   effect=data.get("effect"),
+                   consecutive_failures=None if failures is None else int(failures),
+                   banned_until=data.get("banned_until"))
+
+
+@dataclass
 class Assignment:
     """A member handed out by ``assign``.
 
     ``assignments`` is the member's count after this assignment. On a least-in-flight
-    pool, ``in_flight`` (its live leases, this one included) and ``lease`` are set too.
+    pool, ``in_flight`` (its live leases, this one included) and ``lease`` are set too; in a
+    sticky session, ``session``; for an assign that carried a :class:`Done`, ``done`` says
+    what it did.
     """
 
     pool: str
@@ -78,6 +154,8 @@ class Assignment:
     assignments: int
     in_flight: Optional[int] = None
     lease: Optional[Lease] = None
+    session: Optional[Session] = None
+    done: Optional[DoneEffect] = None
 
     @property
     def proxies(self) -> Dict[str, str]:
@@ -89,12 +167,16 @@ class Assignment:
     def from_json(cls, data: Mapping[str, Any]) -> "Assignment":
         """The assignment as the service writes it."""
         lease = data.get("lease")
+        session = data.get("session")
+        done = data.get("done")
         return cls(
             pool=data["pool"],
             proxy=data["proxy"],
             assignments=int(data["assignments"]),
             in_flight=None if data.get("in_flight") is None else int(data["in_flight"]),
             lease=None if lease is None else Lease.from_json(lease),
+            session=None if session is None else Session.from_json(session),
+            done=None if done is None else DoneEffect.from_json(done),
         )
 
 
@@ -239,7 +321,10 @@ Labels = Mapping[str, Union[str, Sequence[str]]]
 
 def _assign_body(ttl_ms: Optional[int], labels: Optional[Labels],
                  target: Optional[str] = None,
-                 count: Optional[int] = None) -> Optional[Dict[str, Any]]:
+                 count: Optional[int] = None,
+                 session: Optional[str] = None,
+                 session_ttl_ms: Optional[int] = None,
+                 done: Optional[Done] = None) -> Optional[Dict[str, Any]]:
     """The optional body of an assign. New assign fields of the service join here, and only
     once the service accepts them: it refuses unknown fields."""
     body: Dict[str, Any] = {}
@@ -252,6 +337,12 @@ def _assign_body(ttl_ms: Optional[int], labels: Optional[Labels],
         body["count"] = int(count)
     if target is not None:
         body["target"] = target
+    if session is not None:
+        body["session"] = session
+    if session_ttl_ms is not None:
+        body["session_ttl_ms"] = int(session_ttl_ms)
+    if done is not None:
+        body["done"] = done.to_json()
     return body or None
 
 
@@ -370,7 +461,8 @@ class Client:
 
     def assign(self, pool: str, ttl_ms: Optional[int] = None, *,
                labels: Optional[Labels] = None, target: Optional[str] = None,
-               count: Optional[int] = None,
+               count: Optional[int] = None, session: Optional[str] = None,
+               session_ttl_ms: Optional[int] = None, done: Optional[Done] = None,
                raise_if_empty: bool = False) -> Union[Optional[Assignment], List[Assignment]]:
         """Asks for a member of ``pool``; ``None`` when it has none to give (HTTP 204: skip
         this request), or with ``raise_if_empty`` :class:`NoProxyAvailable`, whose
@@ -381,14 +473,29 @@ class Client:
         host blocked (see :meth:`report`) are skipped while their ban lasts. ``count`` (1 to
         100) asks for up to that many distinct members at once: the answer is then a list of
         assignments in pick order (each with its own lease on a least-in-flight pool),
-        shorter when fewer fit, empty on 204.
+        shorter when fewer fit, empty on 204. ``session`` (1 to 128 visible ASCII
+        characters, your own id) keeps handing out the same member while it stays eligible
+        for the request, else moves the session to a fresh pick (``assignment.session.
+        repinned``); each call slides the session's end to ``session_ttl_ms`` (the pool's by
+        default) from now. It does not combine with ``count``.
+
+        ``done`` (a :class:`Done`) reports how the previous request through this pool
+        ended and releases its lease in the same step, before the pick: one call per
+        request cycle instead of two. It is applied also when the answer is 204; what it
+        did is ``assignment.done`` (with ``count``, on the first assignment).
 
         Raises :class:`NotFound` (``pool_not_found``), :class:`Unauthorized`,
         :class:`Unavailable`, or :class:`ProxyAllocatorError` for other error answers.
         """
         answer = self._call("POST", "/pools/{}/assign".format(_segment(pool)),
-                            _assign_body(ttl_ms, labels, target, count))
+                            _assign_body(ttl_ms, labels, target, count, session,
+                                         session_ttl_ms, done))
         return _assigned(pool, answer, raise_if_empty, count)
+
+    def end_session(self, pool: str, session: str) -> None:
+        """Ends a sticky session: the next assign naming it picks afresh. Raises
+        :class:`NotFound` (``session_not_found``) when the pool has no such live session."""
+        self._call("DELETE", "/pools/{}/sessions/{}".format(_segment(pool), _segment(session)))
 
     def release(self, pool: str, lease_id: str) -> None:
         """Ends a lease. Raises :class:`NotFound` (``lease_not_found``) when it is not live:
@@ -484,7 +591,11 @@ def _assigned(pool: str, answer: _Answer, raise_if_empty: bool,
             raise NoProxyAvailable(pool, retry_after=answer.retry_after)
         return None if count is None else []
     if count is not None:
-        return [Assignment.from_json(entry) for entry in answer.data["assigned"]]
+        batch = [Assignment.from_json(entry) for entry in answer.data["assigned"]]
+        done = answer.data.get("done")
+        if batch and done is not None:
+            batch[0].done = DoneEffect.from_json(done)
+        return batch
     return Assignment.from_json(answer.data)
 
 

@@ -11,7 +11,11 @@ Install with ``pip install 'proxy-allocator[scrapy]'`` and enable it in ``settin
 Before each download it assigns a member (through the asyncio client, so the reactor never
 waits) and sets ``request.meta["proxy"]``; after it, it reports ``ok``, ``blocked`` (the
 statuses in ``PROXY_ALLOCATOR_BLOCKED_CODES``) or ``failed`` (a download exception) and
-releases the lease, if the pool gave one. The request's host is the assign's and the
+releases the lease, if the pool gave one: by default both ride on the next request's assign
+to the same pool (the assign's ``done``: one call and one store step per request instead of
+two), or go alone after ``PROXY_ALLOCATOR_DONE_DELAY`` seconds (0.5) when no assign comes
+first, and at the latest when the spider closes (``PROXY_ALLOCATOR_CARRY_DONE = False``
+sends each at once). The request's host is the assign's and the
 report's ``target``: a site that blocks a proxy bans it for that site only, and the pool's
 per-target pacing applies (``PROXY_ALLOCATOR_PER_TARGET = False`` sends no target, so a
 block takes the proxy out for every site). A 204 (no proxy right now) or a 503 makes the
@@ -23,8 +27,10 @@ turns the proxy's credentials into a ``Proxy-Authorization`` header, and after
 
 import asyncio
 import logging
+import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, Optional
+from typing import Any, Deque, Dict, FrozenSet, Optional, Tuple
 
 from scrapy import Request, Spider, signals
 from scrapy.crawler import Crawler
@@ -34,7 +40,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.reactor import is_asyncio_reactor_installed
 
 from .aio import AsyncClient
-from .client import DEFAULT_TIMEOUT
+from .client import DEFAULT_TIMEOUT, Done, DoneEffect
 from .errors import NoProxyAvailable, ProxyAllocatorError, Unavailable
 
 logger = logging.getLogger("proxy_allocator.scrapy")
@@ -56,19 +62,7 @@ META_SKIP = "proxy_allocator_skip"
 META_PROXY = "proxy_allocator_proxy"
 _META_USED = "_proxy_allocator_used"
 
-#: Meta keys that need sticky sessions in the service, which this version of it does not
-#: offer: a request naming them fails rather than silently getting a proxy that ignores
-#: them.
-_WAITING_FOR_SERVICE = (META_SESSION,)
-
-
-class SelectionNotSupported(ProxyAllocatorError):
-    """A request asked for a session, which this version of the service cannot keep."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(None, "selection_not_supported",
-                         "request.meta[{!r}] needs per-request selection, which this version "
-                         "of the service does not offer".format(key))
+META_SESSION_TTL_MS = "proxy_allocator_session_ttl_ms"
 
 
 @dataclass
@@ -81,15 +75,36 @@ class _Used:
     target: Optional[str]
 
 
+#: Seconds a finished download's report and release wait for an assign to carry them.
+DEFAULT_DONE_DELAY = 0.5
+
+
+@dataclass
+class _Finished:
+    """A download whose report (``result``, ``status``) and lease release are still to be
+    sent: with the next assign to its pool, or alone once ``due`` (monotonic seconds)."""
+
+    used: _Used
+    result: Optional[str]
+    status: Optional[int]
+    due: float
+
+    def done(self) -> Done:
+        """The assign's ``done`` that reports and releases it."""
+        return Done(proxy=self.used.proxy, result=self.result, status=self.status,
+                    target=self.used.target if self.result is not None else None,
+                    lease=self.used.lease_id)
+
+
 class ProxyAllocatorMiddleware:
     """The downloader middleware; see the module's documentation for its settings.
 
     Per request, ``request.meta`` may name another pool (``proxy_allocator_pool``), labels
     (``proxy_allocator_labels``, instead of ``PROXY_ALLOCATOR_LABELS``), the target
-    (``proxy_allocator_target``; by default the request's host), or skip the middleware
-    (``proxy_allocator_skip``). ``proxy_allocator_session`` needs sticky sessions, which
-    this version of the service does not keep: a request that names one fails with
-    :class:`SelectionNotSupported`.
+    (``proxy_allocator_target``; by default the request's host), a sticky session
+    (``proxy_allocator_session``, with ``proxy_allocator_session_ttl_ms``: every request
+    naming it goes out through the same proxy while that proxy stays eligible for it), or
+    skip the middleware (``proxy_allocator_skip``).
     """
 
     def __init__(self, crawler: Crawler) -> None:
@@ -124,6 +139,11 @@ class ProxyAllocatorMiddleware:
         # Leases not yet released, so that a download that never comes back (cancelled
         # when the spider closes) still gets its lease released.
         self._live: Dict[str, _Used] = {}
+        self.carry = settings.getbool("PROXY_ALLOCATOR_CARRY_DONE", True)
+        self.done_delay = settings.getfloat("PROXY_ALLOCATOR_DONE_DELAY", DEFAULT_DONE_DELAY)
+        # Finished downloads per pool, oldest first, waiting for an assign to carry them.
+        self._finished: Dict[str, Deque[_Finished]] = {}
+        self._sender: Optional["asyncio.Task[None]"] = None
         crawler.signals.connect(self.spider_closed, signal=signals.spider_closed)
 
     @classmethod
@@ -141,25 +161,36 @@ class ProxyAllocatorMiddleware:
         meta = request.meta
         if meta.get(META_SKIP):
             return None
-        for key in _WAITING_FOR_SERVICE:
-            if meta.get(key) is not None:
-                raise SelectionNotSupported(key)
         pool = meta.get(META_POOL) or self.pool
         labels = meta.get(META_LABELS, self.labels)
         target = None
         if self.per_target:
             target = meta.get(META_TARGET) or urlparse_cached(request).hostname or None
         waited = 0.0
+        session = meta.get(META_SESSION)
         while True:
+            # An assign in a session does not carry done: the service refuses the two
+            # together, so a session's request leaves what finished to the others.
+            carried = None if session is not None else self._take_finished(pool)
             try:
-                assigned = await self.client.assign(pool, self.lease_ttl_ms, labels=labels,
-                                                    target=target, raise_if_empty=True)
+                assigned = await self.client.assign(
+                    pool, self.lease_ttl_ms, labels=labels, target=target,
+                    session=session,
+                    session_ttl_ms=meta.get(META_SESSION_TTL_MS),
+                    done=None if carried is None else carried.done(), raise_if_empty=True)
+                if carried is not None:
+                    self._count_done(carried, assigned.done if assigned is not None else None)
                 break
             except NoProxyAvailable as empty:
+                if carried is not None:
+                    # A 204 applies the done all the same, but says nothing of what it did.
+                    self._count_done(carried, None)
                 self._inc("no_proxy")
                 wait = empty.retry_after or self.empty_wait
                 logger.debug("no proxy in pool %r right now, waiting %s s", pool, wait)
             except Unavailable as down:
+                if carried is not None:
+                    self._put_back(carried)
                 self._inc("unavailable")
                 wait = down.retry_after or self.empty_wait
                 logger.warning("no proxy from pool %r (%s), waiting %s s", pool, down, wait)
@@ -206,9 +237,81 @@ class ProxyAllocatorMiddleware:
         return None
 
     async def _finish(self, used: _Used, result: Optional[str], status: Optional[int]) -> None:
-        """Releases, then reports. Failures are logged and counted, never raised: the
-        response matters more, and an unreleased lease is reclaimed after its ttl."""
-        if used.lease_id is not None and self._live.pop(used.lease_id, None) is not None:
+        """Reports ``result`` and releases the lease: carried by the next assign to the
+        pool when ``PROXY_ALLOCATOR_CARRY_DONE`` (the default), else at once."""
+        live = used.lease_id is not None and self._live.pop(used.lease_id, None) is not None
+        if not live and result is None:
+            return
+        if not live:
+            used = _Used(pool=used.pool, proxy=used.proxy, lease_id=None, target=used.target)
+        if not self.carry:
+            self._inc("sent_alone")
+            await self._send(used, result, status)
+            return
+        finished = _Finished(used, result, status, time.monotonic() + self.done_delay)
+        self._finished.setdefault(used.pool, deque()).append(finished)
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.ensure_future(self._send_when_due())
+
+    def _take_finished(self, pool: str) -> Optional[_Finished]:
+        """The oldest finished download of ``pool``, for an assign to carry."""
+        waiting = self._finished.get(pool)
+        if not waiting:
+            return None
+        finished = waiting.popleft()
+        if not waiting:
+            del self._finished[pool]
+        return finished
+
+    def _put_back(self, finished: _Finished) -> None:
+        """An assign that failed before the service applied its done: send it later."""
+        self._finished.setdefault(finished.used.pool, deque()).appendleft(finished)
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.ensure_future(self._send_when_due())
+
+    def _count_done(self, finished: _Finished, effect: Optional[DoneEffect]) -> None:
+        """Stats for a done an assign carried; ``effect`` is ``None`` on a 204, whose empty
+        answer does not say what it did (the lease was live, so it counts as released)."""
+        self._inc("carried")
+        if finished.used.lease_id is not None and (effect is None or effect.released):
+            self._inc("released")
+        if finished.result is not None:
+            self._inc("reported/" + finished.result)
+            if effect is not None and effect.effect in ("tripped", "banned"):
+                self._inc(effect.effect)
+
+    async def _send_when_due(self) -> None:
+        """Sends alone each finished download no assign carried before it was due."""
+        while self._finished:
+            now = time.monotonic()
+            due = [f for waiting in self._finished.values() for f in waiting if f.due <= now]
+            for finished in due:
+                waiting = self._finished.get(finished.used.pool)
+                if waiting is None or finished not in waiting:
+                    continue  # an assign took it meanwhile
+                waiting.remove(finished)
+                if not waiting:
+                    del self._finished[finished.used.pool]
+                self._inc("sent_alone")
+                await self._send(finished.used, finished.result, finished.status)
+            if self._finished:
+                soonest = min(f.due for waiting in self._finished.values() for f in waiting)
+                await asyncio.sleep(max(soonest - time.monotonic(), 0.0))
+
+    async def _send_all(self) -> None:
+        """Sends every finished download still waiting, at once."""
+        while self._finished:
+            pool = next(iter(self._finished))
+            finished = self._take_finished(pool)
+            assert finished is not None
+            self._inc("sent_alone")
+            await self._send(finished.used, finished.result, finished.status)
+
+    async def _send(self, used: _Used, result: Optional[str], status: Optional[int]) -> None:
+        """Releases, then reports, each in a call of its own. Failures are logged and
+        counted, never raised: the response matters more, and an unreleased lease is
+        reclaimed after its ttl."""
+        if used.lease_id is not None:
             try:
                 await self.client.release(used.pool, used.lease_id)
                 self._inc("released")
@@ -230,8 +333,13 @@ class ProxyAllocatorMiddleware:
             self._inc(outcome.effect)
 
     async def spider_closed(self, spider: Spider) -> None:
-        """Releases the leases of downloads that never came back, then closes the client."""
+        """Sends what finished downloads left to send, releases the leases of downloads
+        that never came back, then closes the client."""
+        if self._sender is not None:
+            self._sender.cancel()
+        await self._send_all()
         for used in list(self._live.values()):
+            self._live.pop(used.lease_id or "", None)
             self._inc("released_at_close")
-            await self._finish(used, None, None)
+            await self._send(used, None, None)
         await self.client.aclose()
