@@ -596,22 +596,29 @@ impl Store for RedisStore {
             .run_assign(pool, request, count, None, Some(done))
             .await?;
         let AssignDoneReply { done: reply, pick } = AssignDoneReply::decode(value)?;
-        // One hint for both: the script's covers the report's trip and the pick's leases.
-        self.hint_due(pool, reply.due_hint).await?;
-        let pick = match pick {
+        // One hint for the report's trip and the pick's leases: the earlier.
+        let (pick, leases_due) = match pick {
             AssignReply::Leased {
                 expires_at,
                 ttl_ms,
                 members,
-                ..
-            } => AssignReply::Leased {
-                expires_at,
-                ttl_ms,
-                due_hint: None,
-                members,
-            },
-            other => other,
+                due_hint,
+            } => (
+                AssignReply::Leased {
+                    expires_at,
+                    ttl_ms,
+                    due_hint: None,
+                    members,
+                },
+                due_hint,
+            ),
+            other => (other, None),
         };
+        let hint = match (reply.due_hint, leases_due) {
+            (Some(report), Some(leases)) => Some(report.min(leases)),
+            (report, leases) => report.or(leases),
+        };
+        self.hint_due(pool, hint).await?;
         let batch = self.batch_of(pool, pick, ids).await?;
         let mut summary = DoneSummary {
             released: reply.released,

@@ -11,9 +11,11 @@ use redis::Script;
 /// of it), `with_reports` (the same helpers and `report.lua`, the outcome rules, in front of
 /// it), `fast_path_then_helpers` (`<name>_fast.lua`, then the file with its helpers: a
 /// script that answers its common case before the helpers' closures are made) or
-/// `picking_after_done` (the helpers, `report.lua`, the file, then the whole assign,
-/// `assign_fast.lua` and `assign.lua`, as a function the file's answer calls: the assign
-/// that applies the worker's last outcome first).
+/// `picking_after_done` (the assign that applies the worker's last outcome first:
+/// `<name>_fast.lua`, which answers the outcome that changes nothing before any helper
+/// exists, then the whole plain assign as the function `pick` for it, then for every
+/// other outcome the helpers, `report.lua` and the file, which applies it, and the assign
+/// again as a function on those helpers, so that their closures are made once).
 macro_rules! scripts {
     ($($name:ident: $source:ident,)*) => {
         /// Every script of the store.
@@ -60,15 +62,23 @@ macro_rules! scripts {
     };
     (@picking_after_done $name:ident) => {
         Script::new(concat!(
+            include_str!(concat!("../scripts/", stringify!($name), "_fast.lua")),
+            "local function pick()\n",
+            include_str!("../scripts/assign_fast.lua"),
+            include_str!("../scripts/labels.lua"),
+            include_str!("../scripts/leases.lua"),
+            include_str!("../scripts/health.lua"),
+            include_str!("../scripts/assign.lua"),
+            "end\nif done then\n    return {1, done, pick()}\nend\n",
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
             include_str!("../scripts/health.lua"),
             include_str!("../scripts/report.lua"),
             include_str!(concat!("../scripts/", stringify!($name), ".lua")),
-            "local function pick()\n",
+            "local function pick_after_done()\n",
             include_str!("../scripts/assign_fast.lua"),
             include_str!("../scripts/assign.lua"),
-            "end\nreturn with_done(done, pick())\n"
+            "end\nreturn with_done(done, pick_after_done())\n"
         ))
     };
     (@with_helpers $name:ident) => {

@@ -269,6 +269,22 @@ async fn assign_done(redis: &TestRedis) {
             pick: AssignReply::Assigned(vec![(member("b"), 4)]),
         }
     );
+    // An `ok` about an eligible member with a clean record changes nothing (the script's
+    // head answers it before any helper exists).
+    let clean = AssignDoneReply::decode(run_assign_done(redis, &used, "l0", ["b", "ok", ""]).await)
+        .expect("decodes");
+    assert_eq!(
+        clean,
+        AssignDoneReply {
+            done: DoneReply {
+                report: Some(Some((Effect::Counted, 0, None))),
+                released: false,
+                due_hint: None,
+                member: Some(member("b")),
+            },
+            pick: AssignReply::Assigned(vec![(member("b"), 5)]),
+        }
+    );
     // A member the pool does not have; no report at all.
     let unknown =
         AssignDoneReply::decode(run_assign_done(redis, &used, "l0", ["nobody", "ok", ""]).await)
@@ -293,7 +309,7 @@ async fn assign_done(redis: &TestRedis) {
             member: None,
         }
     );
-    assert_eq!(none.pick, AssignReply::Assigned(vec![(member("b"), 6)]));
+    assert_eq!(none.pick, AssignReply::Assigned(vec![(member("b"), 7)]));
 
     // A lease released and reported about through it, and the next one leased.
     let leased = pool("assign-done-leased");

@@ -1,9 +1,10 @@
--- The head of an assign that carries `done`, how the worker's previous use of the pool
--- ended: put after the helpers and report.lua, and followed by assign_fast.lua and
--- assign.lua wrapped in `local function pick()` (see `picking_after_done` in
--- redis/scripts.rs), so that the report and the release are applied first and the pick,
--- in the same script call, sees what they did (a member the report takes out is not
--- picked), and then by `return with_done(done, pick())`.
+-- How the worker's previous use of the pool ended (`done`), applied before the pick in the
+-- same script call: put after assign_done_fast.lua (which answers the `done` that changes
+-- nothing, with the plain assign as its `pick`), the helpers and report.lua, and followed
+-- by assign_fast.lua and assign.lua wrapped in `local function pick_after_done()`, which
+-- uses these helpers (see `picking_after_done` in redis/scripts.rs). The report and the
+-- release are applied first, so that the pick sees what they did (a member the report
+-- takes out is not picked), and then `return with_done(done, pick_after_done())`.
 -- KEYS and ARGV are the assign's (see assign.lua), then, after them, this part's own: when
 -- the report names a target, one more key, its ban hash (see report.lua); and seven
 -- arguments: the member reported about ('' for the lease's member), the result
@@ -67,4 +68,4 @@ local function with_done(done, picked)
     return {1, done, picked}
 end
 
-local done = apply_done()
+done = apply_done()
