@@ -606,11 +606,12 @@ impl Pool {
     }
 
     /// How long until the earliest return, when nothing is eligible.
-    /// When the pool's next lease expires or member returns, if ever.
+    /// When the pool's next lease expires, member returns or session ends, if ever.
     fn next_due(&self) -> Option<Timestamp> {
         let lease = self.expiry.first().map(|(at, _)| *at);
         let back = self.returns.first().map(|(at, _)| *at);
-        lease.into_iter().chain(back).min()
+        let session = self.sessions.first_end();
+        lease.into_iter().chain(back).chain(session).min()
     }
 
     fn next_return(&self, now: Timestamp) -> Option<Duration> {
@@ -1898,13 +1899,16 @@ impl Store for EmbeddedStore {
                         reclaimed: p.reclaim_expired(now, batch),
                         returned: p.return_due(now, batch),
                     };
-                    let done = step.reclaimed + step.returned;
+                    // Ended sessions go too, so that memory follows the live ones even in
+                    // a pool nobody assigns from any more (assigns clear a few each).
+                    let ended = p.sessions.clear_ended_up_to(now, batch);
+                    let done = step.reclaimed + step.returned + ended;
                     self.chunks.ran(
                         sizer,
                         usize::try_from(done).unwrap_or(usize::MAX),
                         started.elapsed(),
                     );
-                    step
+                    (step, ended)
                 }) {
                     Ok((step, step_end)) => {
                         end = step_end.or(end);
@@ -1914,8 +1918,9 @@ impl Store for EmbeddedStore {
                     Err(StoreError::PoolNotFound) => break,
                     Err(error) => return Err(error),
                 };
+                let (step, ended) = step;
                 swept = swept + step;
-                if step.reclaimed < batch && step.returned < batch {
+                if step.reclaimed < batch && step.returned < batch && ended < batch {
                     break;
                 }
                 tokio::task::yield_now().await;
@@ -2667,6 +2672,42 @@ mod tests {
                 .await
                 .expect("seeded");
         }
+    }
+
+    #[tokio::test]
+    async fn the_sweep_clears_ended_sessions_of_a_pool_nobody_assigns_from() {
+        let store = EmbeddedStore::new();
+        store
+            .put_pool(&pool("a"), &PoolConfig::default())
+            .await
+            .expect("a");
+        let now = Timestamp::now();
+        // 300 sessions that ended a moment ago and one that lives on, pinned as assigns
+        // would have left them; with_pool puts the pool in the due index at the first end.
+        store
+            .with_pool(&pool("a"), |p, _| {
+                for n in 0..300 {
+                    let id = SessionId::parse("session", &format!("s{n}")).expect("id");
+                    let ended = Timestamp(now.0 - 1);
+                    p.sessions
+                        .pin(&id, MemberId::from_stored("m".into()), ended);
+                }
+                let live = SessionId::parse("session", "live").expect("id");
+                p.sessions.pin(
+                    &live,
+                    MemberId::from_stored("m".into()),
+                    Timestamp(now.0 + 600_000),
+                );
+            })
+            .expect("pinned");
+        store.sweep().await.expect("swept");
+        let inner = store.inner.lock().expect("lock");
+        let p = inner.pools.get(&pool("a")).expect("the pool");
+        assert_eq!(p.sessions.len(), 1);
+        assert_eq!(
+            inner.sweep_due.get(&pool("a")),
+            Some(Timestamp(now.0 + 600_000))
+        );
     }
 
     /// On a paused clock, which moves only while the store rests between chunks.

@@ -1,7 +1,8 @@
 //! The embedded store's sticky sessions, by the rules of `scripts/assign.lua`: each session
 //! pins one member until it ends, and every assign naming it moves its end. Memory follows
 //! what is live: each assign in a session first clears a few sessions that have ended, as
-//! the Redis index is cleared, and a session read after its end counts as absent. Kept in
+//! the Redis index is cleared, the sweep clears the rest when the first end falls due (the
+//! pool's due time counts it), and a session read after its end counts as absent. Kept in
 //! memory only: after a restart every session starts anew, which costs its next assign a
 //! fresh pick.
 
@@ -22,16 +23,31 @@ pub(super) struct Sessions {
 impl Sessions {
     /// Forgets up to [`CLEANUP`] sessions that ended by `now`, earliest first.
     pub(super) fn clear_ended(&mut self, now: Timestamp) {
-        for _ in 0..CLEANUP {
+        self.clear_ended_up_to(now, CLEANUP as u64);
+    }
+
+    /// Forgets up to `limit` sessions that ended by `now`, earliest first; how many. The
+    /// sweep calls it when [`Sessions::first_end`] falls due, so that the sessions of a pool
+    /// nobody assigns from any more are gone too.
+    pub(super) fn clear_ended_up_to(&mut self, now: Timestamp, limit: u64) -> u64 {
+        let mut cleared = 0;
+        while cleared < limit {
             match self.by_end.first() {
                 Some((end, _)) if *end <= now => {
                     if let Some((_, ended)) = self.by_end.pop_first() {
                         self.pinned.remove(&ended);
+                        cleared += 1;
                     }
                 }
                 _ => break,
             }
         }
+        cleared
+    }
+
+    /// When the session that ends first ends, if any is held.
+    pub(super) fn first_end(&self) -> Option<Timestamp> {
+        self.by_end.first().map(|(end, _)| *end)
     }
 
     /// The member of `session` when it is live at `now`.
