@@ -32,8 +32,8 @@ SCRIPTS = os.path.join(ROOT, "src", "store", "scripts")
 SCRIPT_PARTS = ["assign_fast.lua", "labels.lua", "leases.lua", "health.lua", "assign.lua"]
 KEY_PARTS = ["meta", "eligible", "ineligible", "taken_out", "by_in_flight", "in_flight",
              "leases", "lease_expiry", "health", "returns", "checks", "check_round", "labels",
-             "by_label", "label_members", "sources", "origins", "seen", "check_fails",
-             "prune", "bans", "paced"]
+             "by_label", "label_members", "sources", "origins", "seen", "check_fails", "prune",
+             "bans", "paced"]
 SIZES = [int(s) for s in os.environ.get("SIZES", "100 10000 1000000").split()]
 DURATION = int(os.environ.get("DURATION", "10"))
 # The machines are shared and noisy: every figure is the median of ROUNDS runs, and the
@@ -48,7 +48,8 @@ WRK_THREADS = int(os.environ.get("WRK_THREADS", "1"))
 # Pool sizes of the in-memory against DATA_DIR comparison.
 DURABLE_SIZES = [int(s) for s in os.environ.get("DURABLE_SIZES", "100 1000000").split()]
 FSYNC_INTERVAL_S = int(os.environ.get("FSYNC_INTERVAL_MS", "1000")) / 1000
-# Which parts run: "redis", "embedded", "durable" (all by default).
+# Which parts run: "redis", "embedded", "durable" (all by default); "kinds" alone runs
+# bench/kinds.py instead, the assign rate per kind of request.
 PARTS = os.environ.get("PARTS", "redis embedded durable").split()
 TOKEN = "bench-token"
 ASSIGN = "service `POST /assign`"
@@ -95,12 +96,15 @@ def to_ms(text):
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def wrk(url, method="POST", threads=None, body=None):
+def wrk(url, method="POST", threads=None, body=None, lua=None):
+    """One wrk run; `lua` is more of its script (a `request` function that varies bodies)."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
         script.write(f'wrk.method = "{method}"\n')
         if body is not None:
             script.write(f'wrk.body = [[{json.dumps(body)}]]\n')
             script.write('wrk.headers["Content-Type"] = "application/json"\n')
+        if lua is not None:
+            script.write(lua)
     out = subprocess.run(
         ["wrk", f"-t{threads or WRK_THREADS}", f"-c{CONNECTIONS}", f"-d{DURATION}s", "--latency", "-s", script.name, url],
         check=True, capture_output=True, text=True,
@@ -116,11 +120,14 @@ def wrk(url, method="POST", threads=None, body=None):
             "socket_errors": errors.group(0) if errors else ""}
 
 
-def redis_benchmark(port, sha, keys, args):
+def redis_benchmark(port, sha, keys, args, rand=None):
+    """One redis-benchmark run of the script; with `rand`, `__rand_int__` in keys and
+    arguments stands for a number below it (12 digits, zero-padded)."""
     requests = max(100_000, 60_000 * DURATION)
+    keyspace = ["-r", str(rand)] if rand else []
     out = subprocess.run(
         ["redis-benchmark", "-p", str(port), "-c", str(CONNECTIONS), "-n", str(requests), "--csv",
-         "EVALSHA", sha, str(len(keys)), *keys, *args],
+         *keyspace, "EVALSHA", sha, str(len(keys)), *keys, *args],
         check=True, capture_output=True, text=True,
     ).stdout.strip().splitlines()
     header = [h.strip('"') for h in out[0].split(",")]
@@ -364,6 +371,11 @@ def durable_rows():
 
 
 def main():
+    if "kinds" in PARTS:
+        import kinds
+
+        kinds.main()
+        return
     rows, durable, extra = [], [], []
     if "redis" in PARTS or "embedded" in PARTS:
         rows = redis_and_embedded_rows()

@@ -1,6 +1,6 @@
 //! The command line: `serve` runs the service (and is what runs when no subcommand is
-//! given); `pools` and `members` are operator commands that talk to a running service over
-//! HTTP with the admin token.
+//! given); `pools`, `members` and `sessions` are operator commands that talk to a running
+//! service over HTTP with the admin token.
 //!
 //! The operator commands print human-readable tables, or with `--json` the service's JSON
 //! answer. They exit with [`EXIT_REFUSED`] when the service refused the request (its error
@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use self::render::Report;
 use self::service::{Body, Service};
 use crate::config::Config;
-use crate::domain::PoolId;
+use crate::domain::{PoolId, SessionId};
 
 /// Exit code when the service refused the request (a 4xx answer).
 pub const EXIT_REFUSED: u8 = 1;
@@ -108,6 +108,8 @@ pub enum Command {
     Pools(PoolsArgs),
     /// Add, import, list, disable and enable the members of a pool of a running service.
     Members(MembersArgs),
+    /// End a sticky session of a pool of a running service.
+    Sessions(SessionsArgs),
     /// Exit 0 when the service answers its liveness probe with 200, else 1: for container
     /// health checks in images without curl or a shell.
     Healthcheck(HealthcheckArgs),
@@ -267,6 +269,31 @@ pub enum PoolsCommand {
     },
 }
 
+/// `proxy-allocator sessions ...`.
+#[derive(Debug, Args)]
+pub struct SessionsArgs {
+    /// How to reach the service.
+    #[command(flatten)]
+    pub remote: Remote,
+    /// What to do with sessions.
+    #[command(subcommand)]
+    pub command: SessionsCommand,
+}
+
+/// Session commands.
+#[derive(Debug, Subcommand)]
+pub enum SessionsCommand {
+    /// End a live session: the next assign naming it picks a member afresh.
+    End {
+        /// The pool.
+        #[arg(value_parser = PoolId::parse)]
+        pool: PoolId,
+        /// The session id, as the workers name it.
+        #[arg(value_parser = |text: &str| SessionId::parse("session", text))]
+        session: SessionId,
+    },
+}
+
 /// `proxy-allocator members ...`.
 #[derive(Debug, Args)]
 pub struct MembersArgs {
@@ -404,6 +431,46 @@ pub async fn pools(args: PoolsArgs) -> ExitCode {
 /// Runs a `members` command, printing its result; the process exit code.
 pub async fn members(args: MembersArgs) -> ExitCode {
     finish(run_members(&args.remote, args.command).await)
+}
+
+/// Runs a `sessions` command, printing its result; the process exit code.
+pub async fn sessions(args: SessionsArgs) -> ExitCode {
+    finish(run_sessions(&args.remote, args.command).await)
+}
+
+async fn run_sessions(remote: &Remote, command: SessionsCommand) -> Result<(), Failure> {
+    let service = Service::new(remote)?;
+    match command {
+        SessionsCommand::End { pool, session } => {
+            service
+                .send(
+                    reqwest::Method::DELETE,
+                    &format!("/pools/{pool}/sessions/{}", path_segment(session.as_str())),
+                    Body::None,
+                )
+                .await?;
+            let answer = json!({ "pool": pool.as_str(), "session": session, "ended": true });
+            print(
+                remote,
+                &answer,
+                Report::done(format!("ended session {session} of pool {pool}\n")),
+            )
+        }
+    }
+}
+
+/// `text` as one path segment: every byte but the unreserved ones (RFC 3986) escaped, so
+/// that a session id holding `/`, `?` or `%` names that session and no other route.
+fn path_segment(text: &str) -> String {
+    let mut segment = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            segment.push(char::from(byte));
+        } else {
+            segment.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    segment
 }
 
 fn finish(result: Result<(), Failure>) -> ExitCode {

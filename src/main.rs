@@ -21,6 +21,7 @@ async fn main() -> ExitCode {
         Command::Serve(config) => serve(*config).await,
         Command::Pools(args) => cli::pools(args).await,
         Command::Members(args) => cli::members(args).await,
+        Command::Sessions(args) => cli::sessions(args).await,
         Command::Healthcheck(args) => cli::healthcheck(args).await,
     }
 }

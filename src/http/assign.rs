@@ -42,7 +42,8 @@ pub struct AssignBody {
     #[serde(default)]
     session: Option<serde_json::Value>,
     /// How long the session lives after this assign (1,000 ms to 24 h; the pool's
-    /// `session_ttl_ms` by default). Only with `session`.
+    /// `session_ttl_ms` by default). Ignored without `session`, as `ttl_ms` is by pools that
+    /// give no leases.
     #[serde(default)]
     session_ttl_ms: Option<serde_json::Value>,
     /// How the worker's previous use of this pool ended, applied before the pick in the
@@ -64,7 +65,14 @@ impl AssignBody {
     fn request(self) -> Result<(AssignRequest, Wanted), ApiError> {
         // `null` is the field left out, as for `target`.
         let session = self.session.as_ref().filter(|v| !v.is_null());
-        let session_ttl = self.session_ttl_ms.as_ref().filter(|v| !v.is_null());
+        // Checked whether or not a session is given, as every field is.
+        let session_ttl = self
+            .session_ttl_ms
+            .as_ref()
+            .filter(|v| !v.is_null())
+            .map(|ttl| SessionTtl::from_json("session_ttl_ms", ttl))
+            .transpose()
+            .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
         let wanted = match (session, self.count) {
             (Some(_), Some(_)) => {
                 return Err(ApiError::InvalidRequest(
@@ -76,16 +84,8 @@ impl AssignBody {
             (Some(id), None) => Wanted::InSession(SessionRequest {
                 id: SessionId::from_json("session", id)
                     .map_err(|e| ApiError::InvalidRequest(e.to_string()))?,
-                ttl: session_ttl
-                    .map(|ttl| SessionTtl::from_json("session_ttl_ms", ttl))
-                    .transpose()
-                    .map_err(|e| ApiError::InvalidRequest(e.to_string()))?,
+                ttl: session_ttl,
             }),
-            (None, _) if session_ttl.is_some() => {
-                return Err(ApiError::InvalidRequest(
-                    "session_ttl_ms: a session ttl is given only with a session".to_owned(),
-                ));
-            }
             (None, Some(count)) => Wanted::Several(count),
             (None, None) => Wanted::One,
         };

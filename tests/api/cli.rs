@@ -450,6 +450,30 @@ async fn operator_options_before_the_command_are_refused_with_a_pointer_to_their
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_end_ends_a_live_session_once_and_escapes_its_id() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    app.create_pool("web", json!({})).await;
+    app.seed("web", &[P1, P2], Some(0)).await;
+    let (status, body) = app
+        .post_json("/pools/web/assign", json!({"session": "user/42?x=%"}))
+        .await;
+    assert_eq!(status, reqwest::StatusCode::OK, "{body}");
+    assert_eq!(
+        run(&app, &["sessions", "end", "web", "user/42?x=%"]).await,
+        Run::ok("ended session user/42?x=% of pool web\n")
+    );
+    assert_eq!(
+        run(&app, &["sessions", "end", "web", "user/42?x=%"]).await,
+        Run::failed(
+            1,
+            "error: no such live session in this pool (session_not_found, HTTP 404)\n"
+        )
+    );
+    let json = run(&app, &["sessions", "end", "web", "gone", "--json"]).await;
+    assert_eq!(json.code, 1, "{json:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_exit_non_zero_with_the_services_message_on_stderr() {
     let app = TestApp::spawn(Backend::Embedded).await;
     assert_eq!(

@@ -438,12 +438,18 @@ async fn a_session_ttl_outside_1_second_to_24_hours_is_refused_naming_the_field(
             "{ttl}"
         );
     }
+    // Without a session there is nothing for it to apply to: ignored, as `ttl_ms` is by a
+    // least-used pool; a ttl out of range is refused all the same.
     let (status, body) = assign_with(&app, "p", json!({"session_ttl_ms": 5000})).await;
-    assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_request");
     assert_eq!(
-        body["error"]["message"],
-        json!("session_ttl_ms: a session ttl is given only with a session")
+        (status, body),
+        (
+            StatusCode::OK,
+            json!({"pool": "p", "proxy": "a", "assignments": 1})
+        )
     );
+    let (status, body) = assign_with(&app, "p", json!({"session_ttl_ms": 10})).await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_request");
     // In the pool's configuration.
     let (status, body) = read(
         app.admin(Method::PUT, "/pools/q")
@@ -460,9 +466,9 @@ async fn a_session_ttl_outside_1_second_to_24_hours_is_refused_naming_the_field(
             .is_some_and(|m| m.contains("session_ttl_ms")),
         "{body}"
     );
-    // Nothing was handed out by any of them.
+    // Nothing was handed out by any refused one.
     let (_, pool) = app.get("/pools/p").await;
-    assert_eq!(pool["stats"]["total_assignments"], json!(0));
+    assert_eq!(pool["stats"]["total_assignments"], json!(1));
 }
 
 async fn a_session_id_that_is_empty_too_long_or_not_visible_ascii_is_refused(app: TestApp) {

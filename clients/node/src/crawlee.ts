@@ -36,7 +36,7 @@ import {
     Unavailable,
     renewInBackground,
 } from './index.js';
-import type { Assignment, Renewing, Result } from './index.js';
+import type { Assignment, Labels, Renewing, Result } from './index.js';
 
 /** Options of {@link ProxyAllocatorProxies}. */
 export interface ProxyAllocatorProxiesOptions {
@@ -44,6 +44,8 @@ export interface ProxyAllocatorProxiesOptions {
     pool: string;
     /** A lease ttl other than the pool's (least-in-flight pools); leases are renewed. */
     ttlMs?: number;
+    /** Only members carrying these labels (`{ country: 'de' }`). */
+    labels?: Labels;
     /** Milliseconds a request waits in all for a proxy (204, 503) before it fails. */
     maxWaitMs?: number;
     /** Milliseconds to wait after a 204 or 503 without `Retry-After`. */
@@ -160,7 +162,11 @@ export class ProxyAllocatorProxies {
         for (;;) {
             let waitMs: number;
             try {
-                const assigned = await this.#client.assign(this.#pool, { ttlMs: this.#options.ttlMs, raiseIfEmpty: true });
+                const assigned = await this.#client.assign(this.#pool, {
+                    ttlMs: this.#options.ttlMs,
+                    labels: this.#options.labels,
+                    raiseIfEmpty: true,
+                });
                 this.stats.assigned += 1;
                 return assigned!;
             } catch (error) {

@@ -17,9 +17,9 @@ const PAGES = 12;
 log.setLevel(log.LEVELS.OFF);
 
 /** Crawls `urls` through `pool`: the pages it got (url, proxy) and the adapter's stats. */
-async function crawl(service, pool, urls, concurrency = 4) {
+async function crawl(service, pool, urls, concurrency = 4, options = {}) {
     const warnings = [];
-    const proxies = new ProxyAllocatorProxies({ client: service.client(), pool, onWarning: (m) => warnings.push(m) });
+    const proxies = new ProxyAllocatorProxies({ client: service.client(), pool, onWarning: (m) => warnings.push(m), ...options });
     const pages = [];
     const crawler = new HttpCrawler(
         {
@@ -106,6 +106,19 @@ for (const store of ['redis', 'embedded']) {
             const poolStats = await service.stats(pool);
             assert.deepEqual([poolStats.in_flight, poolStats.abandoned], [0, 0]);
             assert.deepEqual([stats.reportFailed, stats.releaseFailed, warnings], [0, 0, []]);
+        });
+
+        test('labels keep every session on the members carrying them', async () => {
+            const pool = await service.createPool({ rules: { allow_private: true } });
+            await service.seed(pool, [
+                { member: good.url, labels: { tier: 'a' } },
+                { member: blocked.url, labels: { tier: 'b' } },
+            ]);
+            const { pages, stats } = await crawl(service, pool, site.urls(4), 2, { labels: { tier: 'a' } });
+            assert.deepEqual(new Set(pages.map((p) => `${p.status} ${p.proxy}`)), new Set([`200 ${good.url}`]));
+            assert.deepEqual(site.byClient(), { [`${GOOD_SOURCE} 200`]: 4 });
+            assert.equal((await service.members(pool))[blocked.url].assignments, 0);
+            assert.equal(stats.reported.blocked, 0);
         });
 
         test('waits out a 204 and drops nothing', async () => {
