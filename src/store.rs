@@ -864,7 +864,9 @@ pub trait Store: Send + Sync + 'static {
     /// of at most one.
     ///
     /// # Errors
-    /// As [`Store::assign`]; on an error `done` changed nothing either.
+    /// As [`Store::assign`]. When the pool does not exist nothing changes; when the pick is
+    /// refused as [`StoreError::FilterTooCostly`], `done` was applied all the same (it is
+    /// the first half of the same step).
     async fn assign_after_done(
         &self,
         pool: &PoolId,
