@@ -13,9 +13,12 @@ use std::sync::Arc;
 use base64::Engine;
 use hyper::Uri;
 use hyper::http::HeaderValue;
-use hyper_util::client::legacy::connect::proxy::{SocksV4, SocksV5, Tunnel};
+use hyper_util::client::legacy::connect::proxy::{SocksV4, SocksV5};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tower::Service;
 
@@ -224,6 +227,11 @@ impl Dialer {
         let target: Uri = format!("http://{host}:{port}")
             .parse()
             .map_err(|error| failed("the target", error))?;
+        if matches!(upstream.scheme, Scheme::Http | Scheme::Https) {
+            // Our own CONNECT rather than hyper-util's tunnel, which drops whatever arrives
+            // with the proxy's answer: see `connect_through`.
+            return connect_through(connection, &target, upstream.authorization()).await;
+        }
         let proxy = upstream.uri();
         let mut ready = Some(TokioIo::new(connection));
         let connector = tower::service_fn(move |_: Uri| {
@@ -231,16 +239,8 @@ impl Dialer {
             async move { connection.ok_or_else(|| std::io::Error::other("used once")) }
         });
         let connected = match upstream.scheme {
-            Scheme::Http | Scheme::Https => {
-                let mut tunnel = Tunnel::new(proxy, connector);
-                if let Some(authorization) = upstream.authorization() {
-                    tunnel = tunnel.with_auth(authorization);
-                }
-                tunnel
-                    .call(target)
-                    .await
-                    .map_err(|error| failed("CONNECT through the proxy", error))?
-            }
+            // Dialled by connect_through above.
+            Scheme::Http | Scheme::Https => return Err(failed("the proxy's scheme", "http")),
             Scheme::Socks5 | Scheme::Socks5h => {
                 let mut socks =
                     SocksV5::new(proxy, connector).local_dns(upstream.scheme == Scheme::Socks5);
@@ -262,9 +262,184 @@ impl Dialer {
     }
 }
 
+/// The most an HTTP proxy's answer head to a CONNECT may take.
+const CONNECT_HEAD_LIMIT: usize = 8192;
+
+/// Opens a CONNECT tunnel to `target` through the HTTP(S) proxy at the other end of
+/// `connection`. Whatever the proxy sent after its answer's head, in the same reads, is the
+/// tunnel's first bytes (a target that speaks first, or a proxy that writes both at once):
+/// it is handed on before anything read later, never dropped.
+async fn connect_through(
+    mut connection: Connection,
+    target: &Uri,
+    authorization: Option<HeaderValue>,
+) -> Result<Connection, DialError> {
+    let what = "CONNECT through the proxy";
+    let host = target.host().ok_or_else(|| failed(what, "no host"))?;
+    let port = target.port_u16().ok_or_else(|| failed(what, "no port"))?;
+    let mut request =
+        format!("CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n").into_bytes();
+    if let Some(authorization) = authorization {
+        request.extend_from_slice(b"Proxy-Authorization: ");
+        request.extend_from_slice(authorization.as_bytes());
+        request.extend_from_slice(b"\r\n");
+    }
+    request.extend_from_slice(b"\r\n");
+    connection
+        .write_all(&request)
+        .await
+        .map_err(|error| failed(what, error))?;
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0_u8; 4096];
+    loop {
+        let n = connection
+            .read(&mut buf)
+            .await
+            .map_err(|error| failed(what, error))?;
+        if n == 0 {
+            return Err(failed(what, "the proxy closed the connection"));
+        }
+        head.extend_from_slice(&buf[..n]);
+        if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+            let rest = head.split_off(end + 4);
+            return match status_code(&head) {
+                Some(200..=299) if rest.is_empty() => Ok(connection),
+                Some(200..=299) => Ok(Box::new(Prefixed {
+                    first: rest,
+                    at: 0,
+                    inner: connection,
+                })),
+                Some(407) => Err(failed(
+                    what,
+                    "the proxy refused the member's credentials (407)",
+                )),
+                Some(code) => Err(failed(what, format!("the proxy answered {code}"))),
+                None => Err(failed(what, "the proxy's answer is not HTTP")),
+            };
+        }
+        if head.len() > CONNECT_HEAD_LIMIT {
+            return Err(failed(what, "the proxy's answer head is too long"));
+        }
+    }
+}
+
+/// The status code of an HTTP/1 answer head (`HTTP/1.x NNN ...`).
+fn status_code(head: &[u8]) -> Option<u16> {
+    let line = head.split(|b| *b == b'\r').next()?;
+    let mut parts = line.split(|b| *b == b' ');
+    let version = parts.next()?;
+    if !version.starts_with(b"HTTP/1.") {
+        return None;
+    }
+    std::str::from_utf8(parts.next()?).ok()?.parse().ok()
+}
+
+/// A tunnel whose first bytes were read with the proxy's answer: they come first.
+struct Prefixed {
+    first: Vec<u8>,
+    at: usize,
+    inner: Connection,
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.at < this.first.len() {
+            let n = (this.first.len() - this.at).min(buf.remaining());
+            buf.put_slice(&this.first[this.at..this.at + n]);
+            this.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn bytes_that_arrive_with_the_proxy_s_answer_are_the_tunnel_s_first() {
+        let (client, mut proxy) = tokio::io::duplex(1 << 16);
+        let answering = tokio::spawn(async move {
+            let mut request = vec![0_u8; 1024];
+            let n = proxy.read(&mut request).await.expect("the request");
+            // The answer and the target's first bytes in one write, as a proxy relaying a
+            // target that speaks first may send them.
+            proxy
+                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\nhello from the target")
+                .await
+                .expect("answered");
+            proxy.write_all(b", and more").await.expect("more");
+            drop(proxy);
+            String::from_utf8(request[..n].to_vec()).expect("text")
+        });
+        let target: Uri = "http://shop.example:443".parse().expect("a uri");
+        let mut tunnel = connect_through(
+            Box::new(client),
+            &target,
+            Some(HeaderValue::from_static("Basic dXNlcjpwYXNz")),
+        )
+        .await
+        .expect("a tunnel");
+        let mut received = String::new();
+        tunnel
+            .read_to_string(&mut received)
+            .await
+            .expect("the tunnel's bytes");
+        assert_eq!(received, "hello from the target, and more");
+        assert_eq!(
+            answering.await.expect("the proxy"),
+            "CONNECT shop.example:443 HTTP/1.1\r\nHost: shop.example:443\r\n\
+             Proxy-Authorization: Basic dXNlcjpwYXNz\r\n\r\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connect_answered_407_or_500_is_a_failed_dial() {
+        for (answer, says) in [
+            (
+                &b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n"[..],
+                "407",
+            ),
+            (&b"HTTP/1.0 500 Oops\r\n\r\n"[..], "answered 500"),
+        ] {
+            let (client, mut proxy) = tokio::io::duplex(1 << 16);
+            tokio::spawn(async move {
+                let mut request = vec![0_u8; 1024];
+                let _ = proxy.read(&mut request).await;
+                let _ = proxy.write_all(answer).await;
+            });
+            let target: Uri = "http://shop.example:443".parse().expect("a uri");
+            match connect_through(Box::new(client), &target, None).await {
+                Err(DialError::Failed(message)) => assert!(message.contains(says), "{message}"),
+                Err(other) => panic!("{other}"),
+                Ok(_) => panic!("a tunnel through a refusing proxy"),
+            }
+        }
+    }
 
     fn upstream(text: &str) -> Option<Upstream> {
         Upstream::parse(&MemberId::parse(text).expect("an id"))
