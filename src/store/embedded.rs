@@ -1491,18 +1491,34 @@ fn journal_batch(journal: Option<&mut Buffer>, pool: &PoolId, batch: &Batch, tot
         return;
     };
     for assignment in &batch.assigned {
-        if let Assignment::Assigned {
-            member,
-            assignments,
-        }
-        | Assignment::Leased {
-            member,
-            assignments,
-            ..
-        } = assignment
-        {
-            journal.assigned(pool, member, *assignments, total);
-        }
+        journal_assignment(journal, pool, assignment, total);
+    }
+}
+
+/// Appends the count update of the member `assignment` handed out, if it handed one out.
+/// It is the one record written on every assign: it carries only what changed, and costs
+/// no lookup.
+fn journal_assignment(journal: &mut Buffer, pool: &PoolId, assignment: &Assignment, total: u64) {
+    if let Assignment::Assigned {
+        member,
+        assignments,
+    }
+    | Assignment::Leased {
+        member,
+        assignments,
+        ..
+    } = assignment
+    {
+        journal.assigned(pool, member, *assignments, total);
+    }
+}
+
+/// When the answer of one assign waits for the disk: a lease issued is on disk before the
+/// worker holds it.
+fn assignment_change(assignment: Option<&Assignment>) -> Change {
+    match assignment {
+        Some(Assignment::Leased { .. }) => Change::Durable,
+        _ => Change::Counts,
     }
 }
 
@@ -1707,30 +1723,12 @@ impl Store for EmbeddedStore {
                 p.assign_least_used(request, now)
             };
             let assignment = assignment?;
-            if let (
-                Some(journal),
-                Assignment::Assigned {
-                    member,
-                    assignments,
-                }
-                | Assignment::Leased {
-                    member,
-                    assignments,
-                    ..
-                },
-            ) = (journal, &assignment)
-            {
-                // The count update is the one record written on every assign: it carries
-                // only what changed, and costs no lookup.
-                journal.assigned(pool, member, *assignments, p.total_assignments);
+            if let Some(journal) = journal {
+                journal_assignment(journal, pool, &assignment, p.total_assignments);
             }
             Ok(assignment)
         })?;
-        // A lease issued is on disk before the worker holds it.
-        let change = match answer.0 {
-            Ok(Assignment::Leased { .. }) => Change::Durable,
-            _ => Change::Counts,
-        };
+        let change = assignment_change(answer.0.as_ref().ok());
         self.settle(answer, change).await?
     }
 
@@ -1801,31 +1799,13 @@ impl Store for EmbeddedStore {
             let now = Timestamp::now();
             p.return_due(now, RETURN_ON_ASSIGN);
             let answer = p.assign_in_session(request, session, now)?;
-            if let (
-                Some(journal),
-                Assignment::Assigned {
-                    member,
-                    assignments,
-                }
-                | Assignment::Leased {
-                    member,
-                    assignments,
-                    ..
-                },
-            ) = (journal, &answer.assignment)
-            {
-                journal.assigned(pool, member, *assignments, p.total_assignments);
+            if let Some(journal) = journal {
+                journal_assignment(journal, pool, &answer.assignment, p.total_assignments);
             }
             Ok(answer)
         })?;
-        // A lease issued is on disk before the worker holds it; sessions are not kept on disk.
-        let change = match &answer.0 {
-            Ok(SessionAssignment {
-                assignment: Assignment::Leased { .. },
-                ..
-            }) => Change::Durable,
-            _ => Change::Counts,
-        };
+        // Sessions themselves are not kept on disk.
+        let change = assignment_change(answer.0.as_ref().ok().map(|a| &a.assignment));
         self.settle(answer, change).await?
     }
 
