@@ -48,6 +48,14 @@ def dbsize(port):
     return int(subprocess.check_output(["redis-cli", "-p", str(port), "DBSIZE"], text=True))
 
 
+def wait_for_expiry(port, keys_before, timeout):
+    """Waits, touching nothing, until Redis's background cycle has expired every key added
+    since there were `keys_before`, or `timeout` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while dbsize(port) > keys_before and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 def rss_kib(pid):
     with open(f"/proc/{pid}/status") as status:
         for line in status:
@@ -101,11 +109,8 @@ def main():
             after = redis_info(redis_port, "used_memory")
             keys_after = dbsize(redis_port)
             time.sleep(2 * BAN_MS / 1000 + 1.5)
-            # Redis expires keys lazily and in its background cycle: touch nothing, wait
-            # for its cycle to have gone through them.
-            deadline = time.monotonic() + 30
-            while dbsize(redis_port) > keys_before and time.monotonic() < deadline:
-                time.sleep(0.5)
+            # Redis expires keys lazily and in its background cycle.
+            wait_for_expiry(redis_port, keys_before, 30)
             forgotten = redis_info(redis_port, "used_memory")
             rows.append(("redis (used_memory)", before, after, forgotten, took,
                          f"{keys_before} / {keys_after} / {dbsize(redis_port)}"))

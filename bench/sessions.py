@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 
-from bans import call, dbsize, redis_info, rss_kib, start_service
+from bans import call, dbsize, redis_info, rss_kib, start_service, wait_for_expiry
 from assign import free_port, wait_port
 
 SESSIONS = int(os.environ.get("SESSIONS", "100000"))
@@ -79,9 +79,7 @@ def main():
             # Every session ends TTL_MS after its assign; Redis expires the keys in its
             # background cycle: wait for it, touching nothing.
             time.sleep(TTL_MS / 1000 + 1)
-            deadline = time.monotonic() + 60
-            while dbsize(redis_port) > keys_before and time.monotonic() < deadline:
-                time.sleep(0.5)
+            wait_for_expiry(redis_port, keys_before, 60)
             ended = redis_info(redis_port, "used_memory")
             rows.append(("redis (used_memory)", before, after, ended, took,
                          f"{keys_before} / {keys_after} / {dbsize(redis_port)}"))
