@@ -145,6 +145,55 @@ pub trait JsonBody: DeserializeOwned {
 }
 
 fn parse_json<T: JsonBody>(bytes: &[u8], limit: usize) -> Result<T, ApiError> {
+    // Most bodies are one object with whole numbers written as integers: read straight into
+    // the type, skipping the tree that the rewrite below needs. Anything else, and any body
+    // the direct read refuses (`3.0` for an integer field, a duplicate field, trailing
+    // bytes, ...), takes the full path, so that every answer, error text included, is the
+    // full path's. Batches keep the full path: an object is not their only form.
+    if !T::BATCH
+        && bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+        && !has_non_integer_number(bytes)
+        && let Ok(body) = serde_json::from_slice::<T>(bytes)
+    {
+        return Ok(body);
+    }
+    parse_json_in_full(bytes, limit)
+}
+
+/// Whether a number outside the body's strings may be read differently by the full path:
+/// one with a fraction or an exponent (`3.0`, `1e3`, rewritten there into integers even
+/// inside `serde_json::Value` fields the direct read would hand over as floats), or a
+/// negative one (`-0` is read as a float). Conservative: a `.`, `-` or exponent anywhere
+/// outside a string counts, valid JSON or not.
+fn has_non_integer_number(bytes: &[u8]) -> bool {
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut previous = b' ';
+    for &b in bytes {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b'.' | b'-' => return true,
+                b'e' | b'E' if previous.is_ascii_digit() => return true,
+                _ => {}
+            }
+        }
+        previous = b;
+    }
+    false
+}
+
+/// The body read as a `serde_json::Value` first: its shape checked, its whole numbers
+/// rewritten, then read into the type.
+fn parse_json_in_full<T: JsonBody>(bytes: &[u8], limit: usize) -> Result<T, ApiError> {
     let axum::Json(mut value) = axum::Json::<serde_json::Value>::from_bytes(bytes)
         .map_err(|rejection| json_rejection(rejection, limit))?;
     // Every JSON body is an object, or where the type says so an array of them: serde
@@ -373,5 +422,111 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryWithLabel
         let axum::extract::Query(value) = axum::extract::Query::<T>::try_from_uri(&uri)
             .map_err(|rejection| ApiError::InvalidQuery(rejection.body_text()))?;
         Ok(Self(value, labels))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+    use serde_json::json;
+
+    use super::{JsonBody, has_non_integer_number, parse_json, parse_json_in_full};
+
+    /// A body with an integer field and a field handed over as JSON, as assign's are.
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Probe {
+        #[serde(default)]
+        count: Option<u32>,
+        #[serde(default)]
+        labels: Option<serde_json::Value>,
+    }
+
+    impl JsonBody for Probe {}
+
+    fn parsed(body: &str) -> Result<Probe, String> {
+        parse_json::<Probe>(body.as_bytes(), 1024).map_err(|error| format!("{error:?}"))
+    }
+
+    fn parsed_in_full(body: &str) -> Result<Probe, String> {
+        parse_json_in_full::<Probe>(body.as_bytes(), 1024).map_err(|error| format!("{error:?}"))
+    }
+
+    #[test]
+    fn a_whole_float_for_an_integer_field_is_read_as_that_integer() {
+        assert_eq!(
+            parsed(r#"{"count": 3.0}"#).expect("accepted").count,
+            Some(3)
+        );
+    }
+
+    #[test]
+    fn a_whole_float_inside_a_json_field_reaches_the_handler_as_an_integer() {
+        let labels = parsed(r#"{"labels": {"n": 3.0, "m": [1E2]}}"#)
+            .expect("accepted")
+            .labels;
+        assert_eq!(labels, Some(json!({"n": 3_u64, "m": [100_u64]})));
+    }
+
+    #[test]
+    fn a_negative_zero_inside_a_json_field_reaches_the_handler_as_zero() {
+        let labels = parsed(r#"{"labels": {"n": -0}}"#).expect("accepted").labels;
+        assert_eq!(labels, Some(json!({"n": 0_u64})));
+    }
+
+    #[test]
+    fn a_field_given_twice_counts_with_its_last_value() {
+        assert_eq!(
+            parsed(r#"{"count": 1, "count": 2}"#)
+                .expect("accepted")
+                .count,
+            Some(2)
+        );
+    }
+
+    #[test]
+    fn every_body_is_answered_as_the_full_reading_answers_it() {
+        let bodies = [
+            r#"{"count": 3}"#,
+            r#"  {"labels": {"country": "de"}}  "#,
+            r#"{"labels": {"country": ["de", "fr"]}, "count": 2}"#,
+            r#"{"labels": {"host": "a.b-c.example", "quote": "\"1.5\""}}"#,
+            r#"{"count": 1} x"#,
+            r#"{"count": 1}{}"#,
+            r#"{"count": "3"}"#,
+            r#"{"count": -1}"#,
+            r#"{"counts": 3}"#,
+            r#"{"count": 3"#,
+            r#"[{"count": 3}]"#,
+            r#"[null, null]"#,
+            "null",
+            "",
+        ];
+        for body in bodies {
+            assert_eq!(
+                format!("{:?}", parsed(body)),
+                format!("{:?}", parsed_in_full(body)),
+                "{body}"
+            );
+        }
+        assert_eq!(
+            parsed(r#"{"count": 1} x"#).expect_err("refused"),
+            parsed_in_full(r#"{"count": 1} x"#).expect_err("refused")
+        );
+    }
+
+    #[test]
+    fn only_numbers_outside_strings_count_as_non_integer() {
+        assert!(!has_non_integer_number(
+            br#"{"a": "1.5", "b": "x\"-e", "c": [1, 20]}"#
+        ));
+        assert!(!has_non_integer_number(
+            br#"{"a": true, "b": false, "c": null}"#
+        ));
+        assert!(has_non_integer_number(br#"{"a": 1.5}"#));
+        assert!(has_non_integer_number(br#"{"a": 1e5}"#));
+        assert!(has_non_integer_number(br#"{"a": 1E5}"#));
+        assert!(has_non_integer_number(br#"{"a": -1}"#));
+        assert!(has_non_integer_number(br#"{"a": "\\", "b": 2.0}"#));
     }
 }
