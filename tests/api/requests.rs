@@ -158,6 +158,30 @@ async fn stopping_the_app_lets_it_finish_and_closes_its_listener() {
 }
 
 #[tokio::test]
+async fn a_whole_float_in_an_assign_field_read_as_json_is_an_integer_too() {
+    // `session_ttl_ms` reaches the handler as JSON; `5000.0` must arrive as 5000 there, as
+    // it does in a typed integer field.
+    let app = TestApp::spawn(Backend::Embedded).await;
+    app.create_pool("p", json!({})).await;
+    app.seed("p", &["a"], Some(0)).await;
+    let (status, body) = app
+        .post_json(
+            "/pools/p/assign",
+            json!({"session": "s", "session_ttl_ms": 5000.0}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["proxy"], json!("a"));
+    let (status, body) = app
+        .post_json(
+            "/pools/p/assign",
+            json!({"session": "t", "session_ttl_ms": 5000.5}),
+        )
+        .await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_request");
+}
+
+#[tokio::test]
 async fn whole_numbers_written_as_floats_are_integers_and_fractions_are_refused() {
     let app = TestApp::spawn(Backend::Embedded).await;
     app.create_pool("p", json!({})).await;
