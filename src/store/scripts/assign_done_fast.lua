@@ -23,16 +23,19 @@ do
             and redis.call('ZSCORE', KEYS[2], member) then
             done = {1, 0, 0, 0, 0, member}
         end
-    elseif member == '' and not redis.call('HGET', KEYS[1], 'labelled') then
-        local owner = redis.call('HGET', KEYS[7], lease)
+    elseif member == '' then
+        local meta = pool_meta()
+        local owner = meta[1] and not meta[5] and redis.call('HGET', KEYS[7], lease)
         local expires = owner and redis.call('ZSCORE', KEYS[8], lease)
         -- The `ok` is checked before the release: once released, nothing may fall back.
         if expires and (result == '' or (not redis.call('HGET', KEYS[9], owner)
             and redis.call('ZSCORE', KEYS[2], owner))) then
-            local t = redis.call('TIME')
-            if tonumber(expires) > tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
+            local now = clock_ms()
+            if tonumber(expires) > now then
                 free_lease(lease, owner)
                 done = {result == '' and -1 or 1, 0, 0, 1, 0, owner}
+                -- The release changed none of the meta fields, and the pick runs now.
+                known_meta, known_now = meta, now
             end
         end
     end

@@ -5,8 +5,7 @@
 -- nobody cooling down) making them cost more than the choice. So that assign chooses and
 -- returns here, before any helper exists; every other one goes on to assign.lua with
 -- `meta` and `first_due` read. The choice and the reply are the same as assign.lua's.
-local meta = redis.call('HMGET', KEYS[1], 'created_ms', 'policy', 'lease_ttl_ms', 'max_in_flight',
-    'labelled', 'pacing', 'due')
+local meta = known_meta or pool_meta()
 if not meta[1] then
     return {-1}
 end
@@ -25,8 +24,7 @@ if not first_due and not meta[5] and not meta[6] and #ARGV < 7 and ARGV[6] == '1
         -- As assign.lua: reclaim up to ARGV[3] expired leases first (abandoned), then lease
         -- the first member of the choosing order unless it is at max_in_flight (then every
         -- member is, and assign.lua answers why nothing is leased).
-        local t = redis.call('TIME')
-        local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        local now = known_now or clock_ms()
         local expired = redis.call('ZRANGE', KEYS[8], '-inf', now, 'BYSCORE', 'LIMIT', 0,
             tonumber(ARGV[3]))
         if #expired > 0 then
