@@ -3,17 +3,22 @@
 //! for long, whatever the call's size.
 //!
 //! Each store keeps one [`ChunkSizer`] per member operation, and one for the background
-//! sweep's steps (leases reclaimed plus members returned in one pool). After every chunk it
-//! records how many members the chunk held and how long it took (on Redis the script call's
-//! round trip, which is an upper bound of the script's own time; in the embedded store the
-//! time under the lock), and sizes the next chunk so that it would take about [`CHUNK_BUDGET`]:
-//! at most twice or half the previous size, between [`MIN_CHUNK`] and [`MAX_CHUNK`], and
-//! always a whole multiple of [`CHUNK_GRANULE`] members. A size is a guess from the chunks
-//! before, and one chunk may cost far more than the last (on Redis, a set's table growing
-//! or the machine taking Redis's core part-way): so each Redis chunk script also looks at
-//! the store's clock after every [`CHUNK_GRANULE`] members and stops at the first look past
+//! sweep's steps (leases reclaimed plus members returned in one pool). Chunks are always
+//! between [`MIN_CHUNK`] and [`MAX_CHUNK`] members and a whole multiple of
+//! [`CHUNK_GRANULE`], and grow at most twofold from one to the next.
+//!
+//! On Redis the member operations' chunk scripts keep their own bound: each looks at Redis's
+//! clock after every [`CHUNK_GRANULE`] members and stops at the first look past
 //! [`CHUNK_BOUND`], answering for the members it handled; the rest of the chunk goes first
-//! in the next one (see [`Chunks::stopped_after`]). Each chunk is atomic; a call of
+//! in the next one (see [`Chunks::stopped_after`]). The script's clock is the measure of its
+//! cost, so a chunk that stopped gives the next one the size it reached, and a chunk that
+//! ran whole doubles the next (see [`ChunkSizer::record_bounded`]). A round trip would be
+//! a poor measure: on a loaded machine it is mostly the wait for a core and the network,
+//! and sized by it chunks shrank to the smallest while Redis spent 5–10 µs a call on its
+//! own fixed work. Every other step (the embedded store's, where it is the time under the
+//! lock, and the sweep's on Redis, where it is the round trip) records how long it took, and
+//! the next is sized so that it would take about [`CHUNK_BUDGET`], at most half or twice
+//! the previous size (see [`ChunkSizer::record`]). Each chunk is atomic; a call of
 //! several chunks is not: a reader may see the first chunks applied and not the rest, and
 //! a store failure part-way leaves the earlier chunks written (running the call again
 //! completes it).
@@ -38,10 +43,10 @@ use tokio::time::Instant;
 pub const CHUNK_BUDGET: Duration = Duration::from_micros(500);
 
 /// How long a Redis chunk script may run before it stops at its next look at the clock
-/// (after a whole [`CHUNK_GRANULE`] members), whatever its size said: twice the budget, so
-/// that a chunk sized right never stops and one that meets a slow stretch holds Redis for
-/// about this plus one granule's members.
-pub const CHUNK_BOUND: Duration = Duration::from_millis(1);
+/// (after a whole [`CHUNK_GRANULE`] members), whatever its size: the budget, so that every
+/// chunk holds Redis for at most about this plus one granule's members, whether the
+/// members cost what the chunks before them did or far more.
+pub const CHUNK_BOUND: Duration = CHUNK_BUDGET;
 
 /// Every chunk but a call's last holds a whole multiple of this many members, and a chunk
 /// script looks at the clock after each such group. Small, so that the smallest chunk fits
@@ -105,6 +110,23 @@ impl ChunkSizer {
         };
         // Within [MIN_CHUNK, MAX_CHUNK], so the conversion cannot truncate.
         let next = fits.clamp(current / 2.0, current * 2.0) as usize;
+        let next = (next / CHUNK_GRANULE * CHUNK_GRANULE).clamp(MIN_CHUNK, MAX_CHUNK);
+        self.members.store(next, Ordering::Relaxed);
+    }
+
+    /// Records that a Redis chunk script asked about `asked` members handled `handled`
+    /// (fewer when it stopped at [`CHUNK_BOUND`]), and sizes the next chunk from it: the
+    /// size it reached when it stopped, twice its size when it ran whole. A last chunk
+    /// smaller than the size says nothing of the size, and is not counted.
+    pub(crate) fn record_bounded(&self, asked: usize, handled: usize) {
+        let current = self.size();
+        let next = if handled < asked {
+            handled
+        } else if asked >= current {
+            current * 2
+        } else {
+            return;
+        };
         let next = (next / CHUNK_GRANULE * CHUNK_GRANULE).clamp(MIN_CHUNK, MAX_CHUNK);
         self.members.store(next, Ordering::Relaxed);
     }
@@ -173,6 +195,10 @@ impl<'a, T> Iterator for Chunks<'a, T> {
 /// (`bench/slowlog.sh`). A rest of twice the chunk's cost is enough for that queue (16
 /// assigns take Redis about half a millisecond, a chunk's budget) to drain with room to
 /// spare, and makes a large operation about three times as long as its chunks alone.
+/// Not less: what puts an assign of another pool over its idle p99 is how long the chunk it
+/// queues behind lasts, not how many assigns meet one (at a third or at a quarter both are
+/// far more than the 1 % a p99 leaves), and a quarter would make every large operation a
+/// third longer again (the 1,000,000-line import 44 s on a quiet machine at a third).
 pub const LARGE_WORK_SHARE: f64 = 1.0 / 3.0;
 
 /// How long the store rests after a chunk that took `took`, so that the chunk takes
@@ -277,6 +303,21 @@ impl MemberChunks {
         self.duty.book(Instant::now(), took);
     }
 
+    /// Records that a Redis chunk script sized by `sizer`, asked about `asked` members, just
+    /// ended having handled `handled` of them, and that its round trip took `took`: sizes
+    /// the next chunk from the script's own bound (see [`ChunkSizer::record_bounded`]) and
+    /// books the rest the round trip earned.
+    pub(crate) fn ran_bounded(
+        &self,
+        sizer: &ChunkSizer,
+        asked: usize,
+        handled: usize,
+        took: Duration,
+    ) {
+        sizer.record_bounded(asked, handled);
+        self.duty.book(Instant::now(), took);
+    }
+
     /// Records that a step no sizer sizes (a piece of a member listing) just ended and
     /// took `took`: books the rest it earned.
     pub(crate) fn ran_piece(&self, took: Duration) {
@@ -338,6 +379,26 @@ mod tests {
         assert_eq!(sizer.size(), 150);
         sizer.record(150, Duration::from_micros(450));
         assert_eq!(sizer.size(), 150);
+    }
+
+    #[test]
+    fn a_chunk_that_stopped_at_its_bound_sizes_the_next_and_one_that_ran_whole_doubles_it() {
+        let sizer = ChunkSizer::default();
+        sizer.record_bounded(100, 100);
+        assert_eq!(sizer.size(), 200);
+        sizer.record_bounded(200, 75);
+        assert_eq!(sizer.size(), 75);
+        sizer.record_bounded(75, 75);
+        assert_eq!(sizer.size(), 150);
+        // A call's last chunk, smaller than the size, says nothing of it.
+        sizer.record_bounded(40, 40);
+        assert_eq!(sizer.size(), 150);
+        for _ in 0..10 {
+            sizer.record_bounded(sizer.size(), sizer.size());
+        }
+        assert_eq!(sizer.size(), MAX_CHUNK);
+        sizer.record_bounded(MAX_CHUNK, CHUNK_GRANULE);
+        assert_eq!(sizer.size(), MIN_CHUNK);
     }
 
     #[test]

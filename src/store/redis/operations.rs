@@ -50,9 +50,9 @@ static BAN_LIMITS: std::sync::LazyLock<[String; 2]> =
 const LISTING_PIECE: usize = 250;
 
 /// Most steps one sweep runs on one pool, so that a sweep always ends: at the smallest step
-/// (100 leases, see chunks.rs) 16,000 leases, about the 64 steps of 256 of a sweep before
+/// (25 leases, see chunks.rs) 16,000 leases, about the 64 steps of 256 of a sweep before
 /// steps were sized by their cost.
-const MAX_SWEEP_STEPS: u64 = 160;
+const MAX_SWEEP_STEPS: u64 = 640;
 
 /// Most pools one take from the sweep's due index hands out; a sweep takes again while
 /// takes come back full, up to [`SWEEP_POOLS_PER_CALL`].
@@ -1119,7 +1119,8 @@ impl Store for RedisStore {
                 .seed_chunk(pool, seed, chunk, start, pending_adds)
                 .await?;
             let handled = part.added.len() + part.existing.len() + part.full.len();
-            self.chunks.ran(sizer, handled, started.elapsed());
+            self.chunks
+                .ran_bounded(sizer, chunk.len(), handled, started.elapsed());
             if handled < chunk.len() {
                 // Stopped at its bound: the rest goes first in the next chunk.
                 chunks.stopped_after(handled);
@@ -1225,7 +1226,8 @@ impl Store for RedisStore {
                 .await?;
             let took = started.elapsed();
             let DisableReply(outcomes) = DisableReply::decode(value, chunk.len())?;
-            self.chunks.ran(sizer, outcomes.len(), took);
+            self.chunks
+                .ran_bounded(sizer, chunk.len(), outcomes.len(), took);
             if outcomes.len() < chunk.len() {
                 // Stopped at its bound: the rest goes first in the next chunk.
                 chunks.stopped_after(outcomes.len());
@@ -1261,7 +1263,8 @@ impl Store for RedisStore {
                 .await?;
             let took = started.elapsed();
             let reply = EnableReply::decode(value, chunk.len())?;
-            self.chunks.ran(sizer, reply.outcomes.len(), took);
+            self.chunks
+                .ran_bounded(sizer, chunk.len(), reply.outcomes.len(), took);
             if reply.outcomes.len() < chunk.len() {
                 // Stopped at its bound: the rest goes first in the next chunk.
                 chunks.stopped_after(reply.outcomes.len());
@@ -1307,7 +1310,8 @@ impl Store for RedisStore {
                 .await?;
             let took = started.elapsed();
             let RemoveReply(removed) = RemoveReply::decode(value, chunk.len())?;
-            self.chunks.ran(sizer, removed.len(), took);
+            self.chunks
+                .ran_bounded(sizer, chunk.len(), removed.len(), took);
             if removed.len() < chunk.len() {
                 // Stopped at its bound: the rest goes first in the next chunk.
                 chunks.stopped_after(removed.len());
