@@ -11,10 +11,9 @@ use redis::Script;
 /// of it), `with_reports` (the same helpers and `report.lua`, the outcome rules, in front of
 /// it), `fast_path_then_helpers` (`leases_fast.lua` and `<name>_fast.lua`, then the file with
 /// its helpers: a script that answers its common case before the helpers' closures are
-/// made) or
-/// `picking_after_done` (the assign that applies the worker's last outcome first:
-/// `leases_fast.lua` and `<name>_fast.lua`, which answers the outcome that changes nothing before any helper
-/// exists, then the whole plain assign as the function `pick` for it, then for every
+/// made) or `picking_after_done` (the assign that applies the worker's last outcome first:
+/// `leases_fast.lua` and `<name>_fast.lua`, which answers the outcome that changes nothing
+/// and the release of a live lease before any helper exists, then the whole plain assign as the function `pick` for it, then for every
 /// other outcome the helpers, `report.lua` and the file, which applies it, and the assign
 /// again as a function on those helpers, so that their closures are made once) or
 /// `chunked` (the helpers, then `chunk.lua`, the bound every chunk of a large member call
