@@ -29,7 +29,7 @@ SCRIPTS = os.path.join(ROOT, "src", "store", "scripts")
 # (`fast_path_then_helpers` in src/store/redis/scripts.rs) with every key of the pool
 # (`POOL_KEY_PARTS` in src/store/redis/keys.rs); redis-benchmark must run exactly that
 # script with exactly those keys to be a fair yardstick.
-SCRIPT_PARTS = ["assign_fast.lua", "labels.lua", "leases.lua", "health.lua", "assign.lua"]
+SCRIPT_PARTS = ["leases_fast.lua", "assign_fast.lua", "labels.lua", "leases.lua", "health.lua", "assign.lua"]
 KEY_PARTS = ["meta", "eligible", "ineligible", "taken_out", "by_in_flight", "in_flight",
              "leases", "lease_expiry", "health", "returns", "checks", "check_round", "labels",
              "by_label", "label_members", "sources", "origins", "seen", "check_fails", "prune",

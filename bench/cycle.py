@@ -7,9 +7,10 @@ arguments, in one run on one Redis.
     ROUNDS=3 DURATION=3 bash bench/cycle.sh  # a short run
     POOL_SIZE=10000 bash bench/cycle.sh
 
-Five cycles, each over CONNECTIONS (64) connections from one wrk thread:
+Six cycles, each over CONNECTIONS (64) connections from one wrk thread:
 
     least-used assign                         POST /assign
+    least-in-flight assign                    POST /assign on a pool of lease ttl 1 s
     least-used assign + separate report       POST /assign, then POST /outcomes about it
     least-used assign carrying done           POST /assign {"done": {proxy, result: ok}}
     least-in-flight assign + separate release POST /assign, then POST .../release
@@ -24,6 +25,11 @@ own, the cycle's rate then 1 / (1/rate_a + 1/rate_b) and its CPU the sum. Its re
 a lease that is not live (the id cannot follow the assigns), a cheaper call than a real
 release, so that yardstick is generous. Not a test: nothing here passes or fails on a
 number.
+
+The bare least-in-flight assign is the yardstick of the least-in-flight cycles: it runs on
+a pool of its own whose lease ttl is 1,000 ms, so that leases never released do not pile
+up (about one second's worth stay live, and each assign reclaims the expired ones, as
+abandoned). Each row's last column is its rate against the bare assign of its own policy.
 """
 
 import hashlib
@@ -60,10 +66,10 @@ def text(*parts):
 def script_texts():
     """Each script as the service composes it (src/store/redis/scripts.rs)."""
     return {
-        "assign": text("assign_fast.lua", *HELPERS, "assign.lua"),
-        "assign_done": text("assign_done_fast.lua") + "local function pick()\n"
+        "assign": text("leases_fast.lua", "assign_fast.lua", *HELPERS, "assign.lua"),
+        "assign_done": text("leases_fast.lua", "assign_done_fast.lua") + "local function pick()\n"
         + text("assign_fast.lua", *HELPERS, "assign.lua")
-        + "end\nif done then\n    return {1, done, pick()}\nend\n"
+        + "end\nif done then\n    return done_reply(done, pick())\nend\n"
         + text(*HELPERS, "report.lua", "assign_done.lua") + "local function pick_after_done()\n"
         + text("assign_fast.lua", "assign.lua")
         + "end\nreturn with_done(done, pick_after_done())\n",
@@ -134,6 +140,7 @@ CYCLES = [
     ("least-used assign", "assign", "lu", 1, ["assign"]),
     ("least-used assign + separate report", "report", "lu", 2, ["assign", "outcomes"]),
     ("least-used assign carrying `done`", "done", "lu", 1, ["assign_done"]),
+    ("least-in-flight assign (lease ttl 1 s)", "assign", "lif-short", 1, ["assign"]),
     ("least-in-flight assign + separate release", "release", "lif", 2, ["assign", "release"]),
     ("least-in-flight assign carrying `done`", "lease_done", "lif", 1, ["assign_done_lease"]),
 ]
@@ -185,7 +192,8 @@ def put(base, path, body, method="PUT"):
 
 def seed(base):
     members = [f"proxy-{i:07d}" for i in range(POOL_SIZE)]
-    for pool, config in [("lu", {}), ("lif", {"policy": "least-in-flight"})]:
+    for pool, config in [("lu", {}), ("lif", {"policy": "least-in-flight"}),
+                         ("lif-short", {"policy": "least-in-flight", "lease_ttl_ms": 1000})]:
         put(base, f"/pools/{pool}", config)
         for start in range(0, POOL_SIZE, 10_000):
             put(base, f"/pools/{pool}/members",
@@ -214,7 +222,7 @@ def main():
             if found != "1":
                 raise SystemExit(f"{name}: the text composed here is not the service's script")
         keys = {pool: [f"{bench.PREFIX}:{{{pool}}}:{part}" for part in KEY_PARTS]
-                for pool in ["lu", "lif"]}
+                for pool in ["lu", "lif", "lif-short"]}
         member = "proxy-0000000"
         draw = "0"
         # What redis-benchmark runs for each script of a cycle: (script, pool, ARGV).
@@ -244,6 +252,8 @@ def main():
                         sname, spool, args = yardsticks[script]
                         if script == "assign" and pool == "lif":
                             sname, spool, args = lif_assign
+                        elif script == "assign" and pool == "lif-short":
+                            spool = pool
                         runs.append(benchmark_run(redis_port, shas[sname], keys[spool], args))
                     bench_runs.append(runs)
 
@@ -274,9 +284,11 @@ def report(results, rss_idle, rss_load):
           f"{bench.ROUNDS} runs of {bench.DURATION} s, the service's alternating with "
           f"redis-benchmark's · wrk -t1 · load average {bench.load_average()}\n")
     print("| cycle | by | cycles/s | p50 ms | p99 ms | Redis CPU µs/cycle | "
-          "service CPU µs/cycle | non-2xx | vs redis-benchmark (range) | vs bare assign |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "service CPU µs/cycle | non-2xx | vs redis-benchmark (range) | vs bare assign | "
+          "vs its policy's bare assign |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     bare = None
+    bare_of_policy = {}
     for label, (calls, service_runs, bench_runs) in results.items():
         cycles = [r["requests"] / calls for r in service_runs]
         rates = [c / r["seconds"] for c, r in zip(cycles, service_runs)]
@@ -286,17 +298,22 @@ def report(results, rss_idle, rss_load):
         service_us = mid(r["service_cpu"] / c * 1e6 for r, c in zip(service_runs, cycles))
         if bare is None:
             bare = rates
+        policy = label.split(" assign")[0]
+        if calls == 1 and policy not in bare_of_policy:
+            bare_of_policy[policy] = rates
         vs_bare = sorted(a / b for a, b in zip(rates, bare))
+        vs_own = sorted(a / b for a, b in zip(rates, bare_of_policy.get(policy, bare)))
         print(f"| {label} | service | {mid(rates):,.0f} | {mid(r['p50'] for r in service_runs):.2f} "
               f"| {mid(r['p99'] for r in service_runs):.2f} | {redis_us:.1f} | {service_us:.1f} "
               f"| {sum(r['non2xx'] for r in service_runs)} "
               f"| {ratios[len(ratios) // 2]:.2f} ({ratios[0]:.2f}–{ratios[-1]:.2f}) "
-              f"| {vs_bare[len(vs_bare) // 2]:.2f} ({vs_bare[0]:.2f}–{vs_bare[-1]:.2f}) |")
+              f"| {vs_bare[len(vs_bare) // 2]:.2f} ({vs_bare[0]:.2f}–{vs_bare[-1]:.2f}) "
+              f"| {vs_own[len(vs_own) // 2]:.2f} ({vs_own[0]:.2f}–{vs_own[-1]:.2f}) |")
         yard_redis = mid(sum(s["redis_cpu_per_call"] for s in runs) * 1e6 for runs in bench_runs)
         print(f"| {label} | redis-benchmark | {mid(yard_rates):,.0f} "
               f"| {mid(max(s['p50'] for s in runs) for runs in bench_runs):.2f} "
               f"| {mid(max(s['p99'] for s in runs) for runs in bench_runs):.2f} "
-              f"| {yard_redis:.1f} | | | | |")
+              f"| {yard_redis:.1f} | | | | | |")
     print(f"\nservice RSS: {rss_idle:.1f} MB idle (after start), {rss_load:.1f} MB peak under load")
     print("p50 and p99 are of one call (a two-call cycle has two); redis-benchmark's of a "
           "two-call cycle are the larger of its two scripts'.")

@@ -204,6 +204,95 @@ async fn a_done_with_a_lease_and_a_result_reports_about_the_lease_s_member(app: 
     assert_eq!(pool["stats"]["in_flight"], json!(1));
 }
 
+async fn a_done_with_a_lease_and_ok_counts_the_ok_for_the_lease_s_member_and_releases_it(
+    app: TestApp,
+) {
+    app.create_pool(
+        "p",
+        json!({"policy": "least-in-flight", "max_in_flight": 1}),
+    )
+    .await;
+    app.seed("p", &["a"], Some(0)).await;
+    app.seed("p", &["b"], Some(5)).await;
+    let (_, first) = assign_with(&app, "p", json!({})).await;
+    assert_eq!(first["proxy"], json!("a"), "{first}");
+    let lease = first["lease"]["id"].as_str().expect("a lease").to_owned();
+    let (status, body) =
+        assign_with(&app, "p", json!({"done": {"lease": lease, "result": "ok"}})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Released first: `a`, back below its cap with the fewest assignments, is picked again.
+    assert_eq!(
+        (&body["proxy"], &body["assignments"], &body["in_flight"]),
+        (&json!("a"), &json!(2), &json!(1)),
+        "{body}"
+    );
+    assert_eq!(
+        body["done"],
+        json!({"proxy": "a", "effect": "counted", "consecutive_failures": 0, "released": true})
+    );
+    let (_, pool) = app.get("/pools/p").await;
+    assert_eq!(pool["stats"]["in_flight"], json!(1));
+}
+
+async fn a_done_with_a_lease_and_ok_clears_the_failure_streak_of_the_lease_s_member(app: TestApp) {
+    app.create_pool(
+        "p",
+        json!({"policy": "least-in-flight",
+               "health": {"max_consecutive_failures": 3, "jitter_percent": 0}}),
+    )
+    .await;
+    app.seed("p", &["a"], Some(0)).await;
+    app.seed("p", &["b"], Some(5)).await;
+    let (_, first) = assign_with(&app, "p", json!({})).await;
+    let lease = first["lease"]["id"].as_str().expect("a lease").to_owned();
+    app.post_json(
+        "/pools/p/outcomes",
+        json!({"proxy": "a", "result": "failed"}),
+    )
+    .await;
+    assert_eq!(listed(&app, "a").await["consecutive_failures"], json!(1));
+    let (status, body) =
+        assign_with(&app, "p", json!({"done": {"lease": lease, "result": "ok"}})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["done"],
+        json!({"proxy": "a", "effect": "counted", "consecutive_failures": 0, "released": true})
+    );
+    assert_eq!(listed(&app, "a").await["consecutive_failures"], json!(0));
+}
+
+async fn a_done_releasing_the_lease_of_a_disabled_member_leaves_it_out_of_the_pick(app: TestApp) {
+    app.create_pool("p", json!({"policy": "least-in-flight"}))
+        .await;
+    app.seed("p", &["a"], Some(0)).await;
+    app.seed("p", &["b"], Some(5)).await;
+    let (_, first) = assign_with(&app, "p", json!({})).await;
+    assert_eq!(first["proxy"], json!("a"), "{first}");
+    let lease = first["lease"]["id"].as_str().expect("a lease").to_owned();
+    app.post_json("/pools/p/members/disable", json!({"members": ["a"]}))
+        .await;
+    let (status, body) = assign_with(&app, "p", json!({"done": {"lease": lease}})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (&body["proxy"], &body["done"]),
+        (&json!("b"), &json!({"released": true})),
+        "{body}"
+    );
+    let (_, second) = assign_with(&app, "p", json!({})).await;
+    assert_eq!(
+        (&second["proxy"], &second["in_flight"]),
+        (&json!("b"), &json!(2)),
+        "{second}"
+    );
+    assert_eq!(
+        (
+            &listed(&app, "a").await["in_flight"],
+            &listed(&app, "b").await["in_flight"]
+        ),
+        (&json!(0), &json!(2))
+    );
+}
+
 async fn an_unknown_member_or_lease_in_done_is_reported_and_the_assign_still_succeeds(
     app: TestApp,
 ) {
@@ -364,6 +453,9 @@ for_each_store!(
     a_blocked_done_with_a_target_bans_the_member_for_that_target_only,
     a_done_with_a_lease_releases_it_and_the_answer_says_released,
     a_done_with_a_lease_and_a_result_reports_about_the_lease_s_member,
+    a_done_with_a_lease_and_ok_counts_the_ok_for_the_lease_s_member_and_releases_it,
+    a_done_with_a_lease_and_ok_clears_the_failure_streak_of_the_lease_s_member,
+    a_done_releasing_the_lease_of_a_disabled_member_leaves_it_out_of_the_pick,
     an_unknown_member_or_lease_in_done_is_reported_and_the_assign_still_succeeds,
     a_done_with_count_answers_the_batch_and_what_done_did,
     a_done_with_labels_picks_among_the_labelled_members_after_the_report,

@@ -23,6 +23,7 @@ async fn assign_recovers_after_the_script_cache_is_flushed() {
     // The service puts the fast path, then the shared helpers in front of the script
     // (`fast_path_then_helpers` in scripts.rs).
     let sha = redis::Script::new(concat!(
+        include_str!("../../src/store/scripts/leases_fast.lua"),
         include_str!("../../src/store/scripts/assign_fast.lua"),
         include_str!("../../src/store/scripts/labels.lua"),
         include_str!("../../src/store/scripts/leases.lua"),

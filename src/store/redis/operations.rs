@@ -16,8 +16,8 @@ use super::reply::{
     SourceStatesReply, SweepReply, WalkReply,
 };
 use crate::domain::{
-    AssignCount, LabelFilter, LeaseId, LeaseTtl, MAX_SESSIONS, MemberId, PoolConfig, PoolId,
-    RestorePolicy, SessionId, SessionTtl, Target,
+    AssignCount, LabelFilter, LeaseId, LeaseTtl, MAX_SESSIONS, MemberId, OutcomeResult, PoolConfig,
+    PoolId, RestorePolicy, SessionId, SessionTtl, Target,
 };
 use crate::store::{
     Applied, AssignRequest, Assignment, BAN_CLEANUP, Batch, CHUNK_GRANULE, CheckRound,
@@ -68,7 +68,7 @@ fn seen_place(id: u64, fetch: u64) -> String {
 struct DoneArgs {
     member: String,
     lease: String,
-    draw: String,
+    draw: std::borrow::Cow<'static, str>,
     result: &'static str,
     targeted: &'static str,
 }
@@ -86,7 +86,12 @@ impl DoneArgs {
                 .as_ref()
                 .map(|l| l.as_str().to_owned())
                 .unwrap_or_default(),
-            draw: crate::store::jitter_draw().to_string(),
+            // Only a failure can trip its member, and only a trip draws its cooldown: an
+            // `ok` (the steady worker's) skips drawing and writing a random number.
+            draw: match report.map(|r| r.result) {
+                Some(OutcomeResult::Ok) | None => "0".into(),
+                Some(_) => crate::store::jitter_draw().to_string().into(),
+            },
             result: report.map_or("", |r| r.result.as_str()),
             targeted: if report.is_some_and(|r| r.target.is_some()) {
                 "1"

@@ -901,15 +901,12 @@ pub(super) struct DoneReply {
 }
 
 impl AssignDoneReply {
-    /// Decodes `{-1}` or `{1, {effect, streak, banned_until, released, due hint or 0,
-    /// member or ''}, assign.lua's reply}` with effect -1 for no report, else as
-    /// outcomes.lua's.
+    /// Decodes `{-1}` or `{1, effect, streak, banned_until, released, due hint or 0,
+    /// member or '', assign.lua's reply...}` (flat: a nested reply costs more to read) with
+    /// effect -1 for no report, else as outcomes.lua's.
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
         let (done, pick) = decode("assign_done.lua", value, |value| {
-            let mut items = Items::of_pool(value)?;
-            let mut done = Items::new(items.next()?)?;
-            let pick = items.next()?;
-            items.end()?;
+            let mut done = Items::of_pool(value)?;
             let [effect, streak, banned_until] = [done.next()?, done.next()?, done.next()?];
             let report = match int(&effect)? {
                 -1 => None,
@@ -922,7 +919,7 @@ impl AssignDoneReply {
             };
             let due_hint = done.due_time()?;
             let member = string(done.next()?)?;
-            done.end()?;
+            let pick = Value::Array(done.0.collect());
             Ok((
                 DoneReply {
                     report,

@@ -9,11 +9,11 @@ use redis::Script;
 /// Declares [`Scripts`] from `name: source` lines, where the source is `plain` (the file
 /// alone), `with_helpers` (the file with `labels.lua`, `leases.lua` and `health.lua` in front
 /// of it), `with_reports` (the same helpers and `report.lua`, the outcome rules, in front of
-/// it), `fast_path_then_helpers` (`<name>_fast.lua`, then the file with its helpers: a
-/// script that answers its common case before the helpers' closures are made) or
-/// `picking_after_done` (the assign that applies the worker's last outcome first:
-/// `<name>_fast.lua`, which answers the outcome that changes nothing before any helper
-/// exists, then the whole plain assign as the function `pick` for it, then for every
+/// it), `fast_path_then_helpers` (`leases_fast.lua` and `<name>_fast.lua`, then the file with
+/// its helpers: a script that answers its common case before the helpers' closures are
+/// made) or `picking_after_done` (the assign that applies the worker's last outcome first:
+/// `leases_fast.lua` and `<name>_fast.lua`, which answers the outcome that changes nothing
+/// and the release of a live lease before any helper exists, then the whole plain assign as the function `pick` for it, then for every
 /// other outcome the helpers, `report.lua` and the file, which applies it, and the assign
 /// again as a function on those helpers, so that their closures are made once) or
 /// `chunked` (the helpers, then `chunk.lua`, the bound every chunk of a large member call
@@ -46,6 +46,7 @@ macro_rules! scripts {
     };
     (@fast_path_then_helpers $name:ident) => {
         Script::new(concat!(
+            include_str!("../scripts/leases_fast.lua"),
             include_str!(concat!("../scripts/", stringify!($name), "_fast.lua")),
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
@@ -64,6 +65,7 @@ macro_rules! scripts {
     };
     (@picking_after_done $name:ident) => {
         Script::new(concat!(
+            include_str!("../scripts/leases_fast.lua"),
             include_str!(concat!("../scripts/", stringify!($name), "_fast.lua")),
             "local function pick()\n",
             include_str!("../scripts/assign_fast.lua"),
@@ -71,7 +73,7 @@ macro_rules! scripts {
             include_str!("../scripts/leases.lua"),
             include_str!("../scripts/health.lua"),
             include_str!("../scripts/assign.lua"),
-            "end\nif done then\n    return {1, done, pick()}\nend\n",
+            "end\nif done then\n    return done_reply(done, pick())\nend\n",
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
             include_str!("../scripts/health.lua"),

@@ -1,6 +1,7 @@
 -- How the worker's previous use of the pool ended (`done`), applied before the pick in the
 -- same script call: put after assign_done_fast.lua (which answers the `done` that changes
--- nothing, with the plain assign as its `pick`), the helpers and report.lua, and followed
+-- nothing and the release of a live lease on a pool without labels, with the plain assign
+-- as its `pick`), the helpers and report.lua, and followed
 -- by assign_fast.lua and assign.lua wrapped in `local function pick_after_done()`, which
 -- uses these helpers (see `picking_after_done` in redis/scripts.rs). The report and the
 -- release are applied first, so that the pick sees what they did (a member the report
@@ -14,7 +15,8 @@
 -- are taken off the end of KEYS and ARGV before the pick, which so sees exactly the
 -- arguments of an assign without `done`.
 -- Returns {-1} when the pool does not exist, else
--- {1, {effect, streak, banned_until, released, due hint, member}, the pick's reply} with
+-- {1, effect, streak, banned_until, released, due hint, member, the pick's reply...}, flat
+-- (see `done_reply` in assign_done_fast.lua), with
 -- effect -1 when there was no report, else as `apply_report` answers it, released 1 when
 -- the lease was live and is now ended (0 otherwise), the hint the pool's new earliest due
 -- time after the report and the pick, or 0 (see `due_by` in leases.lua), and the member
@@ -65,7 +67,7 @@ local function with_done(done, picked)
         return {-1}
     end
     done[5] = due_hint or 0
-    return {1, done, picked}
+    return done_reply(done, picked)
 end
 
 done = apply_done()
