@@ -7,7 +7,7 @@
 //! the `request_id` of the request being served, if any — escaping as it goes.
 //!
 //! Spans are not written: the service opens none; the request id, which a span used to
-//! carry, comes from [`super::REQUEST_ID`].
+//! carry, comes from the request being served ([`super::serving_request`]).
 
 use std::fmt::{self, Write};
 
@@ -43,7 +43,7 @@ where
         line.push_str("\",\"target\":");
         string(&mut line, meta.target());
         event.record(&mut Fields { line: &mut line });
-        let _ = super::REQUEST_ID.try_with(|id| {
+        super::with_request_id(|id| {
             line.push_str(",\"request_id\":");
             string(&mut line, id.to_str().unwrap_or_default());
         });
