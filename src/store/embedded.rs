@@ -2693,7 +2693,7 @@ mod tests {
     /// On a paused clock, which moves only while the store rests between chunks.
     #[tokio::test(start_paused = true)]
     async fn a_call_of_several_chunks_rests_between_them_and_a_call_of_one_does_not() {
-        for (count, rests) in [(500, false), (2_000, true)] {
+        for (count, rests) in [(100, false), (2_000, true)] {
             let store = EmbeddedStore::new();
             store
                 .put_pool(&pool("a"), &PoolConfig::default())

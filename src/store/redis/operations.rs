@@ -20,13 +20,14 @@ use crate::domain::{
     RestorePolicy, SessionId, SessionTtl, Target,
 };
 use crate::store::{
-    Applied, AssignRequest, Assignment, BAN_CLEANUP, Batch, CheckRound, ClaimedSource, Cursor,
-    DisableReport, Done, DoneSummary, EnableReport, FetchOutcome, Lease, MAX_BAN_TARGETS,
-    MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage, PRUNE_BATCH, PoolInfo,
-    PoolPage, Pruned, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report,
-    ReportSource, ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_POOLS_PER_CALL, Seed,
-    SeedOrigin, SeedReport, SessionAssignment, SessionPin, SessionRequest, SourceState,
-    StateFilter, Store, StoreError, StoreStatus, Swept,
+    Applied, AssignRequest, Assignment, BAN_CLEANUP, Batch, CHUNK_GRANULE, CheckRound,
+    ClaimedSource, Cursor, DisableReport, Done, DoneSummary, EnableReport, FetchOutcome, Lease,
+    MAX_BAN_TARGETS, MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage,
+    PRUNE_BATCH, PoolInfo, PoolPage, Pruned, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN,
+    RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored,
+    SAFETY_NET_POOLS_PER_SWEEP, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport,
+    SessionAssignment, SessionPin, SessionRequest, SourceState, StateFilter, Store, StoreError,
+    StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
@@ -49,9 +50,9 @@ static BAN_LIMITS: std::sync::LazyLock<[String; 2]> =
 const LISTING_PIECE: usize = 250;
 
 /// Most steps one sweep runs on one pool, so that a sweep always ends: at the smallest step
-/// (100 leases, see chunks.rs) 16,000 leases, about the 64 steps of 256 of a sweep before
+/// (25 leases, see chunks.rs) 16,000 leases, about the 64 steps of 256 of a sweep before
 /// steps were sized by their cost.
-const MAX_SWEEP_STEPS: u64 = 160;
+const MAX_SWEEP_STEPS: u64 = 640;
 
 /// Most pools one take from the sweep's due index hands out; a sweep takes again while
 /// takes come back full, up to [`SWEEP_POOLS_PER_CALL`].
@@ -501,7 +502,9 @@ impl RedisStore {
             SeedOrigin::Import => ("i".to_owned(), String::new()),
             SeedOrigin::Source { id, fetch } => (format!("s{id}"), seen_place(id, fetch)),
         };
-        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() * 2 + 7);
+        let bound = self.chunk_bound();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() * 2 + 9);
+        args.extend(bound.iter().map(|a| a.as_bytes()));
         args.push(start.as_bytes());
         args.push(flag(seed.reset));
         args.push(flag(seed.dry_run));
@@ -535,18 +538,31 @@ impl RedisStore {
         Ok(report)
     }
 
-    /// Runs a script whose arguments are one value, then member ids.
+    /// Runs a chunk script (see `chunk.lua`) whose arguments after the bound are `first`,
+    /// when given, then member ids.
     async fn member_script(
         &self,
         script: &Script,
         pool: &PoolId,
-        first: &[u8],
+        first: Option<&[u8]>,
         members: &[MemberId],
     ) -> Result<Value, StoreError> {
-        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() + 1);
-        args.push(first);
+        let bound = self.chunk_bound();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() + 3);
+        args.extend(bound.iter().map(|a| a.as_bytes()));
+        args.extend(first);
         args.extend(members.iter().map(|m| m.as_str().as_bytes()));
         self.eval(script, pool, &args).await
+    }
+
+    /// The two arguments every chunk script starts with (see `chunk.lua`): how many
+    /// microseconds it may run, and how many members it handles between two looks at the
+    /// clock.
+    fn chunk_bound(&self) -> [String; 2] {
+        [
+            self.chunks.bound().as_micros().to_string(),
+            CHUNK_GRANULE.to_string(),
+        ]
     }
 }
 
@@ -1090,13 +1106,20 @@ impl Store for RedisStore {
         // used, and a dry run's chunks count what the earlier ones would have added.
         let mut start = seed.assignments;
         let mut pending_adds = seed.pending_adds;
-        for chunk in sizer.chunks(&seed.members) {
+        let mut chunks = sizer.chunks(&seed.members);
+        while let Some(chunk) = chunks.next() {
             self.chunks.rest().await;
             let started = Instant::now();
             let part = self
                 .seed_chunk(pool, seed, chunk, start, pending_adds)
                 .await?;
-            self.chunks.ran(sizer, chunk.len(), started.elapsed());
+            let handled = part.added.len() + part.existing.len() + part.full.len();
+            self.chunks
+                .ran_bounded(sizer, chunk.len(), handled, started.elapsed());
+            if handled < chunk.len() {
+                // Stopped at its bound: the rest goes first in the next chunk.
+                chunks.stopped_after(handled);
+            }
             start = Some(part.start_assignments);
             if seed.dry_run {
                 pending_adds += part.added.len() as u64;
@@ -1189,14 +1212,21 @@ impl Store for RedisStore {
     ) -> Result<DisableReport, StoreError> {
         let sizer = &self.chunks.disable;
         let mut report = DisableReport::default();
-        for chunk in sizer.chunks(members) {
+        let mut chunks = sizer.chunks(members);
+        while let Some(chunk) = chunks.next() {
             self.chunks.rest().await;
             let started = Instant::now();
             let value = self
-                .member_script(&self.scripts.disable, pool, reason.as_bytes(), chunk)
+                .member_script(&self.scripts.disable, pool, Some(reason.as_bytes()), chunk)
                 .await?;
-            self.chunks.ran(sizer, chunk.len(), started.elapsed());
+            let took = started.elapsed();
             let DisableReply(outcomes) = DisableReply::decode(value, chunk.len())?;
+            self.chunks
+                .ran_bounded(sizer, chunk.len(), outcomes.len(), took);
+            if outcomes.len() < chunk.len() {
+                // Stopped at its bound: the rest goes first in the next chunk.
+                chunks.stopped_after(outcomes.len());
+            }
             for (member, outcome) in chunk.iter().zip(outcomes) {
                 match outcome {
                     DisableOutcome::Disabled => report.disabled.push(member.clone()),
@@ -1219,14 +1249,21 @@ impl Store for RedisStore {
         let sizer = &self.chunks.enable;
         let policy = restore.map(RestorePolicy::as_str).unwrap_or("");
         let mut report: Option<EnableReport> = None;
-        for chunk in sizer.chunks(members) {
+        let mut chunks = sizer.chunks(members);
+        while let Some(chunk) = chunks.next() {
             self.chunks.rest().await;
             let started = Instant::now();
             let value = self
-                .member_script(&self.scripts.enable, pool, policy.as_bytes(), chunk)
+                .member_script(&self.scripts.enable, pool, Some(policy.as_bytes()), chunk)
                 .await?;
-            self.chunks.ran(sizer, chunk.len(), started.elapsed());
+            let took = started.elapsed();
             let reply = EnableReply::decode(value, chunk.len())?;
+            self.chunks
+                .ran_bounded(sizer, chunk.len(), reply.outcomes.len(), took);
+            if reply.outcomes.len() < chunk.len() {
+                // Stopped at its bound: the rest goes first in the next chunk.
+                chunks.stopped_after(reply.outcomes.len());
+            }
             let report = report.get_or_insert_with(|| EnableReport {
                 restore: reply.restore,
                 enabled: Vec::new(),
@@ -1259,13 +1296,21 @@ impl Store for RedisStore {
     ) -> Result<RemoveReport, StoreError> {
         let sizer = &self.chunks.remove;
         let mut report = RemoveReport::default();
-        for chunk in sizer.chunks(members) {
-            let args: Vec<&[u8]> = chunk.iter().map(|m| m.as_str().as_bytes()).collect();
+        let mut chunks = sizer.chunks(members);
+        while let Some(chunk) = chunks.next() {
             self.chunks.rest().await;
             let started = Instant::now();
-            let value = self.eval(&self.scripts.remove, pool, &args).await?;
-            self.chunks.ran(sizer, chunk.len(), started.elapsed());
+            let value = self
+                .member_script(&self.scripts.remove, pool, None, chunk)
+                .await?;
+            let took = started.elapsed();
             let RemoveReply(removed) = RemoveReply::decode(value, chunk.len())?;
+            self.chunks
+                .ran_bounded(sizer, chunk.len(), removed.len(), took);
+            if removed.len() < chunk.len() {
+                // Stopped at its bound: the rest goes first in the next chunk.
+                chunks.stopped_after(removed.len());
+            }
             for (member, removed) in chunk.iter().zip(removed) {
                 if removed {
                     report.removed.push(member.clone());

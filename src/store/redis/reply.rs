@@ -412,13 +412,14 @@ pub(super) enum SeedOutcome {
 pub(super) struct SeedReply {
     /// The count new members join at.
     pub(super) start_assignments: u64,
-    /// One outcome per member asked about.
+    /// One outcome per member asked about, in order: of the first ones only when the chunk
+    /// stopped at its bound.
     pub(super) outcomes: Vec<SeedOutcome>,
 }
 
 impl SeedReply {
     /// Decodes `{-1}` or `{1, start, {1 = added | 0 = existing | 2 = full, ...}}` with one
-    /// outcome per each of `asked` members.
+    /// outcome for each of the first of `asked` members (see [`per_member`]).
     pub(super) fn decode(value: Value, asked: usize) -> Result<Self, StoreError> {
         decode("seed.lua", value, |value| {
             let mut items = Items::of_pool(value)?;
@@ -638,7 +639,7 @@ pub(super) struct DisableReply(pub(super) Vec<DisableOutcome>);
 
 impl DisableReply {
     /// Decodes `{-1}` or `{1, {1 = disabled | 2 = already ineligible | 0 = unknown, ...}}`
-    /// with one outcome per each of `asked` members.
+    /// with one outcome for each of the first of `asked` members (see [`per_member`]).
     pub(super) fn decode(value: Value, asked: usize) -> Result<Self, StoreError> {
         decode("disable.lua", value, |value| {
             let mut items = Items::of_pool(value)?;
@@ -675,13 +676,15 @@ pub(super) enum EnableOutcome {
 pub(super) struct EnableReply {
     /// The policy the members came back under.
     pub(super) restore: RestorePolicy,
-    /// One outcome per member asked about.
+    /// One outcome per member asked about, in order: of the first ones only when the chunk
+    /// stopped at its bound.
     pub(super) outcomes: Vec<EnableOutcome>,
 }
 
 impl EnableReply {
     /// Decodes `{-1}` or `{1, policy, {outcome, kept, restored, ...}}` with outcome
-    /// 1 = enabled, 2 = already eligible, 0 = unknown, for each of `asked` members.
+    /// 1 = enabled, 2 = already eligible, 0 = unknown, for each of the first of `asked`
+    /// members (see [`per_member`]).
     pub(super) fn decode(value: Value, asked: usize) -> Result<Self, StoreError> {
         decode("enable.lua", value, |value| {
             let mut items = Items::of_pool(value)?;
@@ -689,9 +692,10 @@ impl EnableReply {
                 .ok_or("unknown restore policy")?;
             let outcomes = array(items.next()?)?;
             items.end()?;
-            if outcomes.len() != asked * 3 {
+            if outcomes.len() % 3 != 0 {
                 return Err(format!("{} values for {asked} members", outcomes.len()).into());
             }
+            handled(outcomes.len() / 3, asked)?;
             let outcomes = outcomes
                 .chunks(3)
                 .map(|outcome| match outcome {
@@ -717,8 +721,8 @@ impl EnableReply {
 pub(super) struct RemoveReply(pub(super) Vec<bool>);
 
 impl RemoveReply {
-    /// Decodes `{-1}` or `{1, {1 = removed | 0 = unknown, ...}}` with one outcome per each
-    /// of `asked` members.
+    /// Decodes `{-1}` or `{1, {1 = removed | 0 = unknown, ...}}` with one outcome for each
+    /// of the first of `asked` members (see [`per_member`]).
     pub(super) fn decode(value: Value, asked: usize) -> Result<Self, StoreError> {
         decode("remove.lua", value, |value| {
             let mut items = Items::of_pool(value)?;
@@ -1182,12 +1186,22 @@ fn lease_ttl(ms: u64) -> Read<LeaseTtl> {
 }
 
 /// A list of exactly one entry per member asked about, each read by `read`.
+/// The outcomes of a chunk script (see `chunk.lua`) asked about `asked` members: one for
+/// each of the first members, all of them unless the chunk stopped at its bound, and at
+/// least one unless none was asked about (else a call would never end).
 fn per_member<T>(value: Value, asked: usize, read: impl Fn(&Value) -> Read<T>) -> Read<Vec<T>> {
     let list = array(value)?;
-    if list.len() != asked {
-        return Err(format!("{} outcomes for {asked} members", list.len()).into());
-    }
+    handled(list.len(), asked)?;
     list.iter().map(read).collect()
+}
+
+/// Checks that a chunk script answered for `handled` of `asked` members (see
+/// [`per_member`]).
+fn handled(handled: usize, asked: usize) -> Read<()> {
+    if handled > asked || (handled == 0 && asked > 0) {
+        return Err(format!("{handled} outcomes for {asked} members").into());
+    }
+    Ok(())
 }
 
 fn members(value: Value) -> Read<Vec<MemberId>> {

@@ -15,7 +15,9 @@ use redis::Script;
 /// `<name>_fast.lua`, which answers the outcome that changes nothing before any helper
 /// exists, then the whole plain assign as the function `pick` for it, then for every
 /// other outcome the helpers, `report.lua` and the file, which applies it, and the assign
-/// again as a function on those helpers, so that their closures are made once).
+/// again as a function on those helpers, so that their closures are made once) or
+/// `chunked` (the helpers, then `chunk.lua`, the bound every chunk of a large member call
+/// keeps, then the file).
 macro_rules! scripts {
     ($($name:ident: $source:ident,)*) => {
         /// Every script of the store.
@@ -81,6 +83,15 @@ macro_rules! scripts {
             "end\nreturn with_done(done, pick_after_done())\n"
         ))
     };
+    (@chunked $name:ident) => {
+        Script::new(concat!(
+            include_str!("../scripts/labels.lua"),
+            include_str!("../scripts/leases.lua"),
+            include_str!("../scripts/health.lua"),
+            include_str!("../scripts/chunk.lua"),
+            include_str!(concat!("../scripts/", stringify!($name), ".lua"))
+        ))
+    };
     (@with_helpers $name:ident) => {
         Script::new(concat!(
             include_str!("../scripts/labels.lua"),
@@ -98,11 +109,11 @@ scripts! {
     pool_info: plain,
     delete_pool: plain,
     end_session: plain,
-    seed: with_helpers,
+    seed: chunked,
     members: with_helpers,
-    disable: with_helpers,
-    enable: with_helpers,
-    remove: with_helpers,
+    disable: chunked,
+    enable: chunked,
+    remove: chunked,
     release: with_helpers,
     renew: with_helpers,
     sweep: with_helpers,

@@ -31,10 +31,11 @@ use crate::domain::{
     HealthConfig, Labels, LeaseTtl, MemberId, OutcomeResult, Policy, PoolConfig, PoolId,
     RestorePolicy, Timestamp,
 };
+use crate::store::chunks::MemberChunks;
 use crate::store::{
-    CheckRound, ClaimedSource, Effect, FetchOutcome, ImportCounts, LastCheck, MemberState,
-    MemberView, Origin, PoolStats, Pruned, PutPool, Report, ReportSource, Seed, SourceFetch,
-    SourceState, Store, StoreError, Swept,
+    CheckRound, ClaimedSource, DisableReport, Effect, EnableReport, FetchOutcome, ImportCounts,
+    LastCheck, MemberState, MemberView, Origin, PoolStats, Pruned, PutPool, RemoveReport, Report,
+    ReportSource, Restored, Seed, SeedReport, SourceFetch, SourceState, Store, StoreError, Swept,
 };
 
 const PREFIX: &str = "replies";
@@ -74,6 +75,44 @@ impl TestRedis {
     /// Runs the script `name` on `pool`'s keys with `args`.
     async fn eval(&self, name: &str, pool: &PoolId, args: &[&str]) -> Value {
         self.eval_keyed(name, pool, &[], args).await
+    }
+
+    /// Runs the chunk script `name` (see `chunk.lua`) on `pool`'s keys with `args`, under a
+    /// bound it never reaches.
+    async fn eval_chunk(&self, name: &str, pool: &PoolId, args: &[&str]) -> Value {
+        self.eval_bounded(name, pool, ["60000000", "25"], args)
+            .await
+    }
+
+    /// Runs the chunk script `name` with `bound` (its microseconds, then the members between
+    /// two looks at the clock), then `args`.
+    async fn eval_bounded(
+        &self,
+        name: &str,
+        pool: &PoolId,
+        bound: [&str; 2],
+        args: &[&str],
+    ) -> Value {
+        let all: Vec<&str> = bound.iter().chain(args).copied().collect();
+        self.eval(name, pool, &all).await
+    }
+
+    /// How many script calls by hash this Redis has run since the last
+    /// [`TestRedis::reset_stats`].
+    async fn evalsha_calls(&self) -> u64 {
+        let info: String = self.side(&["INFO", "commandstats"]).await;
+        info.lines()
+            .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+            .map_or(0, |rest| {
+                rest.split(',')
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .expect("a count of calls")
+            })
+    }
+
+    async fn reset_stats(&self) {
+        let () = self.side(&["CONFIG", "RESETSTAT"]).await;
     }
 
     /// [`TestRedis::eval`] with `extra` keys after the pool's.
@@ -375,7 +414,7 @@ async fn assign(redis: &TestRedis) {
     let run = |args: &'static [&'static str]| redis.eval("assign", &labelled, args);
     run(&["l0", "", "16", "16", "2000", "1"]).await;
     redis
-        .eval(
+        .eval_chunk(
             "seed",
             &labelled,
             &[
@@ -740,7 +779,7 @@ async fn delete_pool(redis: &TestRedis) {
 
 async fn seed(redis: &TestRedis) {
     let id = pool("seed");
-    let run = |args: &'static [&'static str]| redis.eval("seed", &id, args);
+    let run = |args: &'static [&'static str]| redis.eval_chunk("seed", &id, args);
     assert_pool_not_found(SeedReply::decode(
         run(&["", "0", "0", "0", "0", "", "", "a"]).await,
         1,
@@ -797,6 +836,26 @@ async fn seed(redis: &TestRedis) {
         .side(&["HGET", &TestRedis::key(&id, "labels"), "b"])
         .await;
     assert_eq!(kept, None);
+    // Past its bound at its first look at the clock, after two members: `e` is not added.
+    let stopped = redis
+        .eval_bounded(
+            "seed",
+            &id,
+            ["0", "2"],
+            &["", "0", "0", "0", "0", "", "", "a", "b", "e"],
+        )
+        .await;
+    assert_eq!(
+        SeedReply::decode(stopped, 3).expect("decodes"),
+        SeedReply {
+            start_assignments: 0,
+            outcomes: vec![SeedOutcome::Existing, SeedOutcome::Existing],
+        }
+    );
+    let e: Option<f64> = redis
+        .side(&["ZSCORE", &TestRedis::key(&id, "eligible"), "e"])
+        .await;
+    assert_eq!(e, None);
 }
 
 async fn members(redis: &TestRedis) {
@@ -925,7 +984,7 @@ async fn members(redis: &TestRedis) {
     // With a label filter: the walk's members, their labels, and where the next page starts
     // (here after one entry, the page size).
     redis
-        .eval(
+        .eval_chunk(
             "seed",
             &id,
             &["", "0", "0", "0", "1", "", "", "a", "tier=a", "c", "tier=a"],
@@ -998,7 +1057,7 @@ async fn members(redis: &TestRedis) {
 
 async fn disable(redis: &TestRedis) {
     let id = pool("disable");
-    let run = |args: &'static [&'static str]| redis.eval("disable", &id, args);
+    let run = |args: &'static [&'static str]| redis.eval_chunk("disable", &id, args);
     assert_pool_not_found(DisableReply::decode(run(&["why", "a"]).await, 1));
     redis.create(&id, tripping_after(1)).await;
     redis.seed(&id, &["a", "b"], 0).await;
@@ -1019,11 +1078,27 @@ async fn disable(redis: &TestRedis) {
         again.expect("decodes"),
         DisableReply(vec![DisableOutcome::AlreadyIneligible])
     );
+    // Past its bound at its first look at the clock, after two members: `c` stays eligible.
+    redis.seed(&id, &["c"], 0).await;
+    let stopped = redis
+        .eval_bounded("disable", &id, ["0", "2"], &["why", "a", "z", "c"])
+        .await;
+    assert_eq!(
+        DisableReply::decode(stopped, 3).expect("decodes"),
+        DisableReply(vec![
+            DisableOutcome::AlreadyIneligible,
+            DisableOutcome::Unknown
+        ])
+    );
+    let c: Option<f64> = redis
+        .side(&["ZSCORE", &TestRedis::key(&id, "eligible"), "c"])
+        .await;
+    assert_eq!(c, Some(0.0));
 }
 
 async fn enable(redis: &TestRedis) {
     let id = pool("enable");
-    let run = |args: &'static [&'static str]| redis.eval("enable", &id, args);
+    let run = |args: &'static [&'static str]| redis.eval_chunk("enable", &id, args);
     assert_pool_not_found(EnableReply::decode(run(&["", "a"]).await, 1));
     redis.create(&id, PoolConfig::default()).await;
     redis.seed(&id, &["a", "c"], 3).await;
@@ -1059,16 +1134,50 @@ async fn enable(redis: &TestRedis) {
             }],
         }
     );
+    // Past its bound at its first look at the clock, after two members: `d` stays out.
+    redis.seed(&id, &["d"], 4).await;
+    redis
+        .store
+        .disable_members(&id, &[member("d")], "maintenance")
+        .await
+        .expect("disabled");
+    let stopped = redis
+        .eval_bounded("enable", &id, ["0", "2"], &["zero", "a", "z", "d"])
+        .await;
+    assert_eq!(
+        EnableReply::decode(stopped, 3).expect("decodes"),
+        EnableReply {
+            restore: RestorePolicy::Zero,
+            outcomes: vec![EnableOutcome::AlreadyEligible, EnableOutcome::Unknown],
+        }
+    );
+    let d: Option<f64> = redis
+        .side(&["ZSCORE", &TestRedis::key(&id, "ineligible"), "d"])
+        .await;
+    assert_eq!(d, Some(4.0));
 }
 
 async fn remove(redis: &TestRedis) {
     let id = pool("remove");
-    let run = |args: &'static [&'static str]| redis.eval("remove", &id, args);
+    let run = |args: &'static [&'static str]| redis.eval_chunk("remove", &id, args);
     assert_pool_not_found(RemoveReply::decode(run(&["a"]).await, 1));
     redis.create(&id, PoolConfig::default()).await;
     redis.seed(&id, &["a"], 0).await;
     let removed = RemoveReply::decode(run(&["a", "z"]).await, 2);
     assert_eq!(removed.expect("decodes"), RemoveReply(vec![true, false]));
+    // Past its bound at its first look at the clock, after two members: `c` stays.
+    redis.seed(&id, &["b", "c"], 0).await;
+    let stopped = redis
+        .eval_bounded("remove", &id, ["0", "2"], &["z", "b", "c"])
+        .await;
+    assert_eq!(
+        RemoveReply::decode(stopped, 3).expect("decodes"),
+        RemoveReply(vec![false, true])
+    );
+    let c: Option<f64> = redis
+        .side(&["ZSCORE", &TestRedis::key(&id, "eligible"), "c"])
+        .await;
+    assert_eq!(c, Some(0.0));
 }
 
 async fn release(redis: &TestRedis) {
@@ -1565,11 +1674,25 @@ fn a_named_reply_with_another_name_in_its_place_is_refused() {
 }
 
 #[test]
-fn a_list_of_outcomes_for_other_members_than_asked_is_refused() {
-    let one = Value::Array(vec![Value::Int(1), Value::Array(vec![Value::Int(1)])]);
+fn a_list_of_more_outcomes_than_members_asked_or_of_none_is_refused() {
+    let two = Value::Array(vec![
+        Value::Int(1),
+        Value::Array(vec![Value::Int(1), Value::Int(0)]),
+    ]);
     assert_eq!(
-        refusal(DisableReply::decode(one, 2)),
-        "unexpected reply to disable.lua: 1 outcomes for 2 members"
+        refusal(DisableReply::decode(two, 1)),
+        "unexpected reply to disable.lua: 2 outcomes for 1 members"
+    );
+    // A chunk that stopped at its bound answers for its first members, never for none.
+    let none = Value::Array(vec![Value::Int(1), Value::Array(vec![])]);
+    assert_eq!(
+        refusal(DisableReply::decode(none, 2)),
+        "unexpected reply to disable.lua: 0 outcomes for 2 members"
+    );
+    let first = Value::Array(vec![Value::Int(1), Value::Array(vec![Value::Int(1)])]);
+    assert_eq!(
+        DisableReply::decode(first, 2).expect("decodes"),
+        DisableReply(vec![DisableOutcome::Disabled])
     );
 }
 
@@ -1584,4 +1707,89 @@ fn an_outcome_code_the_script_never_returns_is_refused() {
         refusal(OutcomesReply::decode(unknown, 1)),
         "unexpected reply to outcomes.lua: unknown effect"
     );
+}
+
+/// Chunks whose scripts all stop at their first look at the clock (a bound of zero) still
+/// make each large member call whole and exact: every script call handles one granule of
+/// 25 members, the service sends the rest, and the reports are what one call would give.
+#[tokio::test]
+async fn member_calls_whose_chunks_stop_at_their_bound_still_handle_every_member_once() {
+    let redis = TestRedis::start().await;
+    let mut store = redis.store.clone();
+    store.chunks = std::sync::Arc::new(MemberChunks::bounded_at(Duration::ZERO));
+    let id = pool("bounded");
+    let mut config = PoolConfig::default();
+    config.rules.max_members = Some(250);
+    redis.create(&id, config).await;
+    let names: Vec<MemberId> = (0..260).map(|i| member(&format!("m{i:03}"))).collect();
+    let unknown = member("z");
+
+    redis.reset_stats().await;
+    let mut seed = Seed::new(names.clone());
+    seed.assignments = Some(7);
+    let seeded = store.add_members(&id, &seed).await.expect("seeded");
+    assert_eq!(
+        seeded,
+        SeedReport {
+            added: names[..250].to_vec(),
+            existing: vec![],
+            full: names[250..].to_vec(),
+            start_assignments: 7,
+        }
+    );
+    // 260 members, 25 a call: ten calls stopped at their bound and one for the last ten.
+    assert_eq!(redis.evalsha_calls().await, 11);
+
+    let mut asked = names[..130].to_vec();
+    asked.push(unknown.clone());
+    redis.reset_stats().await;
+    let disabled = store
+        .disable_members(&id, &asked, "maintenance")
+        .await
+        .expect("disabled");
+    assert_eq!(
+        disabled,
+        DisableReport {
+            disabled: names[..130].to_vec(),
+            already_ineligible: vec![],
+            unknown: vec![unknown.clone()],
+        }
+    );
+    assert_eq!(redis.evalsha_calls().await, 6);
+
+    let enabled = store
+        .enable_members(&id, &asked, Some(RestorePolicy::Zero))
+        .await
+        .expect("enabled");
+    assert_eq!(
+        enabled,
+        EnableReport {
+            restore: RestorePolicy::Zero,
+            enabled: names[..130]
+                .iter()
+                .map(|m| Restored {
+                    member: m.clone(),
+                    kept_assignments: 7,
+                    assignments: 0,
+                })
+                .collect(),
+            already_eligible: vec![],
+            unknown: vec![unknown.clone()],
+        }
+    );
+
+    let mut every = names[..250].to_vec();
+    every.push(unknown.clone());
+    let removed = store.remove_members(&id, &every).await.expect("removed");
+    assert_eq!(
+        removed,
+        RemoveReport {
+            removed: names[..250].to_vec(),
+            unknown: vec![unknown],
+        }
+    );
+    let left: u64 = redis
+        .side(&["ZCARD", &TestRedis::key(&id, "eligible")])
+        .await;
+    assert_eq!(left, 0);
 }

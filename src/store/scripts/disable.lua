@@ -6,26 +6,31 @@
 -- A member keeps its live leases: they stay valid until released or expired, but it
 -- leaves the choosing order of a least-in-flight pool.
 -- KEYS as in leases.lua and health.lua.
--- ARGV[1] reason, ARGV[2..] member ids.
+-- ARGV[1..2] the chunk's bound (see chunk.lua), ARGV[3] reason, ARGV[4..] member ids.
 -- Returns {-1} when the pool does not exist, else
--- {1, {1 = disabled | 2 = already ineligible | 0 = unknown ...}}.
+-- {1, {1 = disabled | 2 = already ineligible | 0 = unknown ...}}, with an outcome for each
+-- of the first members, all of them unless the chunk stopped at its bound.
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
 local since = ms_text(now_ms())
 local lif = least_in_flight()
 local outcome = {}
-for i = 2, #ARGV do
+local reason = ARGV[3]
+for i = 4, #ARGV do
     local member = ARGV[i]
-    if take_out(member, since, ARGV[1], lif) then
+    if take_out(member, since, reason, lif) then
         outcome[#outcome + 1] = 1
     elseif redis.call('ZREM', KEYS[10], member) == 1 then
-        redis.call('HSET', KEYS[4], member, since .. ' ' .. ARGV[1])
+        redis.call('HSET', KEYS[4], member, since .. ' ' .. reason)
         outcome[#outcome + 1] = 1
     elseif redis.call('ZSCORE', KEYS[3], member) then
         outcome[#outcome + 1] = 2
     else
         outcome[#outcome + 1] = 0
+    end
+    if chunk_spent(i - 3, #ARGV - 3) then
+        break
     end
 end
 return {1, outcome}

@@ -7,21 +7,23 @@
 -- Policies apply to the cumulative count only: on a least-in-flight pool the member comes
 -- back into the choosing order with the live leases it still holds.
 -- KEYS as in leases.lua and health.lua.
--- ARGV[1] policy or '' for the pool's own, ARGV[2..] member ids.
+-- ARGV[1..2] the chunk's bound (see chunk.lua), ARGV[3] policy or '' for the pool's own,
+-- ARGV[4..] member ids.
 -- Returns {-1} when the pool does not exist, else
 -- {1, policy, {outcome, kept, restored, ...}} with outcome 1 = enabled,
--- 2 = already eligible, 0 = unknown.
+-- 2 = already eligible, 0 = unknown, for each of the first members, all of them unless the
+-- chunk stopped at its bound.
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
-local policy = ARGV[1]
+local policy = ARGV[3]
 if policy == '' then
     policy = redis.call('HGET', KEYS[1], 'restore') or 'minimum'
 end
 local minimum = eligible_minimum()
 local lif = least_in_flight()
 local outcome = {}
-for i = 2, #ARGV do
+for i = 4, #ARGV do
     local member = ARGV[i]
     local kept, restored = restore(member, policy, minimum, lif)
     if kept then
@@ -36,6 +38,9 @@ for i = 2, #ARGV do
         end
         outcome[#outcome + 1] = 0
         outcome[#outcome + 1] = 0
+    end
+    if chunk_spent(i - 3, #ARGV - 3) then
+        break
     end
 end
 return {1, policy, outcome}

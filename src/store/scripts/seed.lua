@@ -4,21 +4,23 @@
 -- On a least-in-flight pool, added and reset eligible members take their place in the
 -- choosing order (they keep any live leases).
 -- KEYS as in leases.lua.
--- ARGV[1] explicit starting count or '', ARGV[2] '1' to reset existing members,
--- ARGV[3] '1' for a dry run (nothing is written), ARGV[4] members earlier chunks of the
--- same dry run would have added, ARGV[5] '1' when each member id is followed by its
+-- ARGV[1..2] the chunk's bound (see chunk.lua),
+-- ARGV[3] explicit starting count or '', ARGV[4] '1' to reset existing members,
+-- ARGV[5] '1' for a dry run (nothing is written), ARGV[6] members earlier chunks of the
+-- same dry run would have added, ARGV[7] '1' when each member id is followed by its
 -- labels ("key=value" lines; '' for none; '~' to keep what it has), else '0',
--- ARGV[6] the new members' origin ('' by hand, 'i' imported, 's<id>' from a source; see
--- health.lua), ARGV[7] with a source, its fetch's place in the seen set (else ''): new
+-- ARGV[8] the new members' origin ('' by hand, 'i' imported, 's<id>' from a source; see
+-- health.lua), ARGV[9] with a source, its fetch's place in the seen set (else ''): new
 -- members take it, and so do members already there from the same source (seen again),
--- ARGV[8..] member ids (validated and de-duplicated), each with its labels when asked.
+-- ARGV[10..] member ids (validated and de-duplicated), each with its labels when asked.
 -- Returns {-1} when the pool does not exist, else
--- {1, start, {1 = added | 0 = existing | 2 = full ...}}.
+-- {1, start, {1 = added | 0 = existing | 2 = full ...}}, with an outcome for each of the
+-- first members, all of them unless the chunk stopped at its bound.
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
 local meta = redis.call('HMGET', KEYS[1], 'start_assignments', 'max_members')
-local start = ARGV[1]
+local start = ARGV[3]
 if start == '' then
     start = meta[1]
 end
@@ -27,14 +29,15 @@ if not start then
     start = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2] or '0'
 end
 local max = tonumber(meta[2])
-local size = redis.call('ZCARD', KEYS[2]) + redis.call('ZCARD', KEYS[3]) + tonumber(ARGV[4])
-local reset = ARGV[2] == '1'
-local dry_run = ARGV[3] == '1'
+local size = redis.call('ZCARD', KEYS[2]) + redis.call('ZCARD', KEYS[3]) + tonumber(ARGV[6])
+local reset = ARGV[4] == '1'
+local dry_run = ARGV[5] == '1'
 local lif = least_in_flight() and not dry_run
 local outcomes = {}
-local step = ARGV[5] == '1' and 2 or 1
-local origin, seen = ARGV[6], ARGV[7]
-for i = 8, #ARGV, step do
+local step = ARGV[7] == '1' and 2 or 1
+local origin, seen = ARGV[8], ARGV[9]
+local asked = (#ARGV - 9) / step
+for i = 10, #ARGV, step do
     local member = ARGV[i]
     local labels = step == 2 and ARGV[i + 1] or '~'
     local holder = nil
@@ -79,6 +82,9 @@ for i = 8, #ARGV, step do
     end
     if lif then
         place(member)
+    end
+    if chunk_spent(#outcomes, asked) then
+        break
     end
 end
 return {1, tonumber(start), outcomes}
