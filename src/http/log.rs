@@ -43,9 +43,8 @@ fn request_id(request: &Request) -> HeaderValue {
         .filter(|v| (1..=128).contains(&v.len()) && v.as_bytes().iter().all(u8::is_ascii_graphic))
         .cloned()
         .unwrap_or_else(|| {
-            let bytes: [u8; 16] = rand::random();
             // Hex is always a valid header value.
-            HeaderValue::from_str(&crate::domain::hex(&bytes))
+            HeaderValue::from_str(&crate::domain::hex(&crate::domain::random_bytes()))
                 .unwrap_or_else(|_| HeaderValue::from_static("invalid"))
         })
 }
