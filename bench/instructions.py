@@ -12,6 +12,15 @@ totals divided by MANY - FEW is the cost of one assign, start-up and shutdown ex
 
 runs each binary on a Redis of its own, itself under callgrind, and counts the service's
 and Redis's instructions apart: the Redis side is the assign script with its call.
+
+    BODY='{"labels": {"country": "de"}}' SIZE=10000 LABELLED_EVERY=100 \
+        python3 bench/instructions.py BINARY
+
+counts an assign with that JSON body (default none) on a pool of SIZE members (default
+100), every LABELLED_EVERY-th of them carrying `country=de` as bench/labels.py seeds it
+(default none). Seeding a million members under callgrind takes long; the script's cost
+does not grow with the pool (ZRANGE BYLEX is O(log N)), so a smaller pool of the same
+shape counts the same work.
 """
 
 import os
@@ -25,7 +34,12 @@ import tempfile
 import assign as bench
 
 FEW, MANY = 1000, 6000
-ASSIGN = b"POST /pools/p/assign HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n"
+BODY = os.environ.get("BODY", "").encode()
+SIZE = int(os.environ.get("SIZE", "100"))
+LABELLED_EVERY = int(os.environ.get("LABELLED_EVERY", "0"))
+ASSIGN = (b"POST /pools/p/assign HTTP/1.1\r\nhost: x\r\n"
+          + (b"content-type: application/json\r\n" if BODY else b"")
+          + b"content-length: " + str(len(BODY)).encode() + b"\r\n\r\n" + BODY)
 
 
 def read_answer(sock, pending):
@@ -58,12 +72,30 @@ def total(out):
     return counted
 
 
+def seed(base):
+    """Pool `p` of SIZE members at 0, every LABELLED_EVERY-th labelled `country=de`, in
+    chunks small enough to answer within the request timeout under callgrind."""
+    chunk = 1_000
+    for start in range(0, SIZE, chunk):
+        members = [
+            {"member": f"proxy-{i:07d}", "labels": {"country": "de"}}
+            if LABELLED_EVERY and i % LABELLED_EVERY == 0
+            else f"proxy-{i:07d}"
+            for i in range(start, min(SIZE, start + chunk))
+        ]
+        bench.request(base, "POST", "/pools/p/members", {"members": members, "assignments": 0})
+
+
 def instructions(binary, assigns):
     """Instructions of the service, and of Redis (0 on the embedded store), after
     answering `assigns` assigns."""
     port = bench.free_port()
+    # The background tasks an hour apart, so that the count is the assigns' alone however
+    # long callgrind takes; a store timeout callgrind's slowness never reaches.
     env = dict(os.environ, ADMIN_TOKEN=bench.TOKEN, LISTEN_ADDR=f"127.0.0.1:{port}",
-               LOG_FORMAT="json", RUST_LOG="warn")
+               LOG_FORMAT="json", RUST_LOG="warn", STORE_TIMEOUT_MS="60000",
+               SWEEP_INTERVAL_MS="3600000", CHECK_TICK_MS="3600000",
+               METRICS_REFRESH_MS="3600000")
     for name in ["REDIS_URL", "REDIS_CLUSTER_URLS", "REDIS_SENTINEL_URLS"]:
         env.pop(name, None)
     redis = None
@@ -79,8 +111,7 @@ def instructions(binary, assigns):
         bench.wait_port(port, timeout=120)
         base = f"http://127.0.0.1:{port}"
         bench.request(base, "PUT", "/pools/p", {})
-        bench.request(base, "POST", "/pools/p/members",
-                      {"members": [f"proxy-{i:03d}" for i in range(100)]})
+        seed(base)
         with socket.create_connection(("127.0.0.1", port)) as sock:
             pending = b""
             for _ in range(assigns):

@@ -214,35 +214,39 @@ impl LabelFilter {
                 format!("a filter names at most {MAX_LABELS} keys"),
             ));
         }
-        let mut groups = BTreeMap::new();
+        // The field's name for an error is made only for an error: this runs on every
+        // labelled assign.
+        let mut groups = Vec::with_capacity(map.len());
         for (key, values) in map {
             check_key(field, key)?;
-            let inner = format!("{field}.{key}");
-            let listed: Vec<&Value> = match values {
-                Value::Array(items) => items.iter().collect(),
-                one => vec![one],
+            let inner = || format!("{field}.{key}");
+            let listed: &[Value] = match values {
+                Value::Array(items) => items,
+                one => std::slice::from_ref(one),
             };
             if listed.is_empty() || listed.len() > MAX_FILTER_VALUES {
                 return Err(InvalidLabels::new(
-                    inner,
+                    inner(),
                     format!("a filter lists 1 to {MAX_FILTER_VALUES} values per key"),
                 ));
             }
             let mut kept: Vec<String> = Vec::with_capacity(listed.len());
             for value in listed {
                 let Value::String(value) = value else {
-                    return Err(InvalidLabels::new(inner, "a label value is a string"));
+                    return Err(InvalidLabels::new(inner(), "a label value is a string"));
                 };
-                check_value(&inner, value)?;
+                if !valid_value(value) {
+                    return Err(InvalidLabels::new(inner(), VALUE_RULE));
+                }
                 if !kept.contains(value) {
                     kept.push(value.clone());
                 }
             }
-            groups.insert(key.clone(), kept);
+            groups.push((key.clone(), kept));
         }
-        Ok(Self {
-            groups: groups.into_iter().collect(),
-        })
+        // Key order, whatever order the map keeps (a map's keys are distinct).
+        groups.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        Ok(Self { groups })
     }
 
     /// Parses `key=value` query parameters named `field`; a key given twice accepts either

@@ -271,6 +271,25 @@ impl Ranked {
         }
     }
 
+    /// `set` for a member of the pool, answering its id: the id it takes is its probe in the
+    /// order and comes back, so an assign makes no copy of it.
+    fn recount(&mut self, member: MemberId, count: u64) -> MemberId {
+        let Some(stored) = self.counts.get_mut(&member) else {
+            self.set(member.clone(), count);
+            return member;
+        };
+        let probe = (std::mem::replace(stored, count), member);
+        match self.order.take(&probe) {
+            Some((_, kept)) => {
+                self.order.insert((count, kept));
+            }
+            None => {
+                self.order.insert((count, probe.1.clone()));
+            }
+        }
+        probe.1
+    }
+
     /// Adds a member known not to be here: one hash instead of two (recovery inserts a
     /// million of them).
     fn insert_absent(&mut self, member: MemberId, count: u64) {
@@ -1110,6 +1129,20 @@ impl Pool {
                     .first()
                     .map(|(_, member)| member.clone()),
             }
+        } else if let Some(first) = holds
+            .is_none()
+            .then(|| self.first_labelled(labels))
+            .flatten()
+        {
+            // One key, nothing held back: the first entry of its sets, no walk.
+            match first {
+                Some((_, _, member)) => Some(member.clone()),
+                None => {
+                    return Ok(Assignment::Empty {
+                        next_return: self.wait_for(labels, now),
+                    });
+                }
+            }
         } else {
             let (mut first, banned_until) = self.pick_labelled(labels, holds.as_ref(), 1)?;
             match first.pop() {
@@ -1132,10 +1165,16 @@ impl Pool {
     /// Counts one more assignment for an eligible member, keeping its places in step, and
     /// rests it when the request is paced.
     fn count_one(&mut self, member: MemberId, holds: Option<&Holds<'_>>) -> Assignment {
-        self.unplace(&member);
-        let assignments = self.eligible.get(&member).unwrap_or(0) + 1;
-        self.eligible.set(member.clone(), assignments);
-        self.place(&member);
+        // A least-used pool: no choosing order besides `eligible`, and the label entries
+        // move in place (see `recount_labels`), the id passed along rather than copied.
+        let before = self.eligible.get(&member).unwrap_or(0);
+        let assignments = before + 1;
+        let member = if self.labels.of.is_empty() {
+            member
+        } else {
+            self.recount_labels(member, before, assignments)
+        };
+        let member = self.eligible.recount(member, assignments);
         self.total_assignments += 1;
         self.rest(holds, &member);
         Assignment::Assigned {

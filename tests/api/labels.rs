@@ -233,6 +233,100 @@ async fn a_labelled_assign_answers_204_when_no_eligible_member_carries_the_label
     );
 }
 
+async fn a_labelled_assign_never_hands_out_a_disabled_member_though_it_has_the_fewest_assignments(
+    app: TestApp,
+) {
+    mixed_pool(&app, json!({})).await;
+    app.post_json(
+        "/pools/p/members",
+        json!({"members": ["de-2"], "assignments": 3, "reset": true}),
+    )
+    .await;
+    let (status, body) = app
+        .post_json("/pools/p/members/disable", json!({"members": ["de-1"]}))
+        .await;
+    assert_eq!(
+        (status, &body["disabled"]),
+        (StatusCode::OK, &json!(["de-1"]))
+    );
+    // de-1 (0) is the least-used member carrying country=de, but it is out: de-2 it is.
+    let mut picks = Vec::new();
+    for _ in 0..2 {
+        picks.push(assigned_with(&app, "p", json!({"country": "de"})).await);
+    }
+    app.post_json("/pools/p/members/enable", json!({"members": ["de-1"]}))
+        .await;
+    // Back in, at its count of 0, it leads again.
+    picks.push(assigned_with(&app, "p", json!({"country": "de"})).await);
+    assert_eq!(
+        picks,
+        [("de-2", 4), ("de-2", 5), ("de-1", 1)].map(|(m, n)| (m.to_owned(), n))
+    );
+}
+
+async fn a_labelled_assign_never_hands_out_a_member_cooling_down(app: TestApp) {
+    mixed_pool(
+        &app,
+        json!({"health": {"max_consecutive_failures": 1, "cooldown_ms": 600000, "jitter_percent": 0}}),
+    )
+    .await;
+    app.post_json(
+        "/pools/p/members",
+        json!({"members": ["de-2"], "assignments": 3, "reset": true}),
+    )
+    .await;
+    let response = app
+        .anonymous(Method::POST, "/pools/p/outcomes")
+        .json(&json!({"proxy": "de-1", "result": "failed"}))
+        .send()
+        .await
+        .expect("sent");
+    let (status, body) = read(response).await;
+    assert_eq!(
+        (status, &body["outcomes"][0]["effect"]),
+        (StatusCode::OK, &json!("tripped"))
+    );
+    let mut picks = Vec::new();
+    for _ in 0..2 {
+        picks.push(assigned_with(&app, "p", json!({"country": "de"})).await);
+    }
+    assert_eq!(
+        picks,
+        [("de-2", 4), ("de-2", 5)].map(|(m, n)| (m.to_owned(), n))
+    );
+}
+
+async fn a_labelled_assign_moves_the_member_in_the_choice_of_its_other_labels(app: TestApp) {
+    mixed_pool(&app, json!({})).await;
+    // de-1 carries country=de and provider=acme; fr-1 and fr-2 provider=acme too.
+    assert_eq!(
+        assigned_with(&app, "p", json!({"country": "de"})).await,
+        ("de-1".to_owned(), 1)
+    );
+    // Among provider=acme, de-1 now has one assignment: fr-1 and fr-2 (0) come first, then
+    // the three at 1 by id.
+    let mut picks = Vec::new();
+    for _ in 0..5 {
+        picks.push(assigned_with(&app, "p", json!({"provider": "acme"})).await);
+    }
+    assert_eq!(
+        picks,
+        [
+            ("fr-1", 1),
+            ("fr-2", 1),
+            ("de-1", 2),
+            ("fr-1", 2),
+            ("fr-2", 2)
+        ]
+        .map(|(m, n)| (m.to_owned(), n))
+    );
+    // And country=de saw the provider=acme assign of de-1: de-2 (0) first.
+    assert_eq!(
+        assigned_with(&app, "p", json!({"country": "de"})).await,
+        ("de-2".to_owned(), 1)
+    );
+}
+
 async fn replacing_labels_keeps_the_count_and_the_state(app: TestApp) {
     mixed_pool(&app, json!({})).await;
     assigned_with(&app, "p", json!({"country": "us"})).await;
@@ -575,6 +669,9 @@ for_each_store!(
     a_list_of_values_takes_the_least_used_member_carrying_any_of_them,
     a_filter_over_several_keys_needs_every_one_of_them,
     a_labelled_assign_answers_204_when_no_eligible_member_carries_the_labels,
+    a_labelled_assign_never_hands_out_a_disabled_member_though_it_has_the_fewest_assignments,
+    a_labelled_assign_never_hands_out_a_member_cooling_down,
+    a_labelled_assign_moves_the_member_in_the_choice_of_its_other_labels,
     replacing_labels_keeps_the_count_and_the_state,
     labelled_members_follow_cooldowns_and_removal,
     a_least_in_flight_assign_with_a_label_takes_the_least_busy_member_carrying_it,

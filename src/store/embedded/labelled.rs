@@ -2,9 +2,11 @@
 //! kept in step by `Pool::unplace` and `Pool::place` exactly as `scripts/labels.lua` keeps
 //! the Redis ones.
 //!
-//! - `eligible`: per `key=value`, the eligible members carrying it in the choosing order
+//! - `eligible`: per key, per value, the eligible members carrying it in the choosing order
 //!   (`(live leases on least-in-flight pools else 0, assignments, id)`): its first entry is
-//!   the choice of an assign filtering on that one label.
+//!   the choice of an assign filtering on that one label. Two levels of maps rather than
+//!   one keyed `key=value`, so that an assign finds a set from the filter's strings, and
+//!   moves a member's entries from its labels, without building a key.
 //! - `members`: per `key=value`, every member carrying it, by id, for listings.
 
 use std::collections::{BTreeSet, HashMap};
@@ -23,7 +25,7 @@ pub(super) type OrderEntry = (u64, u64, MemberId);
 pub(super) struct LabelIndex {
     /// Members with labels; members without any are absent.
     pub(super) of: HashMap<MemberId, Labels>,
-    eligible: HashMap<String, BTreeSet<(u64, u64, MemberId)>>,
+    eligible: HashMap<String, HashMap<String, BTreeSet<OrderEntry>>>,
     members: HashMap<String, BTreeSet<MemberId>>,
 }
 
@@ -48,11 +50,16 @@ impl Pool {
             return;
         };
         let LabelIndex { of, eligible, .. } = &mut self.labels;
-        for pair in of.get(member).into_iter().flat_map(Labels::pairs) {
-            if let Some(set) = eligible.get_mut(&pair) {
+        for (name, value) in of.get(member).into_iter().flat_map(Labels::iter) {
+            if let Some(values) = eligible.get_mut(name)
+                && let Some(set) = values.get_mut(value)
+            {
                 set.remove(&key);
                 if set.is_empty() {
-                    eligible.remove(&pair);
+                    values.remove(value);
+                    if values.is_empty() {
+                        eligible.remove(name);
+                    }
                 }
             }
         }
@@ -67,9 +74,54 @@ impl Pool {
             return;
         };
         let LabelIndex { of, eligible, .. } = &mut self.labels;
-        for pair in of.get(member).into_iter().flat_map(Labels::pairs) {
-            eligible.entry(pair).or_default().insert(key.clone());
+        for (name, value) in of.get(member).into_iter().flat_map(Labels::iter) {
+            eligible_set(eligible, name, value).insert(key.clone());
         }
+    }
+
+    /// Moves an eligible member of a least-used pool from `before` assignments to `after` in
+    /// the label index, as `unlabel` then `label` would, but without a copy of its id per
+    /// label: each entry is taken out and put back with the new count. Answers the id.
+    pub(super) fn recount_labels(&mut self, member: MemberId, before: u64, after: u64) -> MemberId {
+        let LabelIndex { of, eligible, .. } = &mut self.labels;
+        let Some(labels) = of.get(&member) else {
+            return member;
+        };
+        let probe: OrderEntry = (0, before, member);
+        for (name, value) in labels.iter() {
+            let set = eligible_set(eligible, name, value);
+            match set.take(&probe) {
+                Some(mut entry) => {
+                    entry.1 = after;
+                    set.insert(entry);
+                }
+                // It was not eligible before: `label` would put it in now.
+                None => {
+                    set.insert((0, after, probe.2.clone()));
+                }
+            }
+        }
+        probe.2
+    }
+
+    /// The choice of an assign filtering on one key with nothing held back: the first entry
+    /// of the values' sets, the least of them with several values (a member has one value
+    /// per key, so the sets share none). `None` when the filter has several keys, which
+    /// `pick_labelled` walks; `Some(None)` when no eligible member carries the label.
+    pub(super) fn first_labelled(&self, filter: &LabelFilter) -> Option<Option<&OrderEntry>> {
+        let mut groups = filter.groups();
+        let (name, values) = groups.next()?;
+        if groups.next().is_some() {
+            return None;
+        }
+        let sets = self.labels.eligible.get(name);
+        Some(
+            values
+                .iter()
+                .filter_map(|value| sets.and_then(|sets| sets.get(value.as_str())))
+                .filter_map(BTreeSet::first)
+                .min(),
+        )
     }
 
     /// Replaces a member's labels; its count and state stay.
@@ -122,7 +174,12 @@ impl Pool {
             |member: &MemberId| holds.and_then(|holds| self.held_until(holds, member));
         let mut earliest: Option<Timestamp> = None;
         let groups: Vec<(&str, &[String])> = filter.groups().collect();
-        let set = |key: &str, value: &str| self.labels.eligible.get(&format!("{key}={value}"));
+        let set = |key: &str, value: &str| {
+            self.labels
+                .eligible
+                .get(key)
+                .and_then(|values| values.get(value))
+        };
         let size = |(key, values): &(&str, &[String])| -> usize {
             values
                 .iter()
@@ -230,4 +287,22 @@ impl Pool {
         }
         crate::store::labelled_page(eligible, ineligible, filter, next)
     }
+}
+
+/// The set of `name=value` in `eligible`, made when it is missing; the key strings are
+/// copied only then. (The `expect`s cannot fail: each key was inserted just above when
+/// missing; the entry API would copy the key on every call.)
+fn eligible_set<'a>(
+    eligible: &'a mut HashMap<String, HashMap<String, BTreeSet<OrderEntry>>>,
+    name: &str,
+    value: &str,
+) -> &'a mut BTreeSet<OrderEntry> {
+    if !eligible.contains_key(name) {
+        eligible.insert(name.to_owned(), HashMap::new());
+    }
+    let values = eligible.get_mut(name).expect("inserted above");
+    if !values.contains_key(value) {
+        values.insert(value.to_owned(), BTreeSet::new());
+    }
+    values.get_mut(value).expect("inserted above")
 }
