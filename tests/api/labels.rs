@@ -9,7 +9,9 @@ use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::for_each_store;
-use crate::helpers::{TestApp, assert_error, read};
+use crate::helpers::{
+    Backend, TestApp, assert_error, backend_config, read, without_background_traffic,
+};
 
 /// An assign with a JSON body; returns status and body (Null on 204).
 async fn assign_with(app: &TestApp, pool: &str, body: Value) -> (StatusCode, Value) {
@@ -294,6 +296,57 @@ async fn a_labelled_assign_never_hands_out_a_member_cooling_down(app: TestApp) {
         picks,
         [("de-2", 4), ("de-2", 5)].map(|(m, n)| (m.to_owned(), n))
     );
+}
+
+/// With no sweep for an hour, only the assign itself can bring back a member whose cooldown
+/// has ended: a labelled assign must do it before it chooses, as a plain one does.
+async fn a_labelled_assign_first_brings_back_a_member_whose_cooldown_has_ended(backend: Backend) {
+    let mut config = backend_config(backend);
+    without_background_traffic(&mut config);
+    let app = TestApp::spawn_with(config).await;
+    mixed_pool(
+        &app,
+        json!({"health": {"max_consecutive_failures": 1, "cooldown_ms": 100, "jitter_percent": 0}}),
+    )
+    .await;
+    app.post_json(
+        "/pools/p/members",
+        json!({"members": ["de-2"], "assignments": 3, "reset": true}),
+    )
+    .await;
+    let response = app
+        .anonymous(Method::POST, "/pools/p/outcomes")
+        .json(&json!({"proxy": "de-1", "result": "failed"}))
+        .send()
+        .await
+        .expect("sent");
+    let (status, body) = read(response).await;
+    assert_eq!(
+        (status, &body["outcomes"][0]["effect"]),
+        (StatusCode::OK, &json!("tripped"))
+    );
+    assert_eq!(
+        assigned_with(&app, "p", json!({"country": "de"})).await,
+        ("de-2".to_owned(), 4)
+    );
+    // The store's clock passes the 100 ms cooldown; nothing else runs meanwhile.
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    // Back at the eligible members' minimum (0), de-1 is the choice.
+    assert_eq!(
+        assigned_with(&app, "p", json!({"country": "de"})).await,
+        ("de-1".to_owned(), 1)
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_labelled_assign_first_brings_back_a_member_whose_cooldown_has_ended() {
+    a_labelled_assign_first_brings_back_a_member_whose_cooldown_has_ended(Backend::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_embedded_a_labelled_assign_first_brings_back_a_member_whose_cooldown_has_ended() {
+    a_labelled_assign_first_brings_back_a_member_whose_cooldown_has_ended(Backend::Embedded).await;
 }
 
 async fn a_labelled_assign_moves_the_member_in_the_choice_of_its_other_labels(app: TestApp) {
