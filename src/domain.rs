@@ -31,8 +31,8 @@ pub use labels::{
     InvalidLabels, LabelFilter, Labels, MAX_FILTER_VALUES, MAX_LABEL_KEY_LEN, MAX_LABEL_VALUE_LEN,
     MAX_LABELS,
 };
-pub use lease::hex;
 pub use lease::{InvalidLeaseId, InvalidLeaseTtl, LeaseId, LeaseTtl};
+pub use lease::{hex, random_bytes};
 pub use member_id::{InvalidMemberId, MAX_MEMBER_ID_LEN, MemberId};
 pub use pacing::{InvalidPacing, MAX_PACING_INTERVAL_MS, Pacing};
 pub use pool_config::{Policy, PoolConfig, RestorePolicy};

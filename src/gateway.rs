@@ -308,7 +308,7 @@ impl Gateway {
         let target = Target::parse("target", &host).map_err(|e| Refusal::Invalid(e.to_string()))?;
         let pool = selection.pool.clone();
         let allow_private = self.allow_private(&pool).await?;
-        *label = self.inner.snapshot.label(&pool, true);
+        *label = self.inner.snapshot.label(&pool, true).to_owned();
         let assign = AssignRequest {
             ttl: selection.ttl,
             labels: selection.labels,

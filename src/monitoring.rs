@@ -306,12 +306,12 @@ impl PoolSnapshot {
 
     /// The label to use for `pool`: itself when it has series, else [`OTHER_POOL`]. With
     /// `exists` (the store has just answered for it) a pool takes a free place.
-    pub fn label(&self, pool: &PoolId, exists: bool) -> String {
+    pub fn label<'a>(&self, pool: &'a PoolId, exists: bool) -> &'a str {
         // A poisoned lock only means a panic while a pool was added: the set is whole.
         let joins = {
             let snapshot = self.inner.read().unwrap_or_else(PoisonError::into_inner);
             if snapshot.tracked.contains(pool) {
-                return pool.as_str().to_owned();
+                return pool.as_str();
             }
             exists && !snapshot.named && snapshot.tracked.len() < snapshot.max
         };
@@ -319,10 +319,10 @@ impl PoolSnapshot {
             let mut snapshot = self.inner.write().unwrap_or_else(PoisonError::into_inner);
             if snapshot.tracked.len() < snapshot.max {
                 snapshot.tracked.insert(pool.clone());
-                return pool.as_str().to_owned();
+                return pool.as_str();
             }
         }
-        OTHER_POOL.to_owned()
+        OTHER_POOL
     }
 
     /// Reads the pools with series and the number of all pools, once.

@@ -10,6 +10,7 @@
 //! more when the returned guard is dropped at exit. (Standard output on its own flushes
 //! every line; a channel to a writer thread wakes that thread for every line.)
 
+use std::cell::Cell;
 use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -25,14 +26,46 @@ use crate::config::LogFormat;
 
 mod json_lines;
 
+/// The request the current task is serving, as the log layer and the log lines see it.
+struct Serving {
+    /// Its request id.
+    id: HeaderValue,
+    /// What its handler did (see [`set_outcome`]).
+    outcome: Cell<Option<&'static str>>,
+}
+
 tokio::task_local! {
-    /// The id of the request the current task is serving.
-    static REQUEST_ID: HeaderValue;
+    /// The request the current task is serving.
+    static SERVING: Serving;
 }
 
 /// Runs `serve` with `id` as the request id of every line it logs.
 pub async fn serving_request<F: Future>(id: HeaderValue, serve: F) -> F::Output {
-    REQUEST_ID.scope(id, serve).await
+    let serving = Serving {
+        id,
+        outcome: Cell::new(None),
+    };
+    SERVING.scope(serving, serve).await
+}
+
+/// Notes what the handler of the request being served did (`assigned`, `released`, ...)
+/// for its log line and metrics; outside [`serving_request`] it is dropped. A task-local
+/// rather than a response extension: the extension cost every assign a map of its own.
+pub fn set_outcome(outcome: &'static str) {
+    let _ = SERVING.try_with(|serving| serving.outcome.set(Some(outcome)));
+}
+
+/// What [`set_outcome`] noted for the request being served, if anything.
+pub fn outcome() -> Option<&'static str> {
+    SERVING
+        .try_with(|serving| serving.outcome.get())
+        .ok()
+        .flatten()
+}
+
+/// Runs `with` on the id of the request being served, if any.
+fn with_request_id<R>(with: impl FnOnce(&HeaderValue) -> R) -> Option<R> {
+    SERVING.try_with(|serving| with(&serving.id)).ok()
 }
 
 /// The text format with the request id, when there is one, as the last field.
@@ -50,7 +83,7 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> std::fmt::Result {
-        let Ok(id) = REQUEST_ID.try_with(HeaderValue::clone) else {
+        let Some(id) = with_request_id(HeaderValue::clone) else {
             return self.0.format_event(ctx, writer, event);
         };
         let mut line = String::new();

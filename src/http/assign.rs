@@ -12,7 +12,7 @@ use super::auth::Worker;
 use super::done::{DoneBody, DoneView, ParsedDone};
 use super::error::ApiError;
 use super::extract::{JsonBody, JsonOrDefault, PoolPath};
-use super::log::Outcome;
+use super::log::set_outcome;
 use crate::domain::{
     AssignCount, LabelFilter, LeaseTtl, MemberId, PoolId, SessionId, SessionTtl, Target,
 };
@@ -228,7 +228,7 @@ pub async fn assign(
         }
     };
     let session = session.as_ref();
-    let (outcome, mut response) = match assignment {
+    let (outcome, response) = match assignment {
         Assignment::Assigned {
             member,
             assignments,
@@ -261,7 +261,7 @@ pub async fn assign(
         ),
         Assignment::Empty { next_return } => ("empty", no_content(next_return)),
     };
-    response.extensions_mut().insert(Outcome(outcome));
+    set_outcome(outcome);
     Ok(response)
 }
 
@@ -277,7 +277,7 @@ async fn several(
         .assign_several(pool, request, count)
         .await
         .map_err(filter_refused)?;
-    let mut response = if batch.assigned.is_empty() {
+    let response = if batch.assigned.is_empty() {
         no_content(batch.next_return)
     } else {
         let assigned = batch
@@ -292,7 +292,7 @@ async fn several(
         Some(Assignment::Leased { .. }) => "leased",
         Some(_) => "assigned",
     };
-    response.extensions_mut().insert(Outcome(outcome));
+    set_outcome(outcome);
     Ok(response)
 }
 
@@ -325,7 +325,7 @@ async fn assign_after_done(
         Some(Assignment::Leased { .. }) => "leased",
         Some(_) => "assigned",
     };
-    let mut response = match (count, batch.assigned.first()) {
+    let response = match (count, batch.assigned.first()) {
         (_, None) => no_content(batch.next_return),
         (None, Some(first)) => axum::Json(WithDone {
             answer: Entry::of(pool, first),
@@ -345,7 +345,7 @@ async fn assign_after_done(
         })
         .into_response(),
     };
-    response.extensions_mut().insert(Outcome(outcome));
+    set_outcome(outcome);
     Ok(response)
 }
 

@@ -127,6 +127,12 @@ async fn read_body(req: Request) -> Result<(Bytes, usize), ApiError> {
         bytes: limit,
         read_timeout,
     } = body_limit(&req);
+    // A body that has ended before it began (`Content-Length: 0`, or none announced) is
+    // empty under any limit and cannot be slow: no timer, no collecting. This is every
+    // plain assign.
+    if axum::body::HttpBody::is_end_stream(req.body()) {
+        return Ok((Bytes::new(), limit));
+    }
     let bytes = tokio::time::timeout(read_timeout, Bytes::from_request(req, &()))
         .await
         .map_err(|_| {

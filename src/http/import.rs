@@ -26,7 +26,7 @@ use super::AppState;
 use super::auth::Admin;
 use super::error::ApiError;
 use super::extract::{ListBody, ListKind, PoolPath, QueryWithLabels};
-use super::log::Outcome;
+use super::log::set_outcome;
 use super::members::MAX_MEMBERS_PER_CALL;
 use crate::domain::{Labels, MemberId, PoolId, Rejection, Rules, Scheme, mask_credentials};
 use crate::store::{ImportCounts, Seed, SeedOrigin, Store};
@@ -374,8 +374,8 @@ pub async fn import(
     let kind = body.kind;
     let report = import_list(&*state.store, &pool, request, kind, body).await?;
     let outcome = if query.dry_run { "dry_run" } else { "imported" };
-    let mut response = axum::Json(report).into_response();
-    response.extensions_mut().insert(Outcome(outcome));
+    let response = axum::Json(report).into_response();
+    set_outcome(outcome);
     Ok(response)
 }
 

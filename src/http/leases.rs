@@ -15,7 +15,7 @@ use super::AppState;
 use super::auth::Worker;
 use super::error::ApiError;
 use super::extract::{JsonBody, JsonOrDefault, LeasePath};
-use super::log::Outcome;
+use super::log::set_outcome;
 use crate::domain::LeaseTtl;
 
 /// Optional body of a renewal: a lease ttl other than the pool's `lease_ttl_ms`.
@@ -34,8 +34,8 @@ pub async fn release(
     LeasePath(pool, lease): LeasePath,
 ) -> Result<Response, ApiError> {
     state.store.release(&pool, &lease).await?;
-    let mut response = StatusCode::NO_CONTENT.into_response();
-    response.extensions_mut().insert(Outcome("released"));
+    let response = StatusCode::NO_CONTENT.into_response();
+    set_outcome("released");
     Ok(response)
 }
 
@@ -48,13 +48,13 @@ pub async fn renew(
     JsonOrDefault(body): JsonOrDefault<LeaseBody>,
 ) -> Result<Response, ApiError> {
     let renewed = state.store.renew(&pool, &lease, body.ttl_ms).await?;
-    let mut response = axum::Json(json!({
+    let response = axum::Json(json!({
         "pool": pool,
         "proxy": renewed.member,
         "lease": renewed.lease,
     }))
     .into_response();
-    response.extensions_mut().insert(Outcome("renewed"));
+    set_outcome("renewed");
     Ok(response)
 }
 

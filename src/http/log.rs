@@ -7,7 +7,6 @@
 //! and every log line written while serving the request has it
 //! ([`crate::telemetry::serving_request`]).
 
-use std::borrow::Cow;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request, State};
@@ -20,9 +19,11 @@ use super::error::{ErrorCode, ErrorDetail};
 use crate::domain::PoolId;
 use crate::monitoring;
 
-/// What a handler did, for the log line (`assigned`, `empty`, ...).
-#[derive(Debug, Clone, Copy)]
-pub struct Outcome(pub &'static str);
+/// Notes what the handler did (`assigned`, `empty`, ...), for the log line and the metrics
+/// written once the request is answered.
+pub fn set_outcome(outcome: &'static str) {
+    crate::telemetry::set_outcome(outcome);
+}
 
 /// The request id header, read and written.
 pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -42,9 +43,8 @@ fn request_id(request: &Request) -> HeaderValue {
         .filter(|v| (1..=128).contains(&v.len()) && v.as_bytes().iter().all(u8::is_ascii_graphic))
         .cloned()
         .unwrap_or_else(|| {
-            let bytes: [u8; 16] = rand::random();
             // Hex is always a valid header value.
-            HeaderValue::from_str(&crate::domain::hex(&bytes))
+            HeaderValue::from_str(&crate::domain::hex(&crate::domain::random_bytes()))
                 .unwrap_or_else(|_| HeaderValue::from_static("invalid"))
         })
 }
@@ -69,12 +69,7 @@ pub async fn log_request(
         let latency_ms = elapsed.as_micros() as f64 / 1000.0;
         let status = response.status().as_u16();
         let code = response.extensions().get::<ErrorCode>().map(|c| c.0);
-        let outcome = response
-            .extensions()
-            .get::<Outcome>()
-            .map(|o| o.0)
-            .or(code)
-            .unwrap_or("ok");
+        let outcome = crate::telemetry::outcome().or(code).unwrap_or("ok");
 
         monitoring::record_request(&method, route, status, elapsed.as_secs_f64());
         if route == "/pools/{pool}/assign" {
@@ -114,22 +109,12 @@ fn record_assign(
 ) {
     let (outcome, label): (&'static str, _) = match (outcome, code) {
         // The store has just said the pool exists: it may take a place of its own.
-        ("assigned", _) => (
-            "assigned",
-            pool.map(|p| Cow::Owned(state.snapshot.label(p, true))),
-        ),
-        ("empty", _) => (
-            "empty",
-            pool.map(|p| Cow::Owned(state.snapshot.label(p, true))),
-        ),
+        ("assigned", _) => ("assigned", pool.map(|p| state.snapshot.label(p, true))),
+        ("empty", _) => ("empty", pool.map(|p| state.snapshot.label(p, true))),
         (_, Some("pool_not_found")) => ("not_found", None),
-        (_, Some("store_unavailable")) => (
-            "error",
-            pool.map(|p| Cow::Owned(state.snapshot.label(p, false))),
-        ),
+        (_, Some("store_unavailable")) => ("error", pool.map(|p| state.snapshot.label(p, false))),
         // Refused before the store was asked (bad id, token): not an assign.
         _ => return,
     };
-    let label = label.unwrap_or(Cow::Borrowed(monitoring::OTHER_POOL));
-    monitoring::record_assign(&label, outcome, seconds);
+    monitoring::record_assign(label.unwrap_or(monitoring::OTHER_POOL), outcome, seconds);
 }

@@ -13,7 +13,7 @@ use super::AppState;
 use super::auth::Worker;
 use super::error::ApiError;
 use super::extract::{Json, JsonBody, PoolPath};
-use super::log::Outcome;
+use super::log::set_outcome;
 use super::members::{Rejected, check_count, named_member};
 use crate::domain::{MemberId, OutcomeResult, Target, Timestamp};
 use crate::store::{Applied, Effect, Report, ReportSource};
@@ -160,14 +160,14 @@ pub async fn report_outcomes(
             banned_until: applied.banned_until,
         })
         .collect();
-    let mut response = axum::Json(json!({
+    let response = axum::Json(json!({
         "pool": pool,
         "outcomes": applied,
         "unknown": summary.unknown,
         "rejected": rejected,
     }))
     .into_response();
-    response.extensions_mut().insert(Outcome("reported"));
+    set_outcome("reported");
     Ok(response)
 }
 

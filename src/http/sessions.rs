@@ -9,7 +9,7 @@ use super::AppState;
 use super::auth::Worker;
 use super::error::ApiError;
 use super::extract::SessionPath;
-use super::log::Outcome;
+use super::log::set_outcome;
 
 /// Ends a live session: 204, after which the next assign naming it picks afresh; 404
 /// `session_not_found` when the pool has no such live session (so a repeated end is told
@@ -20,7 +20,7 @@ pub async fn end_session(
     SessionPath(pool, session): SessionPath,
 ) -> Result<Response, ApiError> {
     state.store.end_session(&pool, &session).await?;
-    let mut response = StatusCode::NO_CONTENT.into_response();
-    response.extensions_mut().insert(Outcome("ended"));
+    let response = StatusCode::NO_CONTENT.into_response();
+    set_outcome("ended");
     Ok(response)
 }

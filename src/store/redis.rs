@@ -78,6 +78,8 @@ pub struct RedisStore {
     prefix: Arc<str>,
     timeout: Duration,
     scripts: Arc<Scripts>,
+    /// The start of each pool's assign command, written once (see `run.rs`).
+    heads: Arc<run::Heads>,
     /// The chunk sizes of the member operations, learned from their round trips.
     chunks: Arc<super::chunks::MemberChunks>,
     /// How long a turn of the shared registry walk (the due index's safety net) lasts.
@@ -112,6 +114,7 @@ impl RedisStore {
             prefix: options.key_prefix.into(),
             timeout: options.timeout,
             scripts: Arc::new(Scripts::new()),
+            heads: Arc::default(),
             chunks: Arc::default(),
             walk_turn: options.walk_turn,
         };

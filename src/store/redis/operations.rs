@@ -197,7 +197,7 @@ impl RedisStore {
             }
             _ => &self.scripts.assign,
         };
-        let value = self.eval_keyed(script, pool, None, &extra, &args).await?;
+        let value = self.eval_assign(script, pool, &extra, &args).await?;
         Ok((value, ids))
     }
 

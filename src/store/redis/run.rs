@@ -11,6 +11,8 @@
 //! after which the call is sent again once the cluster's slot map or Sentinel's primary has
 //! moved on.
 
+use std::collections::HashMap;
+use std::sync::{PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use deadpool::managed;
@@ -138,6 +140,32 @@ impl RedisStore {
         args: &[&[u8]],
     ) -> Result<Value, StoreError> {
         self.eval_keyed(script, pool, graveyard, &[], args).await
+    }
+
+    /// Runs an assign script (`assign.lua`, `assign_done.lua`) with the pool's keys, `extra`
+    /// keys after them, and `args`. Without extra keys (no target, no session: the plain
+    /// assign) the command starts from the pool's [`Heads`] instead of being written anew.
+    pub(super) async fn eval_assign(
+        &self,
+        script: &Script,
+        pool: &PoolId,
+        extra: &[String],
+        args: &[&[u8]],
+    ) -> Result<Value, StoreError> {
+        if !extra.is_empty() {
+            return self.eval_keyed(script, pool, None, extra, args).await;
+        }
+        let mut evalsha = self.heads.head(script, pool, || {
+            let keys = PoolKeys {
+                prefix: &self.prefix,
+                pool,
+                parts: &POOL_KEY_PARTS,
+                graveyard: None,
+            };
+            pool_evalsha(script, &keys, &[], &[])
+        });
+        evalsha.arg(args);
+        self.evalsha(script, &evalsha).await
     }
 
     /// [`RedisStore::eval_with`], with `extra` keys of the pool's hash slot after the
@@ -341,4 +369,118 @@ async fn query_or_load(
 /// Whether a reply in a pipeline is Redis's NOSCRIPT.
 fn is_noscript(reply: &Value) -> bool {
     matches!(reply, Value::ServerError(error) if error.kind() == Some(ServerErrorKind::NoScript))
+}
+
+/// Most pools whose assign heads [`Heads`] keeps: about 1 KB a script each.
+const HEAD_POOLS: usize = 512;
+
+/// The start of the assign scripts' `EVALSHA` for each pool: the script's hash, the key
+/// count and the pool's keys, everything but the arguments. An assign clones its pool's
+/// head and appends its arguments; writing the keys anew was about a twelfth of the
+/// service's instructions per assign. The keys depend on nothing but the prefix and the
+/// pool id, so a head never goes stale, even across a deleted and recreated pool. Bounded
+/// at [`HEAD_POOLS`] pools: the cache then starts over, so that the pools assigned from
+/// now take the places again.
+#[derive(Default)]
+pub(super) struct Heads(RwLock<HashMap<PoolId, Vec<redis::Cmd>>>);
+
+impl Heads {
+    /// A copy of `pool`'s head for `script`, written with `write` the first time.
+    fn head(
+        &self,
+        script: &Script,
+        pool: &PoolId,
+        write: impl FnOnce() -> redis::Cmd,
+    ) -> redis::Cmd {
+        // A head's second argument is its script's hash.
+        let of_script = |head: &&redis::Cmd| {
+            head.args_iter().nth(1) == Some(redis::Arg::Simple(script.get_hash().as_bytes()))
+        };
+        // A poisoned lock only means a panic while a head was added: the map is whole.
+        if let Some(head) = self
+            .0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(pool)
+            .and_then(|heads| heads.iter().find(of_script))
+        {
+            return head.clone();
+        }
+        let head = write();
+        let mut all = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        if all.len() >= HEAD_POOLS && !all.contains_key(pool) {
+            all.clear();
+        }
+        let heads = all.entry(pool.clone()).or_default();
+        if !heads.iter().any(|h| of_script(&h)) {
+            heads.push(head.clone());
+        }
+        head
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(id: &str) -> PoolId {
+        PoolId::parse(id).expect("a valid pool id")
+    }
+
+    /// The plain assign's command as written without a head: the pool's keys, then `args`.
+    fn written(script: &Script, pool: &PoolId, args: &[&[u8]]) -> Vec<u8> {
+        let keys = PoolKeys {
+            prefix: "pa",
+            pool,
+            parts: &POOL_KEY_PARTS,
+            graveyard: None,
+        };
+        pool_evalsha(script, &keys, &[], args).get_packed_command()
+    }
+
+    fn head_of(heads: &Heads, script: &Script, pool: &PoolId) -> redis::Cmd {
+        heads.head(script, pool, || {
+            let keys = PoolKeys {
+                prefix: "pa",
+                pool,
+                parts: &POOL_KEY_PARTS,
+                graveyard: None,
+            };
+            pool_evalsha(script, &keys, &[], &[])
+        })
+    }
+
+    #[test]
+    fn a_command_from_a_kept_head_is_byte_for_byte_the_command_written_anew() {
+        let heads = Heads::default();
+        let assign = Script::new("return 'assign'");
+        let done = Script::new("return 'done'");
+        let args: [&[u8]; 3] = [b"lease", b"", b"1"];
+        for _ in 0..2 {
+            for script in [&assign, &done] {
+                for id in ["p", "q"] {
+                    let mut evalsha = head_of(&heads, script, &pool(id));
+                    evalsha.arg(&args[..]);
+                    assert_eq!(
+                        evalsha.get_packed_command(),
+                        written(script, &pool(id), &args)
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_heads_start_over_when_more_pools_than_their_bound_assign() {
+        let heads = Heads::default();
+        let script = Script::new("return 1");
+        for i in 0..HEAD_POOLS {
+            head_of(&heads, &script, &pool(&format!("p{i}")));
+        }
+        assert_eq!(heads.0.read().expect("heads").len(), HEAD_POOLS);
+        head_of(&heads, &script, &pool("one-more"));
+        let kept = heads.0.read().expect("heads");
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept.get(&pool("one-more")).map(Vec::len), Some(1));
+    }
 }
