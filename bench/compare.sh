@@ -38,14 +38,29 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Both builds go into one target directory (the dependencies are built once), and that
+# needs care: cargo names our crate's build outputs the same for both checkouts and judges
+# them fresh by comparing the sources' modification times with the output's, so after the
+# base (checked out just now) a working tree whose files are older would be taken as built
+# and the base's code measured as both sides, and run by every later benchmark. Touching
+# the working tree's sources before its build and after the base's makes cargo rebuild it.
+touch_tree() { find "$root/src" -type f -exec touch {} +; }
+touch_tree
+echo "==> building the working tree ($(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ', with uncommitted changes'))" >&2
+CARGO_TARGET_DIR="$target_dir" cargo build --release --quiet
+cp "$target_dir/release/proxy-allocator" "$scratch/proxy-allocator.tree"
+
 echo "==> building the base ${base_rev:0:12} ($1)" >&2
 git worktree add --quiet --detach "$scratch/base" "$base_rev"
 (cd "$scratch/base" && CARGO_TARGET_DIR="$target_dir" cargo build --release --quiet)
 cp "$target_dir/release/proxy-allocator" "$scratch/proxy-allocator.base"
-
-echo "==> building the working tree ($(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ', with uncommitted changes'))" >&2
-CARGO_TARGET_DIR="$target_dir" cargo build --release --quiet
-cp "$target_dir/release/proxy-allocator" "$scratch/proxy-allocator.tree"
+# The base's binary is a hard link to its build output: replaced, not written through.
+rm -f "$target_dir/release/proxy-allocator"
+cp "$scratch/proxy-allocator.tree" "$target_dir/release/proxy-allocator"
+touch_tree
+if cmp -s "$scratch/proxy-allocator.base" "$scratch/proxy-allocator.tree"; then
+    echo "==> note: the base and the working tree built the same binary" >&2
+fi
 
 echo "==> base ${base_rev:0:12} against the working tree; load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 python3 bench/before_after.py "$scratch/proxy-allocator.base" "$scratch/proxy-allocator.tree"
