@@ -96,6 +96,17 @@ def to_ms(text):
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
+def read_http(sock, pending):
+    """One HTTP/1.1 answer read off a kept-alive socket: (head, body, bytes after it)."""
+    while b"\r\n\r\n" not in pending:
+        pending += sock.recv(65536)
+    head, rest = pending.split(b"\r\n\r\n", 1)
+    length = int(re.search(rb"content-length: (\d+)", head, re.I).group(1))
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return head, rest[:length], rest[length:]
+
+
 def wrk(url, method="POST", threads=None, body=None, lua=None):
     """One wrk run; `lua` is more of its script (a `request` function that varies bodies)."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:

@@ -105,17 +105,6 @@ class Counted:
         raise SystemExit(f"no dump at {path}")
 
 
-def read_http(sock, pending):
-    """One HTTP answer: (head, body, bytes after it)."""
-    while b"\r\n\r\n" not in pending:
-        pending += sock.recv(65536)
-    head, rest = pending.split(b"\r\n\r\n", 1)
-    length = int(re.search(rb"content-length: (\d+)", head, re.I).group(1))
-    while len(rest) < length:
-        rest += sock.recv(65536)
-    return head, rest[:length], rest[length:]
-
-
 def http_request(pool, body):
     data = json.dumps(body).encode() if body is not None else b""
     head = (f"POST /pools/{pool}/assign HTTP/1.1\r\nhost: x\r\ncontent-length: {len(data)}\r\n"
@@ -136,7 +125,7 @@ def http_runner(sock, pool, with_done):
         for _ in range(n):
             body = done_of(pool, state["answer"]) if with_done and state["answer"] else None
             sock.sendall(http_request(pool, body))
-            head, state["answer"], state["pending"] = read_http(sock, state["pending"])
+            head, state["answer"], state["pending"] = bench.read_http(sock, state["pending"])
             assert head.startswith(b"HTTP/1.1 200"), head
     return run
 

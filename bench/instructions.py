@@ -24,7 +24,6 @@ shape counts the same work.
 """
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -40,16 +39,6 @@ LABELLED_EVERY = int(os.environ.get("LABELLED_EVERY", "0"))
 ASSIGN = (b"POST /pools/p/assign HTTP/1.1\r\nhost: x\r\n"
           + (b"content-type: application/json\r\n" if BODY else b"")
           + b"content-length: " + str(len(BODY)).encode() + b"\r\n\r\n" + BODY)
-
-
-def read_answer(sock, pending):
-    while b"\r\n\r\n" not in pending:
-        pending += sock.recv(65536)
-    head, rest = pending.split(b"\r\n\r\n", 1)
-    length = int(re.search(rb"content-length: (\d+)", head, re.I).group(1))
-    while len(rest) < length:
-        rest += sock.recv(65536)
-    return head, rest[length:]
 
 
 REDIS = os.environ.get("STORE", "embedded") == "redis"
@@ -116,7 +105,7 @@ def instructions(binary, assigns):
             pending = b""
             for _ in range(assigns):
                 sock.sendall(ASSIGN)
-                head, pending = read_answer(sock, pending)
+                head, _, pending = bench.read_http(sock, pending)
                 assert head.startswith(b"HTTP/1.1 200"), head
     finally:
         proc.send_signal(signal.SIGTERM)
