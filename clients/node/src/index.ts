@@ -338,13 +338,13 @@ export class Client {
             throw error;
         }
         if (answer.status === 204 || answer.data === null) {
-            carried?.settled({ carried: true });
+            if (carried !== undefined) settle(carried, { carried: true });
             if (options.raiseIfEmpty) throw new NoProxyAvailable(pool, answer.retryAfter);
             return options.count === undefined ? null : [];
         }
         const data = answer.data as Record<string, unknown>;
         const done = data.done === undefined ? undefined : doneFromJson(data.done);
-        carried?.settled({ carried: true, effect: done });
+        if (carried !== undefined) settle(carried, { carried: true, effect: done });
         if (options.count !== undefined) {
             const batch = (data.assigned as Record<string, unknown>[]).map(assignmentFromJson);
             if (batch.length > 0 && done !== undefined) batch[0].done = done;
@@ -446,7 +446,8 @@ export class Client {
                 if (options.report) {
                     // Assigned in both branches above before finally runs. The proxy too,
                     // so that the report counts even if the lease has lapsed.
-                    Object.assign(done, { proxy: leased.proxy, result: outcome![0] });
+                    done.proxy = leased.proxy;
+                    done.result = outcome![0];
                     if (outcome![1] !== undefined) done.status = outcome![1];
                     if (options.target !== undefined) done.target = options.target;
                 }
@@ -569,7 +570,7 @@ export class Client {
                     settled.reportError = asServiceError(error);
                 }
             }
-            entry.settled(settled);
+            settle(entry, settled);
         })();
         this.#sending.add(work);
         void work.finally(() => this.#sending.delete(work));
@@ -645,6 +646,18 @@ export function renewInBackground(
             await running;
         },
     };
+}
+
+/**
+ * Tells a pending done's owner what became of it. The owner's hooks (its `onWarning`) run
+ * here, inside another caller's assign or on a timer: one that throws must fail neither.
+ */
+function settle(entry: PendingDone, settled: DoneSettled): void {
+    try {
+        entry.settled(settled);
+    } catch (error) {
+        console.error(`proxy-allocator: a hook on a released lease threw: ${(error as Error).message}`);
+    }
 }
 
 /** A failure of a call as the service's error type (a programming error wrapped too). */
