@@ -226,6 +226,29 @@ for (const store of ['redis', 'embedded']) {
             assert.equal((await service.members(pool))[P1].assignments, 10);
         });
 
+        test('workers sharing a client each carry one pending release with their next lease', async () => {
+            // Three members with one place each, three workers: every lease after a
+            // worker's first is only given because its assign released one first.
+            const pool = await service.createPool({ policy: 'least-in-flight', max_in_flight: 1 });
+            const members = ['http://w1.example.net:3128', 'http://w2.example.net:3128', 'http://w3.example.net:3128'];
+            await service.seed(pool, members);
+            const shared = service.client({ releaseDelayMs: 60_000 });
+            const before = await service.calls();
+            const carried = [];
+            await Promise.all(
+                Array.from({ length: 3 }, async () => {
+                    for (let i = 0; i < 5; i++) {
+                        await shared.lease(pool, async (leased) => carried.push(leased.done?.released ?? null));
+                    }
+                }),
+            );
+            assert.deepEqual(callsSince(before, await service.calls()), { [ASSIGN]: 15 });
+            assert.deepEqual(carried.sort(), [null, null, null, ...Array(12).fill(true)]);
+            await shared.close();
+            assert.deepEqual(callsSince(before, await service.calls()), { [ASSIGN]: 15, [RELEASE]: 3 });
+            assert.equal((await service.stats(pool)).in_flight, 0);
+        });
+
         test('with carryDone false a lease is released and reported by calls of their own', async () => {
             const pool = await service.createPool({ policy: 'least-in-flight', max_in_flight: 1 });
             await service.seed(pool, [P1]);
