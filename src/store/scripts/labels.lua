@@ -23,14 +23,23 @@
 -- this file is read and keeps the same bound.
 local CARRIED_LABELS = 64
 
+-- A count as 20 digits. Redis answers counts as text (a score, all digits below 2^53), which
+-- is padded as it is: formatting a number costs a printf.
+local function digits20(count)
+    if type(count) == 'string' then
+        return string.rep('0', 20 - #count) .. count
+    end
+    return string.format('%020d', count)
+end
+
 -- A member's place in the choosing order, its order text: on least-used pools its
 -- assignments as 20 digits, then its id; on least-in-flight pools its live leases as 20
 -- digits in front (the order of `by_in_flight`, leases.lua). `live` is nil on least-used
 -- pools.
 local function order_of(assignments, member, live)
-    local text = string.format('%020d', tonumber(assignments)) .. member
+    local text = digits20(assignments) .. member
     if live then
-        text = string.format('%020d', tonumber(live)) .. text
+        text = digits20(live) .. text
     end
     return text
 end
@@ -120,7 +129,8 @@ local function label(member, lif, text, order)
     if order then
         local args = {}
         for _, e in ipairs(label_entries(text, tail_of(order, text))) do
-            args[#args + 1] = 0
+            -- Text, as every number given to Redis on this path (see digits20).
+            args[#args + 1] = '0'
             args[#args + 1] = e
         end
         redis.call('ZADD', KEYS[14], unpack(args))
