@@ -313,28 +313,31 @@ impl FilterField {
         for (key, listed) in keys {
             check_key(field, &key)?;
             let inner = || format!("{field}.{key}");
-            let listed = match listed {
-                Listed::One(value) => vec![value],
-                Listed::Several(values) => values,
+            let checked = |value: Option<String>| match value {
+                None => Err(InvalidLabels::new(inner(), "a label value is a string")),
+                Some(value) if !valid_value(&value) => Err(InvalidLabels::new(inner(), VALUE_RULE)),
+                Some(value) => Ok(value),
             };
-            if listed.is_empty() || listed.len() > MAX_FILTER_VALUES {
-                return Err(InvalidLabels::new(
-                    inner(),
-                    format!("a filter lists 1 to {MAX_FILTER_VALUES} values per key"),
-                ));
-            }
-            let mut kept: Vec<String> = Vec::with_capacity(listed.len());
-            for value in listed {
-                let Some(value) = value else {
-                    return Err(InvalidLabels::new(inner(), "a label value is a string"));
-                };
-                if !valid_value(&value) {
-                    return Err(InvalidLabels::new(inner(), VALUE_RULE));
+            let kept = match listed {
+                // The common filter, one value: kept as it was read.
+                Listed::One(value) => vec![checked(value)?],
+                Listed::Several(values) => {
+                    if values.is_empty() || values.len() > MAX_FILTER_VALUES {
+                        return Err(InvalidLabels::new(
+                            inner(),
+                            format!("a filter lists 1 to {MAX_FILTER_VALUES} values per key"),
+                        ));
+                    }
+                    let mut kept: Vec<String> = Vec::with_capacity(values.len());
+                    for value in values {
+                        let value = checked(value)?;
+                        if !kept.contains(&value) {
+                            kept.push(value);
+                        }
+                    }
+                    kept
                 }
-                if !kept.contains(&value) {
-                    kept.push(value);
-                }
-            }
+            };
             groups.push((key, kept));
         }
         Ok(LabelFilter { groups })
