@@ -6,8 +6,10 @@
 //! `key=value` and a filter group as `key value value ...` without escaping.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
-use serde::Serialize;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Most labels one member carries.
@@ -197,58 +199,6 @@ pub struct LabelFilter {
 }
 
 impl LabelFilter {
-    /// Parses `{"key": "value" | ["v1", "v2"]}` found at `field`.
-    ///
-    /// # Errors
-    /// [`InvalidLabels`] naming the field (or key) that breaks a rule.
-    pub fn from_json(field: &str, value: &Value) -> Result<Self, InvalidLabels> {
-        let Value::Object(map) = value else {
-            return Err(InvalidLabels::new(
-                field,
-                "labels are an object of key: value or key: [values]",
-            ));
-        };
-        if map.len() > MAX_LABELS {
-            return Err(InvalidLabels::new(
-                field,
-                format!("a filter names at most {MAX_LABELS} keys"),
-            ));
-        }
-        // The field's name for an error is made only for an error: this runs on every
-        // labelled assign.
-        let mut groups = Vec::with_capacity(map.len());
-        for (key, values) in map {
-            check_key(field, key)?;
-            let inner = || format!("{field}.{key}");
-            let listed: &[Value] = match values {
-                Value::Array(items) => items,
-                one => std::slice::from_ref(one),
-            };
-            if listed.is_empty() || listed.len() > MAX_FILTER_VALUES {
-                return Err(InvalidLabels::new(
-                    inner(),
-                    format!("a filter lists 1 to {MAX_FILTER_VALUES} values per key"),
-                ));
-            }
-            let mut kept: Vec<String> = Vec::with_capacity(listed.len());
-            for value in listed {
-                let Value::String(value) = value else {
-                    return Err(InvalidLabels::new(inner(), "a label value is a string"));
-                };
-                if !valid_value(value) {
-                    return Err(InvalidLabels::new(inner(), VALUE_RULE));
-                }
-                if !kept.contains(value) {
-                    kept.push(value.clone());
-                }
-            }
-            groups.push((key.clone(), kept));
-        }
-        // Key order, whatever order the map keeps (a map's keys are distinct).
-        groups.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        Ok(Self { groups })
-    }
-
     /// Parses `key=value` query parameters named `field`; a key given twice accepts either
     /// value.
     ///
@@ -309,6 +259,265 @@ impl LabelFilter {
     }
 }
 
+/// An assign's `{"key": "value" | ["v1", "v2"]}` as the body gave it, read straight from
+/// the JSON (no `serde_json::Value` tree in between): the keys with what each lists, checked
+/// by [`FilterField::filter`]. Reading it never fails on what the field holds, so that a
+/// filter breaking a rule is answered as 400 `invalid_request` naming the field, as every
+/// label rule is, and not as a JSON error.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FilterField {
+    /// Whether the field is an object at all.
+    object: bool,
+    /// Each key with what it lists, in the body's order.
+    keys: Vec<(String, Listed)>,
+}
+
+/// What one key of a filter lists; `None` for an item that is not a string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Listed {
+    One(Option<String>),
+    Several(Vec<Option<String>>),
+}
+
+impl FilterField {
+    /// The filter, the field being `field`.
+    ///
+    /// # Errors
+    /// [`InvalidLabels`] naming the field (or key) that breaks a rule.
+    pub fn filter(self, field: &str) -> Result<LabelFilter, InvalidLabels> {
+        if !self.object {
+            return Err(InvalidLabels::new(
+                field,
+                "labels are an object of key: value or key: [values]",
+            ));
+        }
+        let mut keys = self.keys;
+        // As a JSON object is read: in key order, a key given twice with its last value.
+        keys.sort_by(|a, b| a.0.cmp(&b.0));
+        keys.dedup_by(|later, earlier| {
+            let same = later.0 == earlier.0;
+            if same {
+                std::mem::swap(later, earlier);
+            }
+            same
+        });
+        if keys.len() > MAX_LABELS {
+            return Err(InvalidLabels::new(
+                field,
+                format!("a filter names at most {MAX_LABELS} keys"),
+            ));
+        }
+        // The field's name for an error is made only for an error: this runs on every
+        // labelled assign.
+        let mut groups = Vec::with_capacity(keys.len());
+        for (key, listed) in keys {
+            check_key(field, &key)?;
+            let inner = || format!("{field}.{key}");
+            let checked = |value: Option<String>| match value {
+                None => Err(InvalidLabels::new(inner(), "a label value is a string")),
+                Some(value) if !valid_value(&value) => Err(InvalidLabels::new(inner(), VALUE_RULE)),
+                Some(value) => Ok(value),
+            };
+            let kept = match listed {
+                // The common filter, one value: kept as it was read.
+                Listed::One(value) => vec![checked(value)?],
+                Listed::Several(values) => {
+                    if values.is_empty() || values.len() > MAX_FILTER_VALUES {
+                        return Err(InvalidLabels::new(
+                            inner(),
+                            format!("a filter lists 1 to {MAX_FILTER_VALUES} values per key"),
+                        ));
+                    }
+                    let mut kept: Vec<String> = Vec::with_capacity(values.len());
+                    for value in values {
+                        let value = checked(value)?;
+                        if !kept.contains(&value) {
+                            kept.push(value);
+                        }
+                    }
+                    kept
+                }
+            };
+            groups.push((key, kept));
+        }
+        Ok(LabelFilter { groups })
+    }
+}
+
+impl<'de> Deserialize<'de> for FilterField {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(FieldVisitor)
+    }
+}
+
+/// Reads a filter field: an object of keys, or anything else (kept as not an object).
+struct FieldVisitor;
+
+impl<'de> Visitor<'de> for FieldVisitor {
+    type Value = FilterField;
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a label filter")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<FilterField, A::Error> {
+        let mut keys = Vec::with_capacity(map.size_hint().unwrap_or(1).min(MAX_LABELS));
+        while let Some(key) = map.next_key::<String>()? {
+            keys.push((key, map.next_value::<Listed>()?));
+        }
+        Ok(FilterField { object: true, keys })
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<FilterField, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(FilterField::default())
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<FilterField, E> {
+        Ok(FilterField::default())
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<FilterField, E> {
+        Ok(FilterField::default())
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<FilterField, E> {
+        Ok(FilterField::default())
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<FilterField, E> {
+        Ok(FilterField::default())
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<FilterField, E> {
+        Ok(FilterField::default())
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<FilterField, E> {
+        Ok(FilterField::default())
+    }
+}
+
+impl<'de> Deserialize<'de> for Listed {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ListedVisitor;
+
+        impl<'de> Visitor<'de> for ListedVisitor {
+            type Value = Listed;
+
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("a label value or a list of them")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Listed, A::Error> {
+                let mut values =
+                    Vec::with_capacity(seq.size_hint().unwrap_or(1).min(MAX_FILTER_VALUES + 1));
+                while let Some(Item(value)) = seq.next_element()? {
+                    values.push(value);
+                }
+                Ok(Listed::Several(values))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Listed, A::Error> {
+                Item::drain_map(map).map(|Item(value)| Listed::One(value))
+            }
+
+            fn visit_str<E: de::Error>(self, value: &str) -> Result<Listed, E> {
+                Ok(Listed::One(Some(value.to_owned())))
+            }
+
+            fn visit_string<E: de::Error>(self, value: String) -> Result<Listed, E> {
+                Ok(Listed::One(Some(value)))
+            }
+
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Listed, E> {
+                Ok(Listed::One(None))
+            }
+
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Listed, E> {
+                Ok(Listed::One(None))
+            }
+
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Listed, E> {
+                Ok(Listed::One(None))
+            }
+
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Listed, E> {
+                Ok(Listed::One(None))
+            }
+
+            fn visit_unit<E: de::Error>(self) -> Result<Listed, E> {
+                Ok(Listed::One(None))
+            }
+        }
+
+        deserializer.deserialize_any(ListedVisitor)
+    }
+}
+
+/// One item of a list of values: the string, or `None` for anything else.
+struct Item(Option<String>);
+
+impl Item {
+    fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Self(None))
+    }
+}
+
+impl<'de> Deserialize<'de> for Item {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ItemVisitor;
+
+        impl<'de> Visitor<'de> for ItemVisitor {
+            type Value = Item;
+
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("a label value")
+            }
+
+            fn visit_str<E: de::Error>(self, value: &str) -> Result<Item, E> {
+                Ok(Item(Some(value.to_owned())))
+            }
+
+            fn visit_string<E: de::Error>(self, value: String) -> Result<Item, E> {
+                Ok(Item(Some(value)))
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Item, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Item(None))
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Item, A::Error> {
+                Item::drain_map(map)
+            }
+
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Item, E> {
+                Ok(Item(None))
+            }
+
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Item, E> {
+                Ok(Item(None))
+            }
+
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Item, E> {
+                Ok(Item(None))
+            }
+
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Item, E> {
+                Ok(Item(None))
+            }
+
+            fn visit_unit<E: de::Error>(self) -> Result<Item, E> {
+                Ok(Item(None))
+            }
+        }
+
+        deserializer.deserialize_any(ItemVisitor)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -348,13 +557,84 @@ mod tests {
         assert_eq!(Labels::from_script_text(""), Labels::default());
     }
 
+    /// The filter read from `value` as an assign's `labels` field is read.
+    fn filter_of(value: Value) -> Result<LabelFilter, InvalidLabels> {
+        let field: FilterField = serde_json::from_value(value).expect("any JSON is read");
+        field.filter("labels")
+    }
+
+    #[test]
+    fn a_filter_field_keeps_a_key_s_last_value_and_names_the_field_or_key_that_breaks_a_rule() {
+        let read = |body: &str| {
+            serde_json::from_str::<FilterField>(body)
+                .expect("any JSON is read")
+                .filter("labels")
+        };
+        let filter = read(r#"{"tier": "a", "country": "fr", "country": ["de", "us", "de"]}"#);
+        assert_eq!(
+            filter.expect("ok").script_args(),
+            ["country de us", "tier a"]
+        );
+        let many = (0..17)
+            .map(|i| format!(r#""k{i}": "v""#))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let not_a_string = "a label value is a string";
+        let listing = "a filter lists 1 to 16 values per key";
+        for (body, error) in [
+            (
+                r#""de""#,
+                "labels: labels are an object of key: value or key: [values]",
+            ),
+            (
+                r#"["de"]"#,
+                "labels: labels are an object of key: value or key: [values]",
+            ),
+            (
+                "7",
+                "labels: labels are an object of key: value or key: [values]",
+            ),
+            (
+                r#"{"country": 7}"#,
+                &format!("labels.country: {not_a_string}"),
+            ),
+            (
+                r#"{"country": null}"#,
+                &format!("labels.country: {not_a_string}"),
+            ),
+            (
+                r#"{"country": ["de", null]}"#,
+                &format!("labels.country: {not_a_string}"),
+            ),
+            (
+                r#"{"country": {"de": 1}}"#,
+                &format!("labels.country: {not_a_string}"),
+            ),
+            (
+                r#"{"country": [["de"]]}"#,
+                &format!("labels.country: {not_a_string}"),
+            ),
+            (r#"{"country": []}"#, &format!("labels.country: {listing}")),
+            (
+                r#"{"country": ["d e", 7]}"#,
+                &format!("labels.country: {VALUE_RULE}"),
+            ),
+            (
+                r#"{"Country": "de", "c": 7}"#,
+                &format!("labels: {KEY_RULE}"),
+            ),
+            (
+                &format!("{{{many}}}"),
+                "labels: a filter names at most 16 keys",
+            ),
+        ] {
+            assert_eq!(read(body).expect_err(body).to_string(), error, "{body}");
+        }
+    }
+
     #[test]
     fn a_filter_takes_a_value_or_a_list_and_matches_every_key() {
-        let filter = LabelFilter::from_json(
-            "labels",
-            &json!({"country": ["de", "fr", "de"], "tier": "a"}),
-        )
-        .expect("ok");
+        let filter = filter_of(json!({"country": ["de", "fr", "de"], "tier": "a"})).expect("ok");
         assert_eq!(filter.script_args(), ["country de fr", "tier a"]);
         let member = |country: &str| {
             Labels::from_pairs("label", [format!("country={country}").as_str(), "tier=a"])
@@ -362,7 +642,7 @@ mod tests {
         };
         assert!(member("fr").matches(&filter));
         assert!(!member("us").matches(&filter));
-        let err = LabelFilter::from_json("labels", &json!({"country": []})).expect_err("empty");
+        let err = filter_of(json!({"country": []})).expect_err("empty");
         assert_eq!(err.field, "labels.country");
         let err = LabelFilter::from_pairs("label", ["country"]).expect_err("no =");
         assert_eq!(err.field, "label");

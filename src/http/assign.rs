@@ -14,7 +14,8 @@ use super::error::ApiError;
 use super::extract::{JsonBody, JsonOrDefault, PoolPath};
 use super::log::set_outcome;
 use crate::domain::{
-    AssignCount, LabelFilter, LeaseTtl, MemberId, PoolId, SessionId, SessionTtl, Target,
+    AssignCount, FilterField, LabelFilter, LeaseTtl, MemberId, PoolId, SessionId, SessionTtl,
+    Target,
 };
 use crate::store::{
     AssignRequest, Assignment, Lease, MAX_LABEL_CHECKS, SessionPin, SessionRequest, StoreError,
@@ -29,7 +30,7 @@ pub struct AssignBody {
     ttl_ms: Option<LeaseTtl>,
     /// `{"key": "value" | ["v1", "v2"]}`: only members whose labels match, for every key.
     #[serde(default)]
-    labels: Option<serde_json::Value>,
+    labels: Option<FilterField>,
     /// The host the worker will contact: members banned for it are skipped.
     #[serde(default)]
     target: Option<serde_json::Value>,
@@ -89,8 +90,9 @@ impl AssignBody {
             (None, Some(count)) => Wanted::Several(count),
             (None, None) => Wanted::One,
         };
-        let labels = match &self.labels {
-            Some(value) => LabelFilter::from_json("labels", value)
+        let labels = match self.labels {
+            Some(field) => field
+                .filter("labels")
                 .map_err(|e| ApiError::InvalidRequest(e.to_string()))?,
             None => LabelFilter::default(),
         };

@@ -714,6 +714,117 @@ async fn concurrent_assigns_with_the_same_labels_keep_members_of_that_label_with
     );
 }
 
+/// The entries of a Redis pool's label index, in its order, NUL shown as `|`.
+fn label_index(url: &str, key: &str) -> Vec<String> {
+    match crate::helpers::redis_cli(url, &["ZRANGE", key, "0", "-1"]) {
+        redis::Value::Array(entries) => entries
+            .into_iter()
+            .map(|entry| match entry {
+                redis::Value::BulkString(bytes) => {
+                    String::from_utf8(bytes).expect("text").replace('\0', "|")
+                }
+                other => panic!("unexpected entry {other:?}"),
+            })
+            .collect(),
+        other => panic!("unexpected ZRANGE reply {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_label_index_stored_before_entries_carried_their_labels_still_chooses_exactly_and_is_rewritten_as_its_members_move()
+ {
+    let url = crate::helpers::shared_redis_url();
+    let config = crate::helpers::test_config(Some(url.clone()));
+    let app = TestApp::spawn_with(config.clone()).await;
+    app.create_pool("p", json!({})).await;
+    let long = "x".repeat(60);
+    let (status, body) = app
+        .post_json(
+            "/pools/p/members",
+            json!({
+                "members": [
+                    {"member": "a", "labels": {"country": "de"}},
+                    {"member": "b", "labels": {"country": "de", "provider": "acme"}},
+                    {"member": "c", "labels": {"country": "de", "note": long}},
+                    {"member": "d", "labels": {"country": "fr"}},
+                    "plain",
+                ],
+                "assignments": 0,
+            }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let key = format!("{}:{{p}}:by_label", config.key_prefix);
+    let zero = "0".repeat(20);
+    let one = format!("{}1", "0".repeat(19));
+    // What entries carry: the member's labels text when it is at most 64 bytes (c's is not).
+    let carried = |pair: &str, count: &str, member: &str, text: &str| {
+        format!("{pair}|{count}{member}|{text}")
+    };
+    let c_note = format!("note={long}");
+    assert_eq!(
+        label_index(&url, &key),
+        [
+            carried("country=de", &zero, "a", "country=de"),
+            carried("country=de", &zero, "b", "country=de\nprovider=acme"),
+            format!("country=de|{zero}c"),
+            carried("country=fr", &zero, "d", "country=fr"),
+            format!("{c_note}|{zero}c"),
+            carried("provider=acme", &zero, "b", "country=de\nprovider=acme"),
+        ]
+    );
+    // The index as earlier versions wrote it: no entry carries the labels text.
+    let earlier: Vec<String> = label_index(&url, &key)
+        .iter()
+        .map(|entry| {
+            let mut parts = entry.split('|');
+            format!(
+                "{}\0{}",
+                parts.next().expect("pair"),
+                parts.next().expect("order")
+            )
+        })
+        .collect();
+    crate::helpers::redis_cli(&url, &["DEL", &key]);
+    for entry in &earlier {
+        crate::helpers::redis_cli(&url, &["ZADD", &key, "0", entry]);
+    }
+
+    // Every member of country=de once, least-used first and ties by id, whichever path
+    // moves it: the labelled fast path (a), the plain assign (plain, then d, the least-used
+    // without a label filter's help), a list of values (b, c).
+    assert_eq!(
+        assigned_with(&app, "p", json!({"country": "de"})).await,
+        ("a".to_owned(), 1)
+    );
+    assert_eq!(app.assigned("p").await, ("b".to_owned(), 1));
+    assert_eq!(
+        assigned_with(&app, "p", json!({"country": ["de", "us"]})).await,
+        ("c".to_owned(), 1)
+    );
+    assert_eq!(app.assigned("p").await, ("d".to_owned(), 1));
+    assert_eq!(app.assigned("p").await, ("plain".to_owned(), 1));
+    assert_eq!(
+        assigned_with(&app, "p", json!({"country": "de", "provider": "acme"})).await,
+        ("b".to_owned(), 2)
+    );
+    // A plain assign of a member whose entries have the new form moves that form.
+    assert_eq!(app.assigned("p").await, ("a".to_owned(), 2));
+    // Each move left no entry of the old form behind, and wrote the new one.
+    let two = format!("{}2", "0".repeat(19));
+    assert_eq!(
+        label_index(&url, &key),
+        [
+            format!("country=de|{one}c"),
+            carried("country=de", &two, "a", "country=de"),
+            carried("country=de", &two, "b", "country=de\nprovider=acme"),
+            carried("country=fr", &one, "d", "country=fr"),
+            format!("{c_note}|{one}c"),
+            carried("provider=acme", &two, "b", "country=de\nprovider=acme"),
+        ]
+    );
+}
+
 for_each_store!(
     seeded_labels_come_from_the_entry_or_else_the_call_and_the_listing_shows_them,
     an_assign_with_a_label_takes_the_least_used_member_carrying_it,

@@ -253,8 +253,11 @@ local function answer(reply)
     return {3, session.live and now + session.ttl or 0, repinned, reply}
 end
 -- The order texts (see order_text in labels.lua) of the members to hand out, in order,
--- and the earliest time a member skipped for this request is free again.
+-- and the earliest time a member skipped for this request is free again. Read from the
+-- label index, they are its entries' tails (see tail_of in labels.lua), which may carry
+-- the member's labels text, and then the index upkeep below need not read it.
 local orders, banned_until
+local from_index = groups ~= nil and not pinned_order
 if pinned_order then
     orders = {pinned_order}
 elseif groups then
@@ -285,11 +288,15 @@ if #orders == 0 then
 end
 if not lif then
     local reply = {1}
-    for _, order in ipairs(orders) do
+    for _, tail in ipairs(orders) do
+        local order, carried = split_tail(tail)
+        if from_index then
+            carried = carried or false
+        end
         local member = order_member(order, false)
         -- A pool where no member ever had labels skips the label index: no call at all.
         -- The order texts are known here, so the index upkeep reads no numbers again.
-        local labels = meta[5] and unlabel(member, false, order)
+        local labels = meta[5] and unlabel(member, false, order, carried)
         local assignments = redis.call('ZINCRBY', KEYS[2], 1, member)
         if labels then
             label(member, false, labels, order_of(assignments, member))
@@ -312,7 +319,11 @@ for id in string.gmatch(ARGV[1], '%S+') do
 end
 local cap = meta[4] and tonumber(meta[4])
 local leased = 0
-for _, order in ipairs(orders) do
+for _, tail in ipairs(orders) do
+    local order, carried = split_tail(tail)
+    if from_index then
+        carried = carried or false
+    end
     local live = tonumber(string.sub(order, 1, 20))
     -- The order puts the fewest live leases first (of those not held): from the first at
     -- the cap on, every member is at it; a held one may come back below it.
@@ -322,7 +333,7 @@ for _, order in ipairs(orders) do
     leased = leased + 1
     local first = string.sub(order, 21)
     local member = string.sub(first, 21)
-    local labels = meta[5] and unlabel(member, true, order)
+    local labels = meta[5] and unlabel(member, true, order, carried)
     redis.call('ZREM', KEYS[5], first)
     local assignments = redis.call('ZINCRBY', KEYS[2], 1, member)
     live = redis.call('HINCRBY', KEYS[6], member, 1)

@@ -28,40 +28,66 @@ if not first_due and not meta[6] and ARGV[6] == '1' and #KEYS < 23 then
             -- (ARGV[7] "key value", nothing after it), whose choice is the first entry of that
             -- label's range in by_label (see labels.lua: only eligible members are there, in
             -- the choosing order). Either way the member's label entries move with its count,
-            -- as `unlabel` and `label` move them, here without their closures. A value list or
-            -- several keys go on to pick_labelled.
-            local chosen, order = nil, nil
+            -- as `unlabel` and `label` move them, here without their closures: an entry that
+            -- carries the member's labels text names every entry to move, else the labels
+            -- hash does. A value list or several keys go on to pick_labelled.
+            -- Numbers go to Redis as text and counts come back as text: Redis writes a Lua
+            -- number given to a command with printf's %.17g, and the order text's 20 digits
+            -- are the count Redis answered, padded (a count below 2^53 is all digits).
+            local chosen, order, entry, carried = nil, nil, nil, nil
             if #ARGV < 7 then
-                local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+                local head = redis.call('ZRANGE', KEYS[2], '0', '0', 'WITHSCORES')
                 chosen = head[1]
-                order = chosen and string.format('%020d', tonumber(head[2])) .. chosen
+                order = chosen and string.rep('0', 20 - #head[2]) .. head[2] .. chosen
             elseif #ARGV == 7 then
                 local key, value = string.match(ARGV[7], '^(%S+) (%S+)$')
                 if key then
                     local pair = key .. '=' .. value
-                    order = redis.call('ZRANGE', KEYS[14], '[' .. pair .. '\0', '(' .. pair .. '\1',
-                        'BYLEX', 'LIMIT', 0, 1)[1]
-                    if order then
-                        order = string.sub(order, #pair + 2)
+                    entry = redis.call('ZRANGE', KEYS[14], '[' .. pair .. '\0',
+                        '(' .. pair .. '\1', 'BYLEX', 'LIMIT', '0', '1')[1]
+                    if entry then
+                        -- "key=value" NUL, 20 digits, the id, then NUL and the labels text
+                        -- when the entry carries it (tail_of in labels.lua).
+                        local cut = string.find(entry, '\0', #pair + 22, true)
+                        order = string.sub(entry, #pair + 2, cut and cut - 1)
                         chosen = string.sub(order, 21)
+                        carried = cut and string.sub(entry, cut + 1) or false
                     end
                 end
             end
             if chosen then
-                local assignments = redis.call('ZINCRBY', KEYS[2], 1, chosen)
-                local text = redis.call('HGET', KEYS[13], chosen)
+                local assignments = redis.call('ZINCRBY', KEYS[2], '1', chosen)
+                local text = carried or redis.call('HGET', KEYS[13], chosen)
                 if text then
-                    local moved = string.format('%020d', tonumber(assignments)) .. chosen
-                    local old, new = {}, {}
-                    for pair in string.gmatch(text, '[^\n]+') do
-                        old[#old + 1] = pair .. '\0' .. order
-                        new[#new + 1] = 0
-                        new[#new + 1] = pair .. '\0' .. moved
+                    local moved = string.rep('0', 20 - #assignments) .. assignments .. chosen
+                    -- CARRIED_LABELS of labels.lua.
+                    if #text <= 64 then
+                        moved = moved .. '\0' .. text
                     end
-                    redis.call('ZREM', KEYS[14], unpack(old))
-                    redis.call('ZADD', KEYS[14], unpack(new))
+                    if entry and not string.find(text, '\n', 1, true) then
+                        -- The member's one label: its one entry is the one just read.
+                        redis.call('ZREM', KEYS[14], entry)
+                        redis.call('ZADD', KEYS[14], '0', text .. '\0' .. moved)
+                    else
+                        -- As `unlabel`: the entries in the form read, or both forms when
+                        -- none was read.
+                        local tails = {carried and order .. '\0' .. text or order}
+                        if carried == nil then
+                            tails[2] = order .. '\0' .. text
+                        end
+                        local old, new = {}, {}
+                        for pair in string.gmatch(text, '[^\n]+') do
+                            for _, tail in ipairs(tails) do
+                                old[#old + 1] = pair .. '\0' .. tail
+                            end
+                            new[#new + 1] = '0'
+                            new[#new + 1] = pair .. '\0' .. moved
+                        end
+                        redis.call('ZREM', KEYS[14], unpack(old))
+                        redis.call('ZADD', KEYS[14], unpack(new))
+                    end
                 end
-                redis.call('HINCRBY', KEYS[1], 'total_assignments', 1)
+                redis.call('HINCRBY', KEYS[1], 'total_assignments', '1')
                 return {1, chosen, tonumber(assignments)}
             end
         end

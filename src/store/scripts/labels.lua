@@ -4,22 +4,42 @@
 -- KEYS, continuing health.lua:
 --   [13] labels hash (member -> its labels as "key=value" lines in key order; absent when none),
 --   [14] by_label sorted set: one entry per label of each ELIGIBLE member, all at score 0,
---        "key=value" NUL, then the member's place in the choosing order (see order_text);
+--        "key=value" NUL, then the member's place in the choosing order (see order_text),
+--        then, when its labels text is at most CARRIED_LABELS bytes, NUL and that text (see
+--        tail_of): an assign that picks the entry then knows every entry of the member to
+--        move without reading the labels hash. Entries written before they carried the
+--        text have none and are read as those of a member with longer labels are (the
+--        hash is read); the member's next move writes them anew;
 --   [15] label_members sorted set: one entry per label of EVERY member, all at score 0,
 --        "key=value" NUL member, for listings.
 -- Entries at one score sort by bytes, and the choosing order is written in fixed-width
 -- digits, so the first entry of the range "key=value" NUL is the least-used (least-busy)
 -- eligible member carrying that label: one O(log N) ZRANGE BYLEX, whatever the pool's size.
--- Keys and values never hold '=', NUL or a newline (LabelFilter in the service).
+-- Keys and values never hold '=', NUL or a newline (LabelFilter in the service), and member
+-- ids are visible ASCII: the NUL after an id sorts it before every id it begins, as the id
+-- alone does, so the text an entry carries never changes the order.
+
+-- Longest labels text an entry carries. Mind assign_fast.lua, which writes entries before
+-- this file is read and keeps the same bound.
+local CARRIED_LABELS = 64
+
+-- A count as 20 digits. Redis answers counts as text (a score, all digits below 2^53), which
+-- is padded as it is: formatting a number costs a printf.
+local function digits20(count)
+    if type(count) == 'string' then
+        return string.rep('0', 20 - #count) .. count
+    end
+    return string.format('%020d', count)
+end
 
 -- A member's place in the choosing order, its order text: on least-used pools its
 -- assignments as 20 digits, then its id; on least-in-flight pools its live leases as 20
 -- digits in front (the order of `by_in_flight`, leases.lua). `live` is nil on least-used
 -- pools.
 local function order_of(assignments, member, live)
-    local text = string.format('%020d', tonumber(assignments)) .. member
+    local text = digits20(assignments) .. member
     if live then
-        text = string.format('%020d', tonumber(live)) .. text
+        text = digits20(live) .. text
     end
     return text
 end
@@ -38,26 +58,59 @@ local function order_member(order, lif)
     return string.sub(order, lif and 41 or 21)
 end
 
-local function label_entries(text, tail)
-    local entries = {}
+-- One entry per label of `text`, "key=value" NUL `tail`, added to `entries` (a new table
+-- when nil).
+local function label_entries(text, tail, entries)
+    entries = entries or {}
     for pair in string.gmatch(text, '[^\n]+') do
         entries[#entries + 1] = pair .. '\0' .. tail
     end
     return entries
 end
 
+-- What a member's entries hold after "key=value" NUL: its order text, then NUL and its
+-- labels text when that is short enough to carry.
+local function tail_of(order, text)
+    if #text <= CARRIED_LABELS then
+        return order .. '\0' .. text
+    end
+    return order
+end
+
+-- An entry's tail split into its order text and the labels text it carries (nil when it
+-- carries none). An order text has no NUL.
+local function split_tail(tail)
+    local cut = string.find(tail, '\0', 1, true)
+    if cut then
+        return string.sub(tail, 1, cut - 1), string.sub(tail, cut + 1)
+    end
+    return tail, nil
+end
+
 -- Takes an eligible member's entries out of by_label; call it before its numbers or its
 -- eligibility change. `order` is its order text when the caller has it already (an assign
--- just read it), nil to read it here. Returns its labels text (nil when it has none) for
--- `label`.
-local function unlabel(member, lif, order)
-    local text = redis.call('HGET', KEYS[13], member)
+-- just read it), nil to read it here. `carried` is what the caller read in one of the
+-- member's entries: the labels text it carried (then the hash is not read), false when it
+-- carried none; nil when the caller read no entry, and then both forms are taken out, since
+-- the member's entries may be from before entries carried their text. Returns its labels
+-- text (nil when it has none) for `label`.
+local function unlabel(member, lif, order, carried)
+    local text = carried or redis.call('HGET', KEYS[13], member)
     if not text then
         return nil
     end
     order = order or order_text(member, lif)
     if order then
-        redis.call('ZREM', KEYS[14], unpack(label_entries(text, order)))
+        local entries
+        if carried then
+            entries = label_entries(text, order .. '\0' .. text)
+        else
+            entries = label_entries(text, order)
+            if carried == nil then
+                label_entries(text, order .. '\0' .. text, entries)
+            end
+        end
+        redis.call('ZREM', KEYS[14], unpack(entries))
     end
     return text
 end
@@ -75,8 +128,9 @@ local function label(member, lif, text, order)
     order = order or order_text(member, lif)
     if order then
         local args = {}
-        for _, e in ipairs(label_entries(text, order)) do
-            args[#args + 1] = 0
+        for _, e in ipairs(label_entries(text, tail_of(order, text))) do
+            -- Text, as every number given to Redis on this path (see digits20).
+            args[#args + 1] = '0'
             args[#args + 1] = e
         end
         redis.call('ZADD', KEYS[14], unpack(args))
@@ -172,8 +226,8 @@ local function range_of(key, value)
     return '[' .. pair .. '\0', '(' .. pair .. '\1', #pair + 2
 end
 
--- The first `wanted` eligible members, in the choosing order, that pass every group: their
--- order texts in that order (empty when none does), or false when finding out would take
+-- The first `wanted` eligible members, in the choosing order, that pass every group: the
+-- tails of their entries (see tail_of) in that order (empty when none does), or false when finding out would take
 -- more than `budget` candidate checks. With one group and nothing held it reads the first
 -- `wanted` entries of each value's range. Otherwise it walks the ranges of the group with
 -- the fewest entries (ZLEXCOUNT) in order, checking the other groups on each member's
@@ -212,15 +266,17 @@ local function pick_labelled(groups, budget, lif, held_until, wanted)
                 break
             end
             for _, e in ipairs(entries) do
-                local order = string.sub(e, skip)
+                local tail = string.sub(e, skip)
                 local free = first_is_choice
                 if not free then
                     checked = checked + 1
                     if checked > budget then
                         return false
                     end
+                    local order, carried = split_tail(tail)
                     local member = order_member(order, lif)
-                    if passes(labels_table(redis.call('HGET', KEYS[13], member)), groups, smallest) then
+                    local text = carried or redis.call('HGET', KEYS[13], member)
+                    if passes(labels_table(text), groups, smallest) then
                         local banned = held_until and held_until(member)
                         if banned then
                             earliest = math.min(earliest or banned, banned)
@@ -230,7 +286,7 @@ local function pick_labelled(groups, budget, lif, held_until, wanted)
                     end
                 end
                 if free then
-                    found[#found + 1] = order
+                    found[#found + 1] = tail
                     taken = taken + 1
                     if taken == wanted then
                         break
@@ -243,7 +299,8 @@ local function pick_labelled(groups, budget, lif, held_until, wanted)
             end
         end
     end
-    -- Each range is in order already; with several values, merge them.
+    -- Each range is in order already; with several values, merge them (the text a tail
+    -- carries never changes the order, see above).
     if #walk.values > 1 then
         table.sort(found, bytes_before)
         for i = #found, wanted + 1, -1 do
