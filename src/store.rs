@@ -230,7 +230,8 @@ pub struct Batch {
 }
 
 /// How a worker's previous use of a pool ended, sent with its next assign so that one call
-/// does both ([`Store::assign_after_done`]): an outcome report, a lease to release, or both.
+/// does both ([`Store::assign_after_done`], in a session
+/// [`Store::assign_in_session_after_done`]): an outcome report, a lease to release, or both.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Done {
     /// The outcome of the request, applied as [`Store::report`] applies a worker's report.
@@ -899,6 +900,26 @@ pub trait Store: Send + Sync + 'static {
         request: &AssignRequest,
         session: &SessionRequest,
     ) -> Result<SessionAssignment, StoreError>;
+
+    /// Applies `done` as [`Store::assign_after_done`] does, then assigns in the sticky
+    /// session as [`Store::assign_in_session`] does, all in one atomic step: the session's
+    /// member is judged after the report and the release, so a report that takes it out
+    /// (a trip, or a ban for the request's target) re-pins the session to a fresh pick, and
+    /// a release frees its place for it again (on a least-in-flight pool at
+    /// `max_in_flight`, the session keeps its member). An unknown member or lease in `done`
+    /// is answered in the [`DoneSummary`] and never fails the assign.
+    ///
+    /// # Errors
+    /// As [`Store::assign_in_session`]. When the pool does not exist nothing changes; when
+    /// the pick is refused ([`StoreError::FilterTooCostly`],
+    /// [`StoreError::TooManySessions`]), `done` was applied all the same.
+    async fn assign_in_session_after_done(
+        &self,
+        pool: &PoolId,
+        done: &Done,
+        request: &AssignRequest,
+        session: &SessionRequest,
+    ) -> Result<(SessionAssignment, DoneSummary), StoreError>;
 
     /// Ends a live session; the next assign naming it starts it anew.
     ///

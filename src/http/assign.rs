@@ -146,8 +146,13 @@ struct Several<'a> {
 }
 
 impl<'a> Entry<'a> {
-    /// `None` for [`Assignment::Empty`], which a batch never holds.
-    fn of(pool: &'a PoolId, assignment: &'a Assignment) -> Option<Self> {
+    /// `None` for [`Assignment::Empty`], which a batch never holds; `session` only for the
+    /// one member of an assign in a session.
+    fn of(
+        pool: &'a PoolId,
+        assignment: &'a Assignment,
+        session: Option<&'a SessionPin>,
+    ) -> Option<Self> {
         match assignment {
             Assignment::Assigned {
                 member,
@@ -156,7 +161,7 @@ impl<'a> Entry<'a> {
                 pool,
                 proxy: member,
                 assignments: *assignments,
-                session: None,
+                session,
             })),
             Assignment::Leased {
                 member,
@@ -169,7 +174,7 @@ impl<'a> Entry<'a> {
                 in_flight: *in_flight,
                 assignments: *assignments,
                 lease,
-                session: None,
+                session,
             })),
             Assignment::Empty { .. } => None,
         }
@@ -185,7 +190,9 @@ impl<'a> Entry<'a> {
 /// `{"target": "host"}` skips members banned for that host; `{"count": n}` hands out up to
 /// n distinct members at once, as `{"pool", "assigned": [...]}`; `{"session": "id"}` hands
 /// out the session's member again while it stays eligible for the request (else pins a
-/// fresh pick), with `"session": {"id", "expires_at", "repinned"}` in the answer.
+/// fresh pick), with `"session": {"id", "expires_at", "repinned"}` in the answer;
+/// `{"done": {...}}` applies the worker's last outcome (and releases its lease) first, in
+/// the same atomic step, with every other field, and the answer says what it did.
 pub async fn assign(
     _: Worker,
     State(state): State<AppState>,
@@ -195,18 +202,15 @@ pub async fn assign(
     let done = body.done.take().map(DoneBody::parse).transpose()?;
     let (request, wanted) = body.request()?;
     if let Some(done) = done {
-        let count = match wanted {
-            Wanted::One => None,
-            Wanted::Several(count) => Some(count),
-            Wanted::InSession(_) => {
-                return Err(ApiError::InvalidRequest(
-                    "done: an assign in a session does not carry done yet; report the \
-                     outcome or release the lease on its own"
-                        .to_owned(),
-                ));
+        return match wanted {
+            Wanted::One => assign_after_done(&state, &pool, &done, &request, None).await,
+            Wanted::Several(count) => {
+                assign_after_done(&state, &pool, &done, &request, Some(count)).await
+            }
+            Wanted::InSession(session) => {
+                in_session_after_done(&state, &pool, &done, &request, &session).await
             }
         };
-        return assign_after_done(&state, &pool, &done, &request, count).await;
     }
     let (assignment, session) = match wanted {
         Wanted::Several(count) => return several(&state, &pool, &request, count).await,
@@ -283,7 +287,7 @@ async fn several(
         let assigned = batch
             .assigned
             .iter()
-            .filter_map(|a| Entry::of(pool, a))
+            .filter_map(|a| Entry::of(pool, a, None))
             .collect();
         axum::Json(Several { pool, assigned }).into_response()
     };
@@ -328,7 +332,7 @@ async fn assign_after_done(
     let response = match (count, batch.assigned.first()) {
         (_, None) => no_content(batch.next_return),
         (None, Some(first)) => axum::Json(WithDone {
-            answer: Entry::of(pool, first),
+            answer: Entry::of(pool, first, None),
             done: view,
         })
         .into_response(),
@@ -338,12 +342,48 @@ async fn assign_after_done(
                 assigned: batch
                     .assigned
                     .iter()
-                    .filter_map(|a| Entry::of(pool, a))
+                    .filter_map(|a| Entry::of(pool, a, None))
                     .collect(),
             },
             done: view,
         })
         .into_response(),
+    };
+    set_outcome(outcome);
+    Ok(response)
+}
+
+/// The assign in a session of a body with `done`: the store applies it, then assigns in the
+/// session, in one step, so that the session's member is judged after what `done` did to
+/// it. The answer is the member with `session` and `done`; a 204 has no body (`done` was
+/// applied all the same, and a live session keeps its member).
+async fn in_session_after_done(
+    state: &AppState,
+    pool: &PoolId,
+    done: &ParsedDone,
+    request: &AssignRequest,
+    session: &SessionRequest,
+) -> Result<Response, ApiError> {
+    let (answer, summary) = state
+        .store
+        .assign_in_session_after_done(pool, &done.done, request, session)
+        .await
+        .map_err(filter_refused)?;
+    let view = done.view(pool, &summary);
+    let (outcome, response) = match &answer.assignment {
+        Assignment::Empty { next_return } => ("empty", no_content(*next_return)),
+        assignment => (
+            if matches!(assignment, Assignment::Leased { .. }) {
+                "leased"
+            } else {
+                "assigned"
+            },
+            axum::Json(WithDone {
+                answer: Entry::of(pool, assignment, answer.session.as_ref()),
+                done: view,
+            })
+            .into_response(),
+        ),
     };
     set_outcome(outcome);
     Ok(response)

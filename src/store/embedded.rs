@@ -1848,6 +1848,30 @@ impl Store for EmbeddedStore {
         self.settle(answer, change).await?
     }
 
+    async fn assign_in_session_after_done(
+        &self,
+        pool: &PoolId,
+        done: &Done,
+        request: &AssignRequest,
+        session: &SessionRequest,
+    ) -> Result<(SessionAssignment, DoneSummary), StoreError> {
+        let draw = super::jitter_draw();
+        let answer = self.with_pool(pool, |p, journal| {
+            let now = Timestamp::now();
+            // `done` first, in the same turn of the lock: the session's member is judged
+            // after what the report and the release did to it.
+            let summary = p.apply_done(done, now, draw);
+            p.return_due(now, RETURN_ON_ASSIGN);
+            let answer = p.assign_in_session(request, session, now)?;
+            if let Some(journal) = journal {
+                journal_assignment(journal, pool, &answer.assignment, p.total_assignments);
+            }
+            Ok((answer, summary))
+        })?;
+        let change = assignment_change(answer.0.as_ref().ok().map(|(a, _)| &a.assignment));
+        self.settle(answer, change).await?
+    }
+
     async fn end_session(&self, pool: &PoolId, session: &SessionId) -> Result<(), StoreError> {
         let (ended, _) = self.with_pool(pool, |p, _| p.sessions.end(session, Timestamp::now()))?;
         if ended {

@@ -229,3 +229,54 @@ fn the_contract_bounds_count_as_the_service_does_and_documents_the_batch_answer(
         "the 200 answer of assign lists Batch: {answers:?}"
     );
 }
+
+/// Every list of fields an assign body may not give together (`not: {required: [...]}`),
+/// anywhere in `AssignRequest`.
+fn refused_together(schema: &serde_yaml::Value, found: &mut Vec<Vec<String>>) {
+    match schema {
+        serde_yaml::Value::Mapping(map) => {
+            for (key, value) in map {
+                if key == "not"
+                    && let Some(required) = value["required"].as_sequence()
+                {
+                    found.push(
+                        required
+                            .iter()
+                            .filter_map(|f| f.as_str().map(str::to_owned))
+                            .collect(),
+                    );
+                }
+                refused_together(value, found);
+            }
+        }
+        serde_yaml::Value::Sequence(items) => {
+            for item in items {
+                refused_together(item, found);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn the_contract_refuses_only_count_with_session_so_a_session_carries_done() {
+    let spec = spec();
+    let schemas = &spec["components"]["schemas"];
+    let mut found = Vec::new();
+    refused_together(&schemas["AssignRequest"], &mut found);
+    assert_eq!(found, [["count", "session"]]);
+    for answer in ["Assigned", "Leased"] {
+        let properties = &schemas[answer]["properties"];
+        assert_eq!(
+            (
+                properties["session"]["$ref"].as_str(),
+                properties["done"]["$ref"].as_str()
+            ),
+            (
+                Some("#/components/schemas/Session"),
+                Some("#/components/schemas/DoneAnswer")
+            ),
+            "{answer} carries both session and done"
+        );
+    }
+}

@@ -420,19 +420,202 @@ async fn a_done_that_says_nothing_or_is_misshapen_is_refused_naming_the_field(ap
     assert_eq!(listed(&app, "a").await["assignments"], json!(0));
 }
 
-async fn an_assign_in_a_session_refuses_done_and_applies_nothing(app: TestApp) {
-    pool_tripping_after(&app, 1, &[("a", 0)]).await;
+/// The session of an answer with its `expires_at` checked to be a time and left out: what
+/// remains is exact.
+fn session_of(body: &Value) -> Value {
+    let session = &body["session"];
+    assert!(session["expires_at"].is_string(), "{body}");
+    json!({"id": session["id"], "repinned": session["repinned"]})
+}
+
+/// An answer without its session, which [`session_of`] reads.
+fn without_session(body: &Value) -> Value {
+    let mut body = body.clone();
+    body.as_object_mut().expect("an object").remove("session");
+    body
+}
+
+async fn a_done_that_trips_the_session_s_member_re_pins_the_session_in_the_same_call(app: TestApp) {
+    pool_tripping_after(&app, 1, &[("a", 0), ("b", 5), ("c", 5)]).await;
+    let (status, first) = assign_with(&app, "p", json!({"session": "s"})).await;
+    assert_eq!(
+        (status, &first["proxy"]),
+        (StatusCode::OK, &json!("a")),
+        "{first}"
+    );
     let (status, body) = assign_with(
         &app,
         "p",
-        json!({"session": "s1", "done": {"proxy": "a", "result": "failed"}}),
+        json!({"session": "s", "done": {"proxy": "a", "result": "failed", "status": 502}}),
     )
     .await;
-    assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(session_of(&body), json!({"id": "s", "repinned": true}));
+    assert_eq!(
+        without_session(&body),
+        json!({"pool": "p", "proxy": "b", "assignments": 6,
+               "done": {"proxy": "a", "effect": "tripped", "consecutive_failures": 1,
+                        "released": false}})
+    );
+    assert_eq!(listed(&app, "a").await["state"], json!("ineligible"));
+    // The session is on b now: the next assign in it keeps b, though c is the least used.
+    let (_, next) = assign_with(&app, "p", json!({"session": "s"})).await;
+    assert_eq!(
+        (
+            &next["proxy"],
+            &next["assignments"],
+            &next["session"]["repinned"]
+        ),
+        (&json!("b"), &json!(7), &json!(false)),
+        "{next}"
+    );
+}
+
+async fn a_blocked_done_for_the_request_s_target_re_pins_the_session_for_that_target_only(
+    app: TestApp,
+) {
+    pool_tripping_after(&app, 1, &[("a", 0), ("b", 5)]).await;
+    let targeted = json!({"session": "s", "target": "shop.example.com"});
+    let (_, first) = assign_with(&app, "p", targeted.clone()).await;
+    assert_eq!(first["proxy"], json!("a"), "{first}");
+    let (status, body) = assign_with(
+        &app,
+        "p",
+        json!({"session": "s", "target": "shop.example.com",
+               "done": {"proxy": "a", "result": "blocked", "status": 403,
+                        "target": "shop.example.com"}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let until = body["done"]["banned_until"].clone();
+    assert!(until.is_string(), "{body}");
+    assert_eq!(session_of(&body), json!({"id": "s", "repinned": true}));
+    assert_eq!(
+        without_session(&body),
+        json!({"pool": "p", "proxy": "b", "assignments": 6,
+               "done": {"proxy": "a", "effect": "banned", "consecutive_failures": 0,
+                        "banned_until": until, "released": false}})
+    );
+    // Pool-wide a is as it was: another session without that target gets it.
+    assert_eq!(listed(&app, "a").await["state"], json!("eligible"));
+    let (_, other) = assign_with(&app, "p", json!({"session": "t"})).await;
+    assert_eq!(other["proxy"], json!("a"), "{other}");
+}
+
+async fn a_done_that_leaves_the_session_s_member_eligible_keeps_the_pin(app: TestApp) {
+    pool_tripping_after(&app, 3, &[("a", 0), ("b", 0)]).await;
+    let (_, first) = assign_with(&app, "p", json!({"session": "s"})).await;
+    assert_eq!(first["proxy"], json!("a"), "{first}");
+    // b is the least used now; the session stays on a through an ok and a failure short
+    // of the trip.
+    let mut seen = Vec::new();
+    for result in ["ok", "failed"] {
+        let (status, body) = assign_with(
+            &app,
+            "p",
+            json!({"session": "s", "done": {"proxy": "a", "result": result}}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(session_of(&body), json!({"id": "s", "repinned": false}));
+        seen.push(without_session(&body));
+    }
+    assert_eq!(
+        seen,
+        [
+            json!({"pool": "p", "proxy": "a", "assignments": 2,
+                   "done": {"proxy": "a", "effect": "counted", "consecutive_failures": 0,
+                            "released": false}}),
+            json!({"pool": "p", "proxy": "a", "assignments": 3,
+                   "done": {"proxy": "a", "effect": "counted", "consecutive_failures": 1,
+                            "released": false}}),
+        ]
+    );
+}
+
+async fn a_done_releasing_the_pinned_member_s_lease_gets_it_back_pinned_at_max_in_flight(
+    app: TestApp,
+) {
+    app.create_pool(
+        "p",
+        json!({"policy": "least-in-flight", "max_in_flight": 1,
+               "health": {"max_consecutive_failures": 1, "jitter_percent": 0}}),
+    )
+    .await;
+    app.seed("p", &["a", "b", "c"], Some(0)).await;
+    let (_, first) = assign_with(&app, "p", json!({"session": "s"})).await;
+    assert_eq!(first["proxy"], json!("a"), "{first}");
+    let mut lease = first["lease"]["id"].as_str().expect("a lease").to_owned();
+    // a is at its cap: without the release the session would move (see sessions.rs). A
+    // bare release and one with an ok both give it back; a failure takes it out.
+    let mut seen = Vec::new();
+    for mut done in [
+        json!({}),
+        json!({"result": "ok", "status": 200}),
+        json!({"result": "failed"}),
+    ] {
+        done["lease"] = json!(lease);
+        let (status, body) = assign_with(&app, "p", json!({"session": "s", "done": done})).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_ne!(body["lease"]["id"], json!(lease), "{body}");
+        lease = body["lease"]["id"].as_str().expect("a lease").to_owned();
+        seen.push((
+            body["proxy"].clone(),
+            body["assignments"].clone(),
+            body["in_flight"].clone(),
+            body["session"]["repinned"].clone(),
+            body["done"].clone(),
+        ));
+    }
+    assert_eq!(
+        seen,
+        [
+            (
+                json!("a"),
+                json!(2),
+                json!(1),
+                json!(false),
+                json!({"released": true})
+            ),
+            (
+                json!("a"),
+                json!(3),
+                json!(1),
+                json!(false),
+                json!({"proxy": "a", "effect": "counted", "consecutive_failures": 0,
+                       "released": true})
+            ),
+            (
+                json!("b"),
+                json!(1),
+                json!(1),
+                json!(true),
+                json!({"proxy": "a", "effect": "tripped", "consecutive_failures": 1,
+                       "released": true})
+            ),
+        ]
+    );
+    let (_, pool) = app.get("/pools/p").await;
+    assert_eq!(pool["stats"]["in_flight"], json!(1));
+}
+
+async fn a_done_in_a_session_that_takes_out_the_last_member_answers_204_having_applied_it(
+    app: TestApp,
+) {
+    pool_tripping_after(&app, 1, &[("a", 0)]).await;
+    let (_, first) = assign_with(&app, "p", json!({"session": "s"})).await;
+    assert_eq!(first["proxy"], json!("a"), "{first}");
+    let (status, body) = assign_with(
+        &app,
+        "p",
+        json!({"session": "s", "done": {"proxy": "a", "result": "failed"}}),
+    )
+    .await;
+    assert_eq!((status, body), (StatusCode::NO_CONTENT, Value::Null));
     let a = listed(&app, "a").await;
     assert_eq!(
         (&a["state"], &a["assignments"]),
-        (&json!("eligible"), &json!(0))
+        (&json!("ineligible"), &json!(1))
     );
 }
 
@@ -461,6 +644,10 @@ for_each_store!(
     a_done_with_labels_picks_among_the_labelled_members_after_the_report,
     a_done_that_takes_out_the_last_member_answers_204_having_applied_it,
     a_done_that_says_nothing_or_is_misshapen_is_refused_naming_the_field,
-    an_assign_in_a_session_refuses_done_and_applies_nothing,
+    a_done_that_trips_the_session_s_member_re_pins_the_session_in_the_same_call,
+    a_blocked_done_for_the_request_s_target_re_pins_the_session_for_that_target_only,
+    a_done_that_leaves_the_session_s_member_eligible_keeps_the_pin,
+    a_done_releasing_the_pinned_member_s_lease_gets_it_back_pinned_at_max_in_flight,
+    a_done_in_a_session_that_takes_out_the_last_member_answers_204_having_applied_it,
     an_assign_with_done_on_a_missing_pool_is_404,
 );

@@ -238,3 +238,33 @@ async fn an_assign_carrying_done_is_one_evalsha_too() {
         assert_eq!(seen.get(extra), None, "{extra} was sent: {seen:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_assign_in_a_session_carrying_done_is_one_evalsha_too() {
+    let redis = RedisServer::start();
+    let app = warm_app(&redis).await;
+    let before = command_calls(&redis.url());
+    let mut last = json!("a");
+    for n in 0..64 {
+        // Every other one names a target, and reports about it.
+        let body = if n % 2 == 0 {
+            json!({"session": "kept", "done": {"proxy": last, "result": "ok", "status": 200}})
+        } else {
+            json!({"session": "kept", "target": "example.com",
+                   "done": {"proxy": last, "result": "ok", "target": "example.com"}})
+        };
+        let (status, body) = app.post_json("/pools/p/assign", body).await;
+        assert_eq!(status.as_u16(), 200, "{body}");
+        assert_eq!(
+            (&body["done"]["effect"], &body["session"]["repinned"]),
+            (&json!("counted"), &json!(false)),
+            "{body}"
+        );
+        last = body["proxy"].clone();
+    }
+    let seen = command_delta(&before, &command_calls(&redis.url()));
+    assert_eq!(seen.get("evalsha"), Some(&64), "{seen:?}");
+    for extra in NEVER_PER_ASSIGN {
+        assert_eq!(seen.get(extra), None, "{extra} was sent: {seen:?}");
+    }
+}

@@ -196,6 +196,18 @@ impl Store for Spy {
         self.inner.assign_in_session(pool, request, session).await
     }
 
+    async fn assign_in_session_after_done(
+        &self,
+        pool: &PoolId,
+        done: &Done,
+        request: &AssignRequest,
+        session: &SessionRequest,
+    ) -> Result<(SessionAssignment, DoneSummary), StoreError> {
+        self.inner
+            .assign_in_session_after_done(pool, done, request, session)
+            .await
+    }
+
     async fn end_session(&self, pool: &PoolId, session: &SessionId) -> Result<(), StoreError> {
         self.inner.end_session(pool, session).await
     }

@@ -18,10 +18,18 @@
  * session's life, as Crawlee does with its own proxy lists. The sessions it creates report
  * what Crawlee tells them: `markGood` → `ok`, `markBad` → `failed`, a blocked status
  * (`retireOnBlockedStatusCodes`, the session pool's `blockedStatusCodes`) → `blocked` with
- * that status, a retirement on a session error (Crawlee's proxy errors) → `failed`. When a report takes the proxy out (or finds it out already), the session is
- * retired, so the next request gets a new session and a new proxy. A retired session's
- * lease (least-in-flight pools) is released; {@link ProxyAllocatorProxies.close} releases
- * the rest.
+ * that status, a retirement on a session error (Crawlee's proxy errors) → `failed`. When a
+ * report takes the proxy out (or finds it out already), the session is retired, so the
+ * next request gets a new session and a new proxy. A retired session's lease
+ * (least-in-flight pools) is released; {@link ProxyAllocatorProxies.close} releases the
+ * rest.
+ *
+ * A retirement ends the session's use of its proxy, and the request it retired on is
+ * retried through a new session, whose assign comes next: with the client's `carryDone`
+ * (the default) the retirement's report and release ride on the next assign as its `done`
+ * (see {@link Client.deferDone}). `markGood` and `markBad` are reported at once, on their
+ * own: the session keeps its proxy, no assign follows for it, and the answer decides
+ * whether it is retired.
  *
  * @module
  */
@@ -36,7 +44,7 @@ import {
     Unavailable,
     renewInBackground,
 } from './index.js';
-import type { Assignment, Labels, Renewing, Result } from './index.js';
+import type { Assignment, Done, DoneSettled, Labels, Renewing, Result } from './index.js';
 
 /** Options of {@link ProxyAllocatorProxies}. */
 export interface ProxyAllocatorProxiesOptions {
@@ -66,6 +74,8 @@ export interface ProxyAllocatorStats {
     waitedMs: number;
     reportFailed: number;
     releaseFailed: number;
+    /** Retirements whose report and (or) release an assign carried as its `done`. */
+    carried: number;
 }
 
 interface Held {
@@ -91,6 +101,7 @@ export class ProxyAllocatorProxies {
         waitedMs: 0,
         reportFailed: 0,
         releaseFailed: 0,
+        carried: 0,
     };
     readonly #client: Client;
     readonly #pool: string;
@@ -120,10 +131,15 @@ export class ProxyAllocatorProxies {
         };
     }
 
-    /** Waits for the reports still on their way and releases every lease still held. */
+    /**
+     * Waits for the reports still on their way, releases every lease still held, and sends
+     * the retirements no assign has carried yet ({@link Client.close}: every pending done
+     * of the client).
+     */
     async close(): Promise<void> {
         while (this.#pending.size > 0) await Promise.allSettled([...this.#pending]);
         await Promise.all([...this.#sessions.keys()].map((id) => this.#forget(id)));
+        await this.#client.close();
     }
 
     async #proxyFor(sessionId: string | undefined): Promise<string> {
@@ -198,28 +214,39 @@ export class ProxyAllocatorProxies {
         if (held === undefined) return;
         const work = (async () => {
             const assigned = await held.assignment;
-            try {
-                const answer = await this.#client.report(this.#pool, assigned.proxy, result, status);
-                this.stats.reported[result] += 1;
-                for (const applied of answer.outcomes) {
-                    if (applied.effect === 'tripped') this.stats.tripped += 1;
-                    // Out of the pool now (or already): this session needs another proxy.
-                    if (applied.effect !== 'counted' && this.#sessions.get(session.id) === held) {
-                        (session as ReportingSession).retireQuietly();
-                    }
+            const answer = await this.#report(assigned.proxy, result, status);
+            for (const applied of answer?.outcomes ?? []) {
+                // Out of the pool now (or already): this session needs another proxy.
+                if (applied.effect !== 'counted' && this.#sessions.get(session.id) === held) {
+                    (session as ReportingSession).retireQuietly();
                 }
-            } catch (error) {
-                this.stats.reportFailed += 1;
-                this.#warn(`outcome report failed: ${(error as Error).message}`);
             }
         })();
         this.#track(work);
     }
 
-    /** A session was retired: its proxy is let go (and its lease released). */
-    /** @internal */
-    retired(session: Session): void {
-        if (this.#sessions.has(session.id)) this.#track(this.#forget(session.id));
+    /** Reports on its own, counting it; `null` when the report failed (warned). */
+    async #report(proxy: string, result: Result, status: number | undefined) {
+        try {
+            const answer = await this.#client.report(this.#pool, proxy, result, status);
+            this.stats.reported[result] += 1;
+            for (const applied of answer.outcomes) if (applied.effect === 'tripped') this.stats.tripped += 1;
+            return answer;
+        } catch (error) {
+            this.stats.reportFailed += 1;
+            this.#warn(`outcome report failed: ${(error as Error).message}`);
+            return null;
+        }
+    }
+
+    /**
+     * A session was retired: its proxy is let go (and its lease released), and `report`,
+     * the outcome the retirement says if it says one, reported.
+     *
+     * @internal
+     */
+    retired(session: Session, report?: [Result, number | undefined]): void {
+        if (this.#sessions.has(session.id)) this.#track(this.#forget(session.id, { report }));
     }
 
     #track(work: Promise<void>): void {
@@ -227,7 +254,13 @@ export class ProxyAllocatorProxies {
         void work.finally(() => this.#pending.delete(work));
     }
 
-    async #forget(sessionId: string): Promise<void> {
+    /**
+     * Lets a session's proxy go: reports what its retirement says, if anything, and
+     * releases its lease. A retirement's report and release go as the `done` of the next
+     * assign (a new session's), when the client carries dones; on {@link close} and on a
+     * client that does not, they go on their own.
+     */
+    async #forget(sessionId: string, retirement?: { report?: [Result, number | undefined] }): Promise<void> {
         const held = this.#sessions.get(sessionId);
         if (held === undefined) return;
         this.#sessions.delete(sessionId);
@@ -238,13 +271,47 @@ export class ProxyAllocatorProxies {
             return;
         }
         await held.renewer?.stop();
-        if (assigned.lease === undefined) return;
+        const lease = assigned.lease === undefined ? undefined : (held.renewing?.lease.id ?? assigned.lease.id);
+        const report = retirement?.report;
+        if (retirement !== undefined && this.#client.carryDone && (report !== undefined || lease !== undefined)) {
+            const done: Done = {};
+            if (report !== undefined) Object.assign(done, { proxy: assigned.proxy, result: report[0] });
+            if (report?.[1] !== undefined) done.status = report[1];
+            if (lease !== undefined) done.lease = lease;
+            this.#client.deferDone(this.#pool, done, (settled) => this.#settled(done, settled));
+            return;
+        }
+        if (report !== undefined) await this.#report(assigned.proxy, report[0], report[1]);
+        if (lease === undefined) return;
         try {
-            await this.#client.release(this.#pool, held.renewing?.lease.id ?? assigned.lease.id);
+            await this.#client.release(this.#pool, lease);
             this.stats.released += 1;
         } catch (error) {
             this.stats.releaseFailed += 1;
             this.#warn(`lease release failed: ${(error as Error).message}`);
+        }
+    }
+
+    /** Counts what became of a retirement's `done`, as the separate calls would have. */
+    #settled(done: Done, settled: DoneSettled): void {
+        if (settled.carried) this.stats.carried += 1;
+        if (done.result !== undefined && settled.reportError) {
+            this.stats.reportFailed += 1;
+            this.#warn(`outcome report failed: ${settled.reportError.message}`);
+        } else if (done.result !== undefined) {
+            this.stats.reported[done.result] += 1;
+            if (settled.effect?.effect === 'tripped') this.stats.tripped += 1;
+        }
+        if (done.lease === undefined) return;
+        if (settled.releaseError) {
+            this.stats.releaseFailed += 1;
+            this.#warn(`lease release failed: ${settled.releaseError.message}`);
+        } else if (settled.effect?.released === false) {
+            this.stats.releaseFailed += 1;
+            this.#warn(`lease release failed: lease ${done.lease} was no longer live`);
+        } else {
+            // Released, or carried by an assign answered 204, which applied it all the same.
+            this.stats.released += 1;
         }
     }
 }
@@ -289,17 +356,18 @@ class ReportingSession extends Session {
     }
 
     override retire(): void {
+        let report: [Result, number | undefined] | undefined;
         if (this.#blockedStatus !== undefined) {
-            this.#adapter.outcome(this, 'blocked', this.#blockedStatus);
+            report = ['blocked', this.#blockedStatus];
         } else if (!this.#reported) {
             // Crawlee rotating the session on a session error: for an HTTP crawler, a
             // proxy that refused, reset or timed out (Crawlee's proxy errors), or a page
             // its retryOnBlocked check found blocked. Crawlee's markBad comes after the
             // retirement, too late for this proxy: report the failure here.
-            this.#adapter.outcome(this, 'failed');
+            report = ['failed', undefined];
         }
         super.retire();
-        this.#adapter.retired(this);
+        this.#adapter.retired(this, report);
     }
 
     #quietly(action: () => void): void {

@@ -16,6 +16,12 @@ export type Result = (typeof RESULTS)[number];
 /** Milliseconds a call may take before it fails with {@link Unreachable}. */
 export const DEFAULT_TIMEOUT_MS = 10_000;
 
+/**
+ * Milliseconds a release {@link Client.lease} leaves pending waits for the next assign on
+ * its pool to carry it, before it is sent on its own.
+ */
+export const DEFAULT_RELEASE_DELAY_MS = 200;
+
 /** A live lease on a least-in-flight pool: its id, expiry (RFC 3339) and ttl. */
 export interface Lease {
     id: string;
@@ -165,6 +171,17 @@ export interface ClientOptions {
     token?: string | null;
     /** Milliseconds per call; default {@link DEFAULT_TIMEOUT_MS}. */
     timeoutMs?: number;
+    /**
+     * `true` (the default): when the function of {@link Client.lease} settles, its release
+     * (with its outcome, when it reports one) waits as the `done` of the next assign on the
+     * same pool from this client, so a steady loop of leases makes one call per cycle; it is
+     * sent on its own after `releaseDelayMs` if no assign comes first, and by
+     * {@link Client.close}. `false`: the lease is released, and reported, by calls of their
+     * own when the function settles.
+     */
+    carryDone?: boolean;
+    /** Milliseconds a pending release waits for an assign; default {@link DEFAULT_RELEASE_DELAY_MS}. */
+    releaseDelayMs?: number;
 }
 
 /** Options of {@link Client.assign}. */
@@ -219,7 +236,10 @@ export interface LeaseOptions {
     report?: boolean;
 }
 
-/** What {@link Client.lease} passes to its function. */
+/**
+ * What {@link Client.lease} passes to its function. Its `done` is set when its assign
+ * carried the release an earlier lease left pending: what the service did with that one.
+ */
 export interface Leased extends Assignment {
     lease: Lease;
     /** Renewals so far. */
@@ -236,15 +256,57 @@ interface Answer {
     retryAfter: number | null;
 }
 
+/**
+ * What became of a {@link Done} left with {@link Client.deferDone}. Carried by an assign,
+ * `effect` is the answer's `done` (absent after a 204, whose answer has no body: the
+ * service applied it all the same). Sent on its own, `effect` is made from the release's
+ * and the report's answers (a release answered `lease_not_found` is `released: false`, as
+ * an assign says it), and a call that failed otherwise is its error here instead.
+ *
+ * @internal Used by {@link Client.lease} and the Crawlee adapter.
+ */
+export interface DoneSettled {
+    effect?: DoneEffect;
+    releaseError?: ProxyAllocatorError;
+    reportError?: ProxyAllocatorError;
+    /** Whether an assign carried it (else it went out on its own). */
+    carried: boolean;
+}
+
+/** A `done` waiting for the next assign on its pool. */
+interface PendingDone {
+    pool: string;
+    done: Done;
+    /** When it is sent on its own unless an assign takes it first (`Date.now()` time). */
+    deadline: number;
+    timer: ReturnType<typeof setTimeout> | null;
+    settled: (settled: DoneSettled) => void;
+}
+
 /** A client of one proxy-allocator service; share one per process. */
 export class Client {
     readonly baseUrl: string;
     readonly timeoutMs: number;
+    /** See {@link ClientOptions.carryDone}. */
+    readonly carryDone: boolean;
+    readonly releaseDelayMs: number;
     readonly #headers: Record<string, string>;
+    /** Per pool, the dones waiting for an assign, oldest first. */
+    readonly #pending = new Map<string, PendingDone[]>();
+    /** Dones being sent on their own. */
+    readonly #sending = new Set<Promise<void>>();
+    /**
+     * Registered on `beforeExit` while a done is pending: a process whose work is over
+     * sends what is left instead of leaving its leases to their ttl, though the timers of
+     * the pending dones do not keep it alive.
+     */
+    readonly #onBeforeExit = () => void this.close();
 
     constructor(baseUrl: string, options: ClientOptions = {}) {
         this.baseUrl = baseUrl.replace(/\/+$/, '');
         this.timeoutMs = options.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+        this.carryDone = options.carryDone ?? true;
+        this.releaseDelayMs = options.releaseDelayMs ?? DEFAULT_RELEASE_DELAY_MS;
         this.#headers = { accept: 'application/json' };
         if (options.token) this.#headers.authorization = `Bearer ${options.token}`;
     }
@@ -259,15 +321,33 @@ export class Client {
     async assign(pool: string, options: AssignOptions & { count: number }): Promise<Assignment[]>;
     async assign(pool: string, options?: AssignOptions): Promise<Assignment | null>;
     async assign(pool: string, options: AssignOptions = {}): Promise<Assignment | Assignment[] | null> {
-        const answer = await this.#call(`/pools/${segment(pool)}/assign`, assignBody(options));
+        const body = assignBody(options);
+        // A pending done rides along unless the caller brought one (an assign carries one)
+        // or names a session (the service takes no done with one yet).
+        const carried = options.done === undefined && options.session === undefined ? this.#take(pool) : undefined;
+        let answer: Answer;
+        try {
+            answer = await this.#call(
+                `/pools/${segment(pool)}/assign`,
+                carried === undefined ? body : { ...body, done: doneBody(carried.done) },
+            );
+        } catch (error) {
+            // No answer, or an error one: it may not have been applied. It waits again
+            // (until its own deadline), to be carried or sent on its own.
+            if (carried !== undefined) this.#putBack(carried);
+            throw error;
+        }
         if (answer.status === 204 || answer.data === null) {
+            if (carried !== undefined) settle(carried, { carried: true });
             if (options.raiseIfEmpty) throw new NoProxyAvailable(pool, answer.retryAfter);
             return options.count === undefined ? null : [];
         }
         const data = answer.data as Record<string, unknown>;
+        const done = data.done === undefined ? undefined : doneFromJson(data.done);
+        if (carried !== undefined) settle(carried, { carried: true, effect: done });
         if (options.count !== undefined) {
             const batch = (data.assigned as Record<string, unknown>[]).map(assignmentFromJson);
-            if (batch.length > 0 && data.done !== undefined) batch[0].done = doneFromJson(data.done);
+            if (batch.length > 0 && done !== undefined) batch[0].done = done;
             return batch;
         }
         return assignmentFromJson(data);
@@ -315,9 +395,13 @@ export class Client {
 
     /**
      * Holds a lease on a least-in-flight pool while `fn` runs, and releases it when `fn`
-     * settles, also when it throws. Failures to release or report are passed to
-     * `onWarning` (default: `console.warn`), never thrown: `fn`'s own result matters more,
-     * and an unreleased lease is reclaimed after its ttl.
+     * settles, also when it throws. With {@link ClientOptions.carryDone} (the default) the
+     * release, with the outcome when `report` is set, waits for the next assign on the pool
+     * from this client and goes as its `done`, or on its own after `releaseDelayMs`: so
+     * the lease is held up to that long after `fn`. Failures to release or report, and a
+     * lease found no longer live, are passed to `onWarning` (default: `console.warn`),
+     * never thrown: `fn`'s own result matters more, and an unreleased lease is reclaimed
+     * after its ttl.
      *
      * @throws {NoProxyAvailable} when the pool has nothing to give (204).
      */
@@ -357,20 +441,139 @@ export class Client {
             throw error;
         } finally {
             await renewer?.stop();
-            try {
-                await this.release(pool, leased.lease.id);
-            } catch (error) {
-                warn(`lease release failed: ${(error as Error).message}`);
-            }
-            if (options.report) {
+            if (this.carryDone) {
+                const done: Done = { lease: leased.lease.id };
+                if (options.report) {
+                    // Assigned in both branches above before finally runs. The proxy too,
+                    // so that the report counts even if the lease has lapsed.
+                    done.proxy = leased.proxy;
+                    done.result = outcome![0];
+                    if (outcome![1] !== undefined) done.status = outcome![1];
+                    if (options.target !== undefined) done.target = options.target;
+                }
+                this.deferDone(pool, done, (settled) => {
+                    if (settled.releaseError) warn(`lease release failed: ${settled.releaseError.message}`);
+                    else if (settled.effect?.released === false) warn(`lease release failed: lease ${done.lease} was no longer live`);
+                    if (settled.reportError) warn(`outcome report failed: ${settled.reportError.message}`);
+                });
+            } else {
                 try {
-                    // Assigned in both branches above before finally runs.
-                    await this.report(pool, leased.proxy, outcome![0], outcome![1], { target: options.target });
+                    await this.release(pool, leased.lease.id);
                 } catch (error) {
-                    warn(`outcome report failed: ${(error as Error).message}`);
+                    warn(`lease release failed: ${(error as Error).message}`);
+                }
+                if (options.report) {
+                    try {
+                        // Assigned in both branches above before finally runs.
+                        await this.report(pool, leased.proxy, outcome![0], outcome![1], { target: options.target });
+                    } catch (error) {
+                        warn(`outcome report failed: ${(error as Error).message}`);
+                    }
                 }
             }
         }
+    }
+
+    /**
+     * Sends every pending release (see {@link ClientOptions.carryDone}) now, on its own,
+     * and waits until all are answered. Call it when the worker is done with the service;
+     * a process that simply runs out of work does it by itself on `beforeExit` (not on
+     * `process.exit()` or a signal). The client stays usable.
+     */
+    async close(): Promise<void> {
+        for (const pool of [...this.#pending.keys()]) {
+            for (let entry = this.#take(pool); entry !== undefined; entry = this.#take(pool)) this.#sendAlone(entry);
+        }
+        while (this.#sending.size > 0) await Promise.allSettled([...this.#sending]);
+    }
+
+    /**
+     * Leaves `done` for the next assign on `pool` from this client to carry, or sends it on
+     * its own after `releaseDelayMs` (or on {@link close}); `settled` hears what became of
+     * it, once.
+     *
+     * @internal Used by {@link Client.lease} and the Crawlee adapter.
+     */
+    deferDone(pool: string, done: Done, settled: (settled: DoneSettled) => void): void {
+        doneBody(done); // A done the service would refuse fails here, not in a later assign.
+        const entry: PendingDone = { pool, done, deadline: Date.now() + this.releaseDelayMs, timer: null, settled };
+        this.#queue(entry, 'last');
+    }
+
+    #queue(entry: PendingDone, where: 'first' | 'last'): void {
+        if (this.#pending.size === 0) process.on('beforeExit', this.#onBeforeExit);
+        const queue = this.#pending.get(entry.pool) ?? [];
+        if (where === 'first') queue.unshift(entry);
+        else queue.push(entry);
+        this.#pending.set(entry.pool, queue);
+        entry.timer = setTimeout(() => {
+            const waiting = this.#pending.get(entry.pool);
+            const at = waiting?.indexOf(entry) ?? -1;
+            if (at < 0) return;
+            waiting!.splice(at, 1);
+            this.#forget(entry);
+            this.#sendAlone(entry);
+        }, Math.max(entry.deadline - Date.now(), 0));
+        // The deadline bounds how long a lease is held, not how long the process lives.
+        entry.timer.unref();
+    }
+
+    /** The oldest done pending for `pool`, no longer pending. */
+    #take(pool: string): PendingDone | undefined {
+        const entry = this.#pending.get(pool)?.shift();
+        if (entry !== undefined) this.#forget(entry);
+        return entry;
+    }
+
+    /** A done an assign failed to carry: first in line again, with its own deadline. */
+    #putBack(entry: PendingDone): void {
+        this.#queue(entry, 'first');
+    }
+
+    /** Stops `entry`'s timer and drops its pool's queue, and the exit hook, once empty. */
+    #forget(entry: PendingDone): void {
+        if (entry.timer !== null) clearTimeout(entry.timer);
+        entry.timer = null;
+        if (this.#pending.get(entry.pool)?.length === 0) this.#pending.delete(entry.pool);
+        if (this.#pending.size === 0) process.off('beforeExit', this.#onBeforeExit);
+    }
+
+    /** Sends a done as today's separate calls would: the release, then the report. */
+    #sendAlone(entry: PendingDone): void {
+        const { pool, done } = entry;
+        const work = (async () => {
+            const settled: DoneSettled = { carried: false, effect: { released: false } };
+            if (done.lease !== undefined) {
+                try {
+                    await this.release(pool, done.lease);
+                    settled.effect!.released = true;
+                } catch (error) {
+                    if (!(error instanceof NotFound && error.code === 'lease_not_found')) {
+                        settled.releaseError = asServiceError(error);
+                    }
+                }
+            }
+            if (done.result !== undefined && done.proxy !== undefined) {
+                try {
+                    const answer = await this.report(pool, done.proxy, done.result, done.status, { target: done.target });
+                    const applied = answer.outcomes[0];
+                    if (applied === undefined) settled.effect!.effect = 'unknown';
+                    else {
+                        Object.assign(settled.effect!, {
+                            proxy: applied.proxy,
+                            effect: applied.effect,
+                            consecutiveFailures: applied.consecutive_failures,
+                        });
+                        if (applied.banned_until !== undefined) settled.effect!.bannedUntil = applied.banned_until;
+                    }
+                } catch (error) {
+                    settled.reportError = asServiceError(error);
+                }
+            }
+            settle(entry, settled);
+        })();
+        this.#sending.add(work);
+        void work.finally(() => this.#sending.delete(work));
     }
 
     /** Sends one request (a POST unless told); the answer or the error it means. */
@@ -443,6 +646,24 @@ export function renewInBackground(
             await running;
         },
     };
+}
+
+/**
+ * Tells a pending done's owner what became of it. The owner's hooks (its `onWarning`) run
+ * here, inside another caller's assign or on a timer: one that throws must fail neither.
+ */
+function settle(entry: PendingDone, settled: DoneSettled): void {
+    try {
+        entry.settled(settled);
+    } catch (error) {
+        console.error(`proxy-allocator: a hook on a released lease threw: ${(error as Error).message}`);
+    }
+}
+
+/** A failure of a call as the service's error type (a programming error wrapped too). */
+function asServiceError(error: unknown): ProxyAllocatorError {
+    if (error instanceof ProxyAllocatorError) return error;
+    return new ProxyAllocatorError(null, 'client_error', (error as Error).message);
 }
 
 function ttlBody(ttlMs: number | undefined): Record<string, unknown> | undefined {

@@ -2,14 +2,20 @@
 // against a small fake for connection reuse.
 
 import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
 import { createServer } from 'node:http';
 import { after, before, describe, test } from 'node:test';
 
 import { Client, NoProxyAvailable, NotFound, ProxyAllocatorError, Unauthorized, Unreachable } from '../dist/index.js';
-import { freePort, startRedis, startService } from './harness.mjs';
+import { callsSince, freePort, startRedis, startService, until, WORKER } from './harness.mjs';
 
 const P1 = 'http://p1.example.net:3128';
 const P2 = 'http://p2.example.net:3128';
+const ASSIGN = '/pools/{pool}/assign';
+const RELEASE = '/pools/{pool}/leases/{lease}/release';
+const OUTCOMES = '/pools/{pool}/outcomes';
+/** What a carried release of a lease on P1 reported ok answers. */
+const RELEASED_OK = { released: true, proxy: P1, effect: 'counted', consecutiveFailures: 0 };
 
 for (const store of ['redis', 'embedded']) {
     describe(`the client on the ${store} store`, () => {
@@ -84,6 +90,8 @@ for (const store of ['redis', 'embedded']) {
                 ),
                 /reset the connection/,
             );
+            // The release and its report wait for the next assign; close() sends them now.
+            await client.close();
             const stats = await service.stats(pool);
             assert.deepEqual([stats.in_flight, stats.abandoned, stats.tripped], [0, 0, 1]);
         });
@@ -106,6 +114,7 @@ for (const store of ['redis', 'embedded']) {
                 },
                 { ttlMs: 1200, renew: true },
             );
+            await client.close();
             const stats = await service.stats(pool);
             assert.deepEqual([stats.in_flight, stats.abandoned], [0, 0]);
             await assert.rejects(client.release(pool, leaseId), (error) => error instanceof NotFound && error.code === 'lease_not_found');
@@ -192,6 +201,130 @@ for (const store of ['redis', 'embedded']) {
             assert.deepEqual([next.proxy, next.inFlight, next.done], [P1, 1, { released: true, proxy: P1, effect: 'counted', consecutiveFailures: 0 }]);
             const again = await client.assign(leased, { done: { lease: first.lease.id } });
             assert.equal(again, null);
+        });
+
+        test('a steady loop of leases makes one call per cycle: each assign carries the last release and report', async () => {
+            // One member with one place: each lease can only be given once the one before
+            // it is released, which the assign itself does before it picks.
+            const pool = await service.createPool({ policy: 'least-in-flight', max_in_flight: 1 });
+            await service.seed(pool, [P1]);
+            // No release goes out on its own during the loop, however slow the machine.
+            const looping = service.client({ releaseDelayMs: 60_000 });
+            const before = await service.calls();
+            const carried = [];
+            for (let i = 0; i < 10; i++) {
+                await looping.lease(pool, async (leased) => carried.push(leased.done ?? null), { report: true });
+            }
+            assert.deepEqual(callsSince(before, await service.calls()), { [ASSIGN]: 10 });
+            assert.deepEqual(carried, [null, ...Array(9).fill(RELEASED_OK)]);
+            // The last one is still held, until close() sends it with its report.
+            assert.equal((await service.stats(pool)).in_flight, 1);
+            await looping.close();
+            assert.deepEqual(callsSince(before, await service.calls()), { [ASSIGN]: 10, [RELEASE]: 1, [OUTCOMES]: 1 });
+            const stats = await service.stats(pool);
+            assert.deepEqual([stats.in_flight, stats.abandoned], [0, 0]);
+            assert.equal((await service.members(pool))[P1].assignments, 10);
+        });
+
+        test('workers sharing a client each carry one pending release with their next lease', async () => {
+            // Three members with one place each, three workers: every lease after a
+            // worker's first is only given because its assign released one first.
+            const pool = await service.createPool({ policy: 'least-in-flight', max_in_flight: 1 });
+            const members = ['http://w1.example.net:3128', 'http://w2.example.net:3128', 'http://w3.example.net:3128'];
+            await service.seed(pool, members);
+            const shared = service.client({ releaseDelayMs: 60_000 });
+            const before = await service.calls();
+            const carried = [];
+            await Promise.all(
+                Array.from({ length: 3 }, async () => {
+                    for (let i = 0; i < 5; i++) {
+                        await shared.lease(pool, async (leased) => carried.push(leased.done?.released ?? null));
+                    }
+                }),
+            );
+            assert.deepEqual(callsSince(before, await service.calls()), { [ASSIGN]: 15 });
+            assert.deepEqual(carried.sort(), [null, null, null, ...Array(12).fill(true)]);
+            await shared.close();
+            assert.deepEqual(callsSince(before, await service.calls()), { [ASSIGN]: 15, [RELEASE]: 3 });
+            assert.equal((await service.stats(pool)).in_flight, 0);
+        });
+
+        test('with carryDone false a lease is released and reported by calls of their own', async () => {
+            const pool = await service.createPool({ policy: 'least-in-flight', max_in_flight: 1 });
+            await service.seed(pool, [P1]);
+            const separate = service.client({ carryDone: false });
+            const before = await service.calls();
+            for (let i = 0; i < 3; i++) {
+                await separate.lease(pool, async (leased) => assert.equal(leased.done, undefined), { report: true });
+                assert.equal((await service.stats(pool)).in_flight, 0);
+            }
+            assert.deepEqual(callsSince(before, await service.calls()), { [ASSIGN]: 3, [RELEASE]: 3, [OUTCOMES]: 3 });
+        });
+
+        test('a release no assign carries goes out on its own once the delay has passed', async () => {
+            const pool = await service.createPool({ policy: 'least-in-flight', health: { jitter_percent: 0 } });
+            await service.seed(pool, [P1]);
+            const waiting = service.client({ releaseDelayMs: 1000 });
+            const warnings = [];
+            const before = await service.calls();
+            let settled;
+            await waiting.lease(
+                pool,
+                async (leased) => {
+                    leased.reportAs('blocked', 429);
+                    settled = Date.now();
+                },
+                { report: true, onWarning: (m) => warnings.push(m) },
+            );
+            assert.equal((await service.stats(pool)).in_flight, 1);
+            await until(async () => (await service.stats(pool)).in_flight === 0);
+            const held = Date.now() - settled;
+            assert.ok(held >= 1000 && held < 5000, `released ${held} ms after the function`);
+            assert.deepEqual(callsSince(before, await service.calls()), { [ASSIGN]: 1, [RELEASE]: 1, [OUTCOMES]: 1 });
+            const member = (await service.members(pool))[P1];
+            assert.deepEqual([member.assignments, member.consecutive_failures], [1, 1]);
+            assert.deepEqual(warnings, []);
+        });
+
+        test('an assign that fails leaves the release it would carry pending, and close sends it', async () => {
+            const pool = await service.createPool({ policy: 'least-in-flight' });
+            await service.seed(pool, [P1]);
+            const closing = service.client({ releaseDelayMs: 60_000 });
+            const before = await service.calls();
+            await closing.lease(pool, async () => {});
+            await assert.rejects(closing.assign(pool, { count: 101 }), (error) => error.status === 400);
+            assert.equal((await service.stats(pool)).in_flight, 1);
+            await closing.close();
+            assert.equal((await service.stats(pool)).in_flight, 0);
+            assert.deepEqual(callsSince(before, await service.calls()), { [ASSIGN]: 2, [RELEASE]: 1 });
+        });
+
+        test('a plain assign carries the pending release and answers what it did', async () => {
+            const pool = await service.createPool({ policy: 'least-in-flight', max_in_flight: 1 });
+            await service.seed(pool, [P1]);
+            const mixed = service.client({ releaseDelayMs: 60_000 });
+            await mixed.lease(pool, async () => {}, { report: true });
+            const next = await mixed.assign(pool);
+            assert.deepEqual([next.proxy, next.inFlight, next.done], [P1, 1, RELEASED_OK]);
+            await mixed.release(pool, next.lease.id);
+        });
+
+        test('a process that runs out of work sends its pending release before it exits', async () => {
+            const pool = await service.createPool({ policy: 'least-in-flight' });
+            await service.seed(pool, [P1]);
+            const script = `
+                import { Client } from ${JSON.stringify(new URL('../dist/index.js', import.meta.url).href)};
+                const client = new Client(${JSON.stringify(service.base)}, { token: ${JSON.stringify(WORKER)}, releaseDelayMs: 60_000 });
+                await client.lease(${JSON.stringify(pool)}, async () => {}, { report: true });
+            `;
+            const started = Date.now();
+            const child = spawn(process.execPath, ['--input-type=module', '-e', script], { stdio: ['ignore', 'ignore', 'inherit'] });
+            const code = await new Promise((done) => child.once('exit', done));
+            assert.equal(code, 0);
+            // The pending release's timer did not hold the process for its 60 s.
+            assert.ok(Date.now() - started < 30_000, `exited after ${Date.now() - started} ms`);
+            const stats = await service.stats(pool);
+            assert.deepEqual([stats.in_flight, stats.abandoned], [0, 0]);
         });
 
         test('count hands out distinct members in pick order, each counted once, and [] on 204', async () => {

@@ -8,18 +8,26 @@ import { Configuration, log } from '@crawlee/core';
 import { HttpCrawler } from '@crawlee/http';
 
 import { ProxyAllocatorProxies } from '../dist/crawlee.js';
-import { deadProxy, startProxy, startRedis, startService, startSite } from './harness.mjs';
+import { callsSince, deadProxy, startProxy, startRedis, startService, startSite } from './harness.mjs';
 
 const GOOD_SOURCE = '127.0.0.2';
 const BLOCKED_SOURCE = '127.0.0.3';
 const PAGES = 12;
+const ASSIGN = '/pools/{pool}/assign';
+const RELEASE = '/pools/{pool}/leases/{lease}/release';
+const OUTCOMES = '/pools/{pool}/outcomes';
 
 log.setLevel(log.LEVELS.OFF);
 
-/** Crawls `urls` through `pool`: the pages it got (url, proxy) and the adapter's stats. */
-async function crawl(service, pool, urls, concurrency = 4, options = {}) {
+/**
+ * Crawls `urls` through `pool`: the pages it got (url, proxy), the adapter's stats, and the
+ * calls it made to the service, per route.
+ */
+async function crawl(service, pool, urls, concurrency = 4, options = {}, clientOptions = {}) {
     const warnings = [];
-    const proxies = new ProxyAllocatorProxies({ client: service.client(), pool, onWarning: (m) => warnings.push(m), ...options });
+    const before = await service.calls();
+    const client = service.client(clientOptions);
+    const proxies = new ProxyAllocatorProxies({ client, pool, onWarning: (m) => warnings.push(m), ...options });
     const pages = [];
     const crawler = new HttpCrawler(
         {
@@ -38,7 +46,19 @@ async function crawl(service, pool, urls, concurrency = 4, options = {}) {
     );
     await crawler.run(urls);
     await proxies.close();
-    return { pages, stats: proxies.stats, warnings };
+    return { pages, stats: proxies.stats, warnings, calls: callsSince(before, await service.calls()) };
+}
+
+/** A least-in-flight pool of the good, the blocked and a dead proxy, each out after one failure. */
+async function threeProxies(service, good, blocked) {
+    const dead = await deadProxy();
+    const pool = await service.createPool({
+        policy: 'least-in-flight',
+        rules: { allow_private: true },
+        health: { max_consecutive_failures: 1, cooldown_ms: 600_000, jitter_percent: 0 },
+    });
+    await service.seed(pool, [good.url, blocked.url, dead]);
+    return { pool, dead };
 }
 
 for (const store of ['redis', 'embedded']) {
@@ -66,14 +86,9 @@ for (const store of ['redis', 'embedded']) {
         afterEach(() => site.stop());
 
         test('takes out the dead and the blocked proxy, counts what it used and releases every lease', async () => {
-            const dead = await deadProxy();
-            const pool = await service.createPool({
-                policy: 'least-in-flight',
-                rules: { allow_private: true },
-                health: { max_consecutive_failures: 1, cooldown_ms: 600_000, jitter_percent: 0 },
-            });
-            await service.seed(pool, [good.url, blocked.url, dead]);
-            const { pages, stats, warnings } = await crawl(service, pool, site.urls(PAGES));
+            const { pool, dead } = await threeProxies(service, good, blocked);
+            // No retirement's done goes out on its own before close(), however slow the machine.
+            const { pages, stats, warnings, calls } = await crawl(service, pool, site.urls(PAGES), 4, {}, { releaseDelayMs: 60_000 });
 
             // The crawl completed: every page, each through the good proxy.
             assert.deepEqual(pages.map((p) => p.url).sort(), site.urls(PAGES).sort());
@@ -106,6 +121,22 @@ for (const store of ['redis', 'embedded']) {
             const poolStats = await service.stats(pool);
             assert.deepEqual([poolStats.in_flight, poolStats.abandoned], [0, 0]);
             assert.deepEqual([stats.reportFailed, stats.releaseFailed, warnings], [0, 0, []]);
+
+            // Each retirement's report and release rode on the assign of the session that
+            // retried its request; each good page's report went at once, and its session's
+            // lease on close().
+            assert.equal(stats.carried, blockedHits + stats.reported.failed);
+            assert.deepEqual(calls, { [ASSIGN]: stats.assigned, [OUTCOMES]: PAGES, [RELEASE]: PAGES });
+        });
+
+        test('with the client\'s carryDone false, retirements report and release by calls of their own', async () => {
+            const { pool } = await threeProxies(service, good, blocked);
+            const { pages, stats, warnings, calls } = await crawl(service, pool, site.urls(PAGES), 4, {}, { carryDone: false });
+            assert.deepEqual(new Set(pages.map((p) => `${p.status} ${p.proxy}`)), new Set([`200 ${good.url}`]));
+            const retirements = site.byClient()[`${BLOCKED_SOURCE} 429`] + stats.reported.failed;
+            assert.deepEqual([stats.carried, stats.tripped, stats.released, stats.assigned], [0, 2, stats.assigned, PAGES + retirements]);
+            assert.deepEqual(calls, { [ASSIGN]: stats.assigned, [OUTCOMES]: PAGES + retirements, [RELEASE]: stats.assigned });
+            assert.deepEqual(warnings, []);
         });
 
         test('labels keep every session on the members carrying them', async () => {

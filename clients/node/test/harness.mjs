@@ -126,12 +126,42 @@ export async function startService(redisUrl) {
         },
         seed: (pool, members) => admin('POST', `/pools/${pool}/members`, { members }),
         stats: async (pool) => (await admin('GET', `/pools/${pool}`)).stats,
+        /**
+         * The POSTs the service has answered so far, per route template
+         * (`/pools/{pool}/assign`: n), from its metrics: the HTTP calls a client made.
+         */
+        async calls() {
+            const text = await (await fetch(`${base}/metrics`)).text();
+            const counts = {};
+            for (const [, route, value] of text.matchAll(/^pa_http_requests_total\{(?=[^}]*method="POST")[^}]*route="([^"]+)"[^}]*\} (\d+)$/gm)) {
+                counts[route] = (counts[route] ?? 0) + Number(value);
+            }
+            return counts;
+        },
         async members(pool) {
             const listing = await admin('GET', `/pools/${pool}/members`);
             return Object.fromEntries(listing.members.map((m) => [m.member, m]));
         },
         stop: () => stopChild(child),
     };
+}
+
+/** The calls made between two readings of `calls()`, per route, leaving out routes not called. */
+export function callsSince(before, after) {
+    const made = {};
+    for (const [route, count] of Object.entries(after)) {
+        if (count > (before[route] ?? 0)) made[route] = count - (before[route] ?? 0);
+    }
+    return made;
+}
+
+/** Resolves once `check()` resolves true, checking every 20 ms; fails after `ms`. */
+export async function until(check, ms = 10_000) {
+    const deadline = Date.now() + ms;
+    while (!(await check())) {
+        if (Date.now() > deadline) throw new Error(`not within ${ms} ms: ${check}`);
+        await new Promise((done) => setTimeout(done, 20));
+    }
 }
 
 /** A site: `/page/N` answers a small HTML page, or 429 to a blocked client address. */

@@ -6,11 +6,14 @@ this repository (``cargo build --release``).
 
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
 import threading
 import time
+import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -22,6 +25,10 @@ ADMIN = "test-admin-token"
 WORKER = "test-worker-token"
 
 REPOSITORY = Path(__file__).resolve().parents[3]
+
+#: One series of ``pa_http_requests_total``: its labels and its count.
+_REQUESTS = re.compile(r'^pa_http_requests_total\{(?P<labels>.*)\} (?P<count>\S+)$')
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 def binary() -> str:
@@ -117,9 +124,36 @@ class Service:
             self._process.kill()
         self._process.wait()
 
-    def client(self, token: Optional[str] = WORKER, timeout: float = 5.0) -> Client:
-        """A client of this service (the worker token by default)."""
-        return Client(self.base, token=token, timeout=timeout)
+    def client(self, token: Optional[str] = WORKER, timeout: float = 5.0,
+               **options: Any) -> Client:
+        """A client of this service (the worker token by default) with ``options``
+        (``carry_done``, ``done_delay``)."""
+        return Client(self.base, token=token, timeout=timeout, **options)
+
+    def requests(self) -> "Counter[str]":
+        """The POST requests the service answered so far, by route template (its
+        ``pa_http_requests_total``, all statuses)."""
+        with urllib.request.urlopen(self.base + "/metrics", timeout=5) as answer:
+            text = answer.read().decode("utf-8")
+        counts: "Counter[str]" = Counter()
+        for line in text.splitlines():
+            found = _REQUESTS.match(line)
+            if found is None:
+                continue
+            labels = dict(_LABEL.findall(found.group("labels")))
+            if labels.get("method") == "POST":
+                counts[labels["route"]] += int(float(found.group("count")))
+        return counts
+
+    def wait_until(self, condition: Any, what: str, within: float = 5.0) -> float:
+        """Waits for ``condition()`` to hold, checking every 10 ms; the seconds it took.
+        Raises AssertionError after ``within`` seconds."""
+        start = time.monotonic()
+        while not condition():
+            if time.monotonic() - start > within:
+                raise AssertionError("{} within {} s".format(what, within))
+            time.sleep(0.01)
+        return time.monotonic() - start
 
     def admin(self, method: str, path: str, body: Optional[Any] = None) -> Optional[Dict[str, Any]]:
         """An admin call; the answer's JSON body."""

@@ -2,15 +2,21 @@
 cannot be made to give, against the fake."""
 
 import asyncio
+import subprocess
+import sys
+import textwrap
 import threading
+import time
 import unittest
-from collections import defaultdict
+from collections import Counter, defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar, Dict, List, Optional
 
 from harness import ADMIN, WORKER, RedisServer, Service, free_port
 from test_fake_service import P1 as FAKE_P1
 from test_fake_service import LEASE_ID, LEASED, NO_CONTENT, RELEASE, FakeService, json_answer
+from test_fake_service import leased_carrying
+from test_service import OUTCOMES_ROUTE, RELEASE_ROUTE, WORKER_ROUTES
 
 from proxy_allocator import (
     AsyncClient,
@@ -185,7 +191,7 @@ class AsyncBehaviour(unittest.IsolatedAsyncioTestCase):
         pool = self.leasing_pool(health={"max_consecutive_failures": 1, "jitter_percent": 0})
         self.service.seed(pool, [P1, P2])
         with self.assertRaises(RuntimeError):
-            async with self.client.lease(pool, report=True) as leased:
+            async with self.client.lease(pool, report=True, carry_done=False) as leased:
                 self.assertEqual((leased.proxy, leased.in_flight), (P1, 1))
                 self.assertEqual(self.service.stats(pool)["in_flight"], 1)
                 raise RuntimeError("the target reset the connection")
@@ -198,7 +204,7 @@ class AsyncBehaviour(unittest.IsolatedAsyncioTestCase):
         entered = asyncio.Event()
 
         async def hold() -> None:
-            async with self.client.lease(pool, renew=True, report=True):
+            async with self.client.lease(pool, renew=True, report=True, carry_done=False):
                 entered.set()
                 await asyncio.Event().wait()  # until cancelled
 
@@ -220,7 +226,7 @@ class AsyncBehaviour(unittest.IsolatedAsyncioTestCase):
     async def test_renewing_as_a_task_keeps_a_lease_alive_past_its_ttl(self) -> None:
         pool = self.leasing_pool()
         self.service.seed(pool, [P1])
-        async with self.client.lease(pool, ttl_ms=600, renew=True) as leased:
+        async with self.client.lease(pool, ttl_ms=600, renew=True, carry_done=False) as leased:
             # Time passing is what is tested: three ttls, the sweep runs every 100 ms.
             await asyncio.sleep(1.8)
             stats = self.service.stats(pool)
@@ -259,7 +265,7 @@ class AsyncBehaviour(unittest.IsolatedAsyncioTestCase):
         inside: List[str] = []
 
         async def worker() -> None:
-            async with self.client.lease(pool) as leased:
+            async with self.client.lease(pool, carry_done=False) as leased:
                 inside.append(leased.proxy)
                 if len(inside) == TASKS:
                     all_in.set()
@@ -273,6 +279,102 @@ class AsyncBehaviour(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(sorted(inside.count(m) for m in members), [20] * 10)
         stats = self.service.stats(pool)
         self.assertEqual((stats["in_flight"], stats["abandoned"]), (0, 0))
+
+    def worker_calls(self, before: "Counter[str]") -> Dict[str, int]:
+        """The worker calls the service answered since ``before``, by route."""
+        after = self.service.requests()
+        return {route: after[route] - before[route] for route in WORKER_ROUTES
+                if after[route] != before[route]}
+
+    def in_flight(self, pool: str) -> int:
+        return int(self.service.stats(pool)["in_flight"])
+
+    async def test_a_steady_loop_of_lease_blocks_makes_one_call_per_block(self) -> None:
+        pool = self.leasing_pool(max_in_flight=1)
+        self.service.seed(pool, [P1])
+        before = self.service.requests()
+        ended = []
+        # A delay no cycle of a busy machine outlasts: each end waits for the next block.
+        async with AsyncClient(self.service.base, token=WORKER, done_delay=30) as client:
+            for cycle in range(20):
+                # One place only: each block gets it because its assign released the last.
+                async with client.lease(pool, report=True) as leased:
+                    self.assertEqual((leased.proxy, leased.in_flight), (P1, 1))
+                    self.assertEqual(leased.done, None if cycle == 0 else DoneEffect(
+                        released=True, proxy=P1, effect="counted", consecutive_failures=0))
+                ended.append(leased)
+            self.assertEqual(self.worker_calls(before), {"/pools/{pool}/assign": 20})
+            self.assertEqual([leased.reported for leased in ended[:-1]],
+                             [Outcome(proxy=P1, result="ok", effect="counted",
+                                      consecutive_failures=0)] * 19)
+            self.assertEqual(self.in_flight(pool), 1)
+        # Leaving the client's block sent the last end alone.
+        self.assertEqual(self.in_flight(pool), 0)
+        self.assertEqual(self.worker_calls(before), {"/pools/{pool}/assign": 20,
+                                                     RELEASE_ROUTE: 1, OUTCOMES_ROUTE: 1})
+
+    async def test_a_lease_no_assign_follows_is_released_and_reported_after_the_delay(
+            self) -> None:
+        pool = self.leasing_pool(health={"max_consecutive_failures": 1, "jitter_percent": 0})
+        self.service.seed(pool, [P1, P2])
+        before = self.service.requests()
+        async with AsyncClient(self.service.base, token=WORKER, done_delay=1.0) as client:
+            with self.assertRaises(RuntimeError):
+                async with client.lease(pool, report=True) as leased:
+                    ended = time.monotonic()
+                    raise RuntimeError("the target reset the connection")
+            # Held for the delay (a second is far longer than this check takes).
+            self.assertEqual(self.in_flight(pool), 1)
+            while leased.reported is None:
+                self.assertLess(time.monotonic() - ended, 5, "no report within 5 s")
+                await asyncio.sleep(0.01)
+            self.assertGreaterEqual(time.monotonic() - ended, 1.0)
+            self.assertEqual(self.in_flight(pool), 0)
+            self.assertEqual(leased.reported, Outcome(proxy=P1, result="failed",
+                                                      effect="tripped", consecutive_failures=1))
+            self.assertEqual(self.worker_calls(before), {"/pools/{pool}/assign": 1,
+                                                         RELEASE_ROUTE: 1, OUTCOMES_ROUTE: 1})
+
+    def run_and_count(self, ending: str, printed: str = "") -> None:
+        """Runs a script whose lease block's end is left waiting and which ends with
+        ``ending`` (printing ``printed``); checks that the lease was released and reported
+        all the same."""
+        pool = self.leasing_pool()
+        self.service.seed(pool, [P1])
+        script = textwrap.dedent("""
+            import asyncio, sys
+            from proxy_allocator import AsyncClient
+
+            async def main():
+                client = AsyncClient(sys.argv[1], token=sys.argv[2], done_delay=60)
+                async with client.lease(sys.argv[3], report=True) as leased:
+                    print(leased.proxy)
+                return client
+        """) + textwrap.dedent(ending)
+        ran = subprocess.run([sys.executable, "-c", script, self.service.base, WORKER, pool],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual((ran.returncode, ran.stdout), (0, P1 + "\n" + printed), ran.stderr)
+        self.assertEqual(self.in_flight(pool), 0)
+        listing = self.service.admin("GET", "/pools/{}/members".format(pool))
+        assert listing is not None
+        [member] = listing["members"]
+        self.assertEqual((member["assignments"], member["consecutive_failures"]), (1, 0))
+        self.assertEqual(self.service.stats(pool)["abandoned"], 0)
+
+    def test_the_end_of_asyncio_run_releases_the_lease_its_last_block_left(self) -> None:
+        # Sent as asyncio.run cancelled the sender, not left to the interpreter's exit.
+        self.run_and_count("""
+            client = asyncio.run(main())
+            print("left waiting:", bool(client._unsent))
+        """, "left waiting: False\n")
+
+    def test_the_interpreter_exiting_releases_a_lease_a_closed_loop_left(self) -> None:
+        self.run_and_count("""
+            loop = asyncio.new_event_loop()
+            client = loop.run_until_complete(main())
+            loop.run_until_complete(client._http().close())
+            loop.close()
+        """)
 
     async def test_sources_lists_each_source_with_its_last_fetch_for_the_admin_only(self) -> None:
         class List(BaseHTTPRequestHandler):
@@ -339,7 +441,8 @@ class AgainstTheFake(unittest.IsolatedAsyncioTestCase):
 
     async def test_a_lease_block_sends_assign_release_and_report_over_one_connection(
             self) -> None:
-        async with self.client.lease("browsers", ttl_ms=5000, report=True) as leased:
+        async with self.client.lease("browsers", ttl_ms=5000, report=True,
+                                     carry_done=False) as leased:
             self.assertEqual((leased.proxy, leased.lease.id if leased.lease else None),
                              (FAKE_P1, LEASE_ID))
             leased.report_as("blocked", status=429)
@@ -351,6 +454,52 @@ class AgainstTheFake(unittest.IsolatedAsyncioTestCase):
         self.assertEqual({r["authorization"] for r in self.fake.requests},
                          {"Bearer worker-token"})
         self.assertEqual(len(set(self.fake.ports)), 1)
+
+    async def test_the_next_lease_carries_the_last_blocks_end_and_aclose_sends_the_rest(
+            self) -> None:
+        self.fake.stop()
+        self.fake = FakeService({
+            ("POST", "/pools/browsers/assign"): leased_carrying,
+            ("POST", RELEASE): NO_CONTENT,
+            ("POST", "/pools/browsers/outcomes"): json_answer(200, {"outcomes": [
+                {"proxy": FAKE_P1, "result": "ok", "effect": "counted",
+                 "consecutive_failures": 0}]}),
+        })
+        async with AsyncClient(self.fake.base, done_delay=60) as client:
+            async with client.lease("browsers", report=True) as first:
+                pass
+            async with client.lease("browsers", report=True) as second:
+                second.report_as("blocked", status=429)
+            self.assertEqual(first.reported, Outcome(proxy=FAKE_P1, result="ok",
+                                                     effect="counted", consecutive_failures=0))
+            self.assertEqual(second.done, DoneEffect(released=True, proxy=FAKE_P1,
+                                                     effect="counted", consecutive_failures=0))
+        self.assertEqual(self.fake.calls(), [
+            ("/pools/browsers/assign", None),
+            ("/pools/browsers/assign", {"done": {"lease": LEASE_ID, "result": "ok"}}),
+            (RELEASE, None),
+            ("/pools/browsers/outcomes",
+             {"proxy": FAKE_P1, "result": "blocked", "status": 429}),
+        ])
+
+    async def test_a_cancelled_block_leaves_its_release_to_the_next_assign(self) -> None:
+        entered = asyncio.Event()
+
+        async def hold() -> None:
+            async with self.client.lease("browsers", report=True):
+                entered.set()
+                await asyncio.Event().wait()  # until cancelled
+
+        task = asyncio.ensure_future(hold())
+        await entered.wait()
+        task.cancel()
+        with self.assertRaises(asyncio.CancelledError):
+            await task
+        await self.client.assign("browsers")
+        # A cancellation says nothing about the proxy: released, not reported.
+        self.assertEqual(self.fake.calls(), [("/pools/browsers/assign", None),
+                                             ("/pools/browsers/assign",
+                                              {"done": {"lease": LEASE_ID}})])
 
     async def test_a_connection_idle_for_longer_than_idle_timeout_is_not_reused(self) -> None:
         async with AsyncClient(self.fake.base, idle_timeout=0.2) as client:

@@ -8,11 +8,19 @@ the real service.
 
 import json
 import threading
+import time
 import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from proxy_allocator import Client, Outcome, ProxyAllocatorError, Unavailable
+from proxy_allocator import (
+    Client,
+    DoneEffect,
+    NoProxyAvailable,
+    Outcome,
+    ProxyAllocatorError,
+    Unavailable,
+)
 
 P1 = "http://user:pw@p1.example.net:3128"
 LEASE_ID = "63eb31054be20f83cbec30683a17781f"
@@ -107,7 +115,8 @@ def reported(pool: str) -> Callable[[Any], Answer]:
 
 
 class Reports(unittest.TestCase):
-    """Outcome reports, alone and at the end of a lease."""
+    """Outcome reports, alone and at the end of a lease sent as it ends (``carry_done=False``;
+    :class:`CarriedEnds` has the default)."""
 
     def setUp(self) -> None:
         self.fake = FakeService({
@@ -117,7 +126,7 @@ class Reports(unittest.TestCase):
             ("POST", "/pools/web/outcomes"): reported("web"),
         })
         self.addCleanup(self.fake.stop)
-        self.client = Client(self.fake.base, token="worker-token")
+        self.client = Client(self.fake.base, token="worker-token", carry_done=False)
 
     def test_report_posts_the_proxy_the_result_and_the_status_as_json(self) -> None:
         self.assertEqual(self.client.report("web", P1, "blocked", status=403),
@@ -180,6 +189,161 @@ class Reports(unittest.TestCase):
         with self.client.lease("browsers"):
             pass
         self.assertEqual(self.fake.calls(), [("/pools/browsers/assign", None), (RELEASE, None)])
+
+    def test_carry_done_false_on_one_lease_sends_its_end_as_the_block_ends(self) -> None:
+        with Client(self.fake.base) as client:
+            with client.lease("browsers", report=True, carry_done=False):
+                pass
+            self.assertEqual(self.fake.calls(), [
+                ("/pools/browsers/assign", None),
+                (RELEASE, None),
+                ("/pools/browsers/outcomes", {"proxy": P1, "result": "ok"}),
+            ])
+
+
+#: What the fake's least-in-flight pool says of a carried ``done`` whose lease was live.
+RELEASED = {"released": True, "proxy": P1, "effect": "counted", "consecutive_failures": 0}
+
+
+def leased_carrying(body: Any) -> Answer:
+    """A lease, with what the carried ``done`` did when the assign had one."""
+    answer = json.loads(LEASED[2])
+    if body is not None and "done" in body:
+        answer["done"] = dict(RELEASED, released=body["done"]["lease"] == LEASE_ID)
+        if "result" not in body["done"]:
+            answer["done"] = {"released": answer["done"]["released"], "proxy": P1}
+    return json_answer(200, answer)
+
+
+class CarriedEnds(unittest.TestCase):
+    """The end of a lease block (release and report) carried by the next assign to its pool,
+    or sent alone after the delay, on close, and when nothing is left to carry it."""
+
+    def setUp(self) -> None:
+        self.answers: Dict[Tuple[str, str], Answering] = {
+            ("POST", "/pools/browsers/assign"): leased_carrying,
+            ("POST", "/pools/web/assign"): json_answer(
+                200, {"pool": "web", "proxy": P1, "assignments": 1}),
+            ("POST", RELEASE): NO_CONTENT,
+            ("POST", "/pools/browsers/outcomes"): reported("browsers"),
+        }
+        self.fake = FakeService(self.answers)
+        self.addCleanup(self.fake.stop)
+
+    def test_the_next_lease_on_the_pool_carries_the_last_blocks_release_and_report(
+            self) -> None:
+        with Client(self.fake.base, done_delay=60) as client:
+            with client.lease("browsers", report=True) as first:
+                self.assertIsNone(first.done)
+            self.assertEqual(self.fake.calls(), [("/pools/browsers/assign", None)])
+            with client.lease("browsers", report=True) as second:
+                second.report_as("blocked", status=429)
+            self.assertEqual(second.done, DoneEffect(released=True, proxy=P1,
+                                                     effect="counted", consecutive_failures=0))
+            self.assertEqual(first.reported, Outcome(proxy=P1, result="ok", effect="counted",
+                                                     consecutive_failures=0))
+            self.assertIsNone(second.reported)
+        # The second block's end, alone on close.
+        self.assertEqual(self.fake.calls(), [
+            ("/pools/browsers/assign", None),
+            ("/pools/browsers/assign", {"done": {"lease": LEASE_ID, "result": "ok"}}),
+            (RELEASE, None),
+            ("/pools/browsers/outcomes", {"proxy": P1, "result": "blocked", "status": 429}),
+        ])
+        self.assertEqual(second.reported, Outcome(proxy=P1, result="blocked",
+                                                  effect="counted", consecutive_failures=1))
+
+    def test_a_plain_assign_to_the_pool_carries_the_end_and_a_lease_without_report_only_releases(
+            self) -> None:
+        with Client(self.fake.base, done_delay=60) as client:
+            with client.lease("browsers", ttl_ms=5000):
+                pass
+            client.assign("web")
+            assigned = client.assign("browsers", session="login")
+            self.assertIsNone(assigned.done)  # type: ignore[union-attr]
+            assigned = client.assign("browsers")
+            self.assertEqual(assigned.done,  # type: ignore[union-attr]
+                             DoneEffect(released=True, proxy=P1))
+            client.assign("browsers")
+        # Another pool's assign and one in a session (the service takes no done with a
+        # session) leave it; the next one carries it, and only it.
+        self.assertEqual(self.fake.calls(), [
+            ("/pools/browsers/assign", {"ttl_ms": 5000}),
+            ("/pools/web/assign", None),
+            ("/pools/browsers/assign", {"session": "login"}),
+            ("/pools/browsers/assign", {"done": {"lease": LEASE_ID}}),
+            ("/pools/browsers/assign", None),
+        ])
+
+    def test_an_end_no_assign_carries_is_sent_alone_after_the_delay(self) -> None:
+        with Client(self.fake.base, done_delay=0.1) as client:
+            ended = time.monotonic()
+            with client.lease("browsers", report=True) as leased:
+                pass
+            deadline = ended + 5
+            while leased.reported is None:
+                self.assertLess(time.monotonic(), deadline, "no report within 5 s")
+                time.sleep(0.01)
+            self.assertGreaterEqual(time.monotonic() - ended, 0.1)
+            self.assertEqual(self.fake.calls(), [
+                ("/pools/browsers/assign", None),
+                (RELEASE, None),
+                ("/pools/browsers/outcomes", {"proxy": P1, "result": "ok"}),
+            ])
+            self.assertEqual(leased.reported, Outcome(proxy=P1, result="ok", effect="counted",
+                                                      consecutive_failures=0))
+
+    def test_each_thread_carries_only_its_own_ends(self) -> None:
+        client = Client(self.fake.base, done_delay=60)
+        with client.lease("browsers"):
+            pass
+
+        def lease_once() -> None:
+            with client.lease("browsers", ttl_ms=1000):
+                pass
+
+        thread = threading.Thread(target=lease_once)
+        thread.start()
+        thread.join()
+        self.assertEqual(self.fake.calls(), [("/pools/browsers/assign", None),
+                                             ("/pools/browsers/assign", {"ttl_ms": 1000})])
+        client.close()
+        self.assertEqual(self.fake.calls()[2:], [(RELEASE, None), (RELEASE, None)])
+
+    def test_a_503_on_the_carrying_assign_keeps_the_release_and_drops_the_report(
+            self) -> None:
+        with Client(self.fake.base, done_delay=60) as client:
+            with client.lease("browsers", report=True):
+                pass
+            self.answers[("POST", "/pools/browsers/assign")] = json_answer(
+                503, {"error": {"code": "store_unavailable", "message": "retry shortly"}})
+            with self.assertLogs("proxy_allocator", "WARNING") as logs:
+                with self.assertRaises(Unavailable):
+                    with client.lease("browsers", report=True):
+                        pass  # pragma: no cover - never entered
+            # It may have been applied: a report sent again could count twice.
+            self.assertEqual(logs.output, [
+                "WARNING:proxy_allocator:outcome report dropped: the assign that carried it "
+                "failed (retry shortly (store_unavailable, HTTP 503)) and may have applied it"])
+        self.assertEqual(self.fake.calls(), [
+            ("/pools/browsers/assign", None),
+            ("/pools/browsers/assign", {"done": {"lease": LEASE_ID, "result": "ok"}}),
+            (RELEASE, None),
+        ])
+
+    def test_a_204_still_applies_the_carried_end_and_says_nothing_of_it(self) -> None:
+        with Client(self.fake.base, done_delay=60) as client:
+            with client.lease("browsers", report=True) as leased:
+                pass
+            self.answers[("POST", "/pools/browsers/assign")] = NO_CONTENT
+            with self.assertRaises(NoProxyAvailable):
+                with client.lease("browsers"):
+                    pass  # pragma: no cover - never entered
+        self.assertEqual(self.fake.calls(), [
+            ("/pools/browsers/assign", None),
+            ("/pools/browsers/assign", {"done": {"lease": LEASE_ID, "result": "ok"}}),
+        ])
+        self.assertIsNone(leased.reported)
 
 
 class Answers(unittest.TestCase):

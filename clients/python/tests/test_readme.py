@@ -118,15 +118,18 @@ class ReadmeExamples(unittest.TestCase):
             ("https://example.com/login", {"http": P1, "https": P1}),
             ("https://example.com/cart", {"http": P1, "https": P1}),
         ])
-        # Released, and reported as failed.
+        # Released and reported as failed once no assign carried them within the client's
+        # done_delay (the release goes first, then the report).
+        self.service.wait_until(
+            lambda: self.member("browsers", P1)["consecutive_failures"] == 1, "no report")
         self.assertEqual(self.service.stats("browsers")["in_flight"], 0)
-        self.assertEqual(self.member("browsers", P1)["consecutive_failures"], 1)
 
         # With its one proxy leased elsewhere, the example skips the session.
-        with self.service.client(None).lease("browsers"):
+        with self.service.client(None) as other, other.lease("browsers"):
             self.requests.calls.clear()
             self.run_example(lease)
             self.assertEqual(self.requests.calls, [])
+        self.assertEqual(self.service.stats("browsers")["in_flight"], 0)
 
 
 if __name__ == "__main__":

@@ -246,6 +246,33 @@ class CrawlBehaviour(unittest.TestCase):
         result = self.crawl(pool, self.site.urls(2), CONCURRENT_REQUESTS=1)
         self.assertEqual(sorted(v["assignments"] for v in self.members(pool).values()), [2, 6])
 
+    def test_a_session_s_report_rides_on_its_next_assign_and_a_block_moves_the_session(
+            self) -> None:
+        pool = self.service.create_pool({"rules": {"allow_private": True}})
+        # The blocking proxy is the least used: the session is pinned to it first.
+        self.service.seed(pool, [self.blocked.url])
+        self.service.admin("POST", "/pools/{}/members".format(pool),
+                           {"members": [self.good.url], "assignments": 5})
+        pages = self.site.urls(4)
+        # One request at a time, and reports never sent alone before the crawl closes:
+        # each download's report rides on the next assign, all in the session.
+        result = self.crawl(pool, pages, meta={"proxy_allocator_session": "login-2"},
+                            CONCURRENT_REQUESTS=1, PROXY_ALLOCATOR_DONE_DELAY=60)
+        items, stats = result["items"], result["stats"]
+        # The first page's block rode on the next assign, which banned the blocking proxy
+        # for the site and moved the session to the good one in the same call; the page
+        # was retried through it, as was every other.
+        self.assertEqual(sorted(i["url"] for i in items), sorted(pages))
+        self.assertEqual({(i["status"], i["proxy"]) for i in items}, {(200, self.good.url)})
+        self.assertEqual(self.site.by_client(), {(BLOCKED_SOURCE, 429): 1, (GOOD_SOURCE, 200): 4})
+        self.assertEqual((stats["proxy_allocator/assigned"], stats["proxy_allocator/carried"],
+                          stats["proxy_allocator/sent_alone"]), (5, 4, 1))
+        self.assertEqual((stats["proxy_allocator/reported/blocked"],
+                          stats["proxy_allocator/reported/ok"],
+                          stats["proxy_allocator/banned"]), (1, 4, 1))
+        self.assertEqual({m: v["assignments"] for m, v in self.members(pool).items()},
+                         {self.blocked.url: 1, self.good.url: 9})
+
 
 class OnRedis(CrawlBehaviour):
     on_redis = True

@@ -1,10 +1,14 @@
 """The client against the real service, once on Redis and once on the embedded store."""
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar, Optional
+from collections import Counter
+from typing import Any, ClassVar, Dict, Optional
 
 from harness import ADMIN, WORKER, RedisServer, Service, free_port
 
@@ -28,6 +32,11 @@ from proxy_allocator import (
 
 P1 = "http://p1.example.net:3128"
 P2 = "http://p2.example.net:3128"
+
+RELEASE_ROUTE = "/pools/{pool}/leases/{lease}/release"
+OUTCOMES_ROUTE = "/pools/{pool}/outcomes"
+#: The routes a worker calls in a request cycle.
+WORKER_ROUTES = ("/pools/{pool}/assign", RELEASE_ROUTE, OUTCOMES_ROUTE)
 
 #: A lease ttl short enough for tests to outlive it, long enough that renewing every third
 #: of it survives a busy machine.
@@ -292,7 +301,7 @@ class ClientBehaviour(unittest.TestCase):
         pool = self.leasing_pool(health={"max_consecutive_failures": 1, "jitter_percent": 0})
         self.service.seed(pool, [P1, P2])
         with self.assertRaises(RuntimeError):
-            with self.service.client().lease(pool, report=True) as leased:
+            with self.service.client(carry_done=False).lease(pool, report=True) as leased:
                 self.assertEqual(leased.proxy, P1)
                 raise RuntimeError("connection reset by the target")
         self.assertEqual(leased.reported, Outcome(proxy=P1, result="failed", effect="tripped",
@@ -303,7 +312,7 @@ class ClientBehaviour(unittest.TestCase):
     def test_a_lease_is_held_in_the_block_and_released_when_it_ends(self) -> None:
         pool = self.leasing_pool()
         self.service.seed(pool, [P1])
-        with self.service.client().lease(pool) as leased:
+        with self.service.client(carry_done=False).lease(pool) as leased:
             self.assertEqual((leased.proxy, leased.in_flight), (P1, 1))
             self.assertEqual(self.service.stats(pool)["in_flight"], 1)
         self.assertEqual(self.service.stats(pool)["in_flight"], 0)
@@ -311,7 +320,7 @@ class ClientBehaviour(unittest.TestCase):
     def test_a_lease_is_released_when_the_block_raises(self) -> None:
         pool = self.leasing_pool(max_in_flight=1)
         self.service.seed(pool, [P1])
-        client = self.service.client()
+        client = self.service.client(carry_done=False)
         with self.assertRaises(RuntimeError):
             with client.lease(pool):
                 raise RuntimeError("the target timed out")
@@ -344,7 +353,8 @@ class ClientBehaviour(unittest.TestCase):
     def test_renewing_in_the_background_keeps_a_lease_alive_past_its_ttl(self) -> None:
         pool = self.leasing_pool()
         self.service.seed(pool, [P1])
-        with self.service.client().lease(pool, ttl_ms=SHORT_TTL_MS, renew=True) as leased:
+        with self.service.client(carry_done=False).lease(pool, ttl_ms=SHORT_TTL_MS,
+                                                         renew=True) as leased:
             assert leased.lease is not None
             first_expiry = leased.lease.expires_at
             # Time passing is what is tested: three ttls, while the sweep runs every 100 ms.
@@ -363,7 +373,8 @@ class ClientBehaviour(unittest.TestCase):
         pool = self.leasing_pool()
         self.service.seed(pool, [P1])
         with self.assertLogs("proxy_allocator", "WARNING") as logs:
-            with self.service.client().lease(pool, ttl_ms=SHORT_TTL_MS) as leased:
+            with self.service.client(carry_done=False).lease(pool,
+                                                             ttl_ms=SHORT_TTL_MS) as leased:
                 time.sleep(3 * SHORT_TTL_MS / 1000)
                 self.assertEqual(leased.renewals, 0)
         self.assertEqual(logs.output, [
@@ -372,7 +383,95 @@ class ClientBehaviour(unittest.TestCase):
         stats = self.service.stats(pool)
         self.assertEqual((stats["in_flight"], stats["abandoned"]), (0, 1))
 
+    def worker_calls(self, before: "Counter[str]") -> Dict[str, int]:
+        """The worker calls the service answered since ``before``, by route."""
+        after = self.service.requests()
+        return {route: after[route] - before[route] for route in WORKER_ROUTES
+                if after[route] != before[route]}
 
+    def in_flight(self, pool: str) -> int:
+        return int(self.service.stats(pool)["in_flight"])
+
+    def test_a_steady_loop_of_lease_blocks_makes_one_call_per_block(self) -> None:
+        pool = self.leasing_pool(max_in_flight=1)
+        self.service.seed(pool, [P1])
+        # A delay no cycle of a busy machine outlasts: each end waits for the next block.
+        client = self.service.client(done_delay=30)
+        self.addCleanup(client.close)
+        before = self.service.requests()
+        ended = []
+        for cycle in range(20):
+            # One place only: each block gets it because its assign released the last one.
+            with client.lease(pool, report=True) as leased:
+                self.assertEqual((leased.proxy, leased.in_flight), (P1, 1))
+                self.assertEqual(leased.done, None if cycle == 0 else DoneEffect(
+                    released=True, proxy=P1, effect="counted", consecutive_failures=0))
+            ended.append(leased)
+        self.assertEqual(self.worker_calls(before), {"/pools/{pool}/assign": 20})
+        self.assertEqual([leased.reported for leased in ended[:-1]],
+                         [Outcome(proxy=P1, result="ok", effect="counted",
+                                  consecutive_failures=0)] * 19)
+        self.assertEqual(self.in_flight(pool), 1)
+        client.close()
+        self.assertEqual(self.in_flight(pool), 0)
+        self.assertEqual(self.worker_calls(before), {"/pools/{pool}/assign": 20,
+                                                     RELEASE_ROUTE: 1, OUTCOMES_ROUTE: 1})
+        self.assertEqual(self.service.stats(pool)["total_assignments"], 20)
+
+    def test_a_lease_no_assign_follows_is_released_and_reported_after_the_delay(
+            self) -> None:
+        pool = self.leasing_pool(health={"max_consecutive_failures": 1, "jitter_percent": 0})
+        self.service.seed(pool, [P1, P2])
+        client = self.service.client(done_delay=1.0)
+        self.addCleanup(client.close)
+        before = self.service.requests()
+        with self.assertRaises(RuntimeError):
+            with client.lease(pool, report=True) as leased:
+                ended = time.monotonic()
+                raise RuntimeError("the target reset the connection")
+        # Held for the delay (a second is far longer than this check takes), then released.
+        self.assertEqual(self.in_flight(pool), 1)
+        self.service.wait_until(lambda: self.in_flight(pool) == 0, "no release")
+        self.assertGreaterEqual(time.monotonic() - ended, 1.0)
+        self.service.wait_until(lambda: leased.reported is not None, "no report")
+        self.assertEqual(leased.reported, Outcome(proxy=P1, result="failed", effect="tripped",
+                                                  consecutive_failures=1))
+        self.assertEqual(self.worker_calls(before), {"/pools/{pool}/assign": 1,
+                                                     RELEASE_ROUTE: 1, OUTCOMES_ROUTE: 1})
+
+    def test_closing_the_client_releases_the_lease_its_last_block_left(self) -> None:
+        pool = self.leasing_pool()
+        self.service.seed(pool, [P1])
+        with self.service.client(done_delay=60) as client:
+            with client.lease(pool):
+                pass
+            self.assertEqual(self.in_flight(pool), 1)
+        self.assertEqual(self.in_flight(pool), 0)
+        stats = self.service.stats(pool)
+        self.assertEqual((stats["total_assignments"], stats["abandoned"]), (1, 0))
+
+    def test_the_interpreter_exiting_releases_the_lease_its_last_block_left(self) -> None:
+        pool = self.leasing_pool()
+        self.service.seed(pool, [P1])
+        script = textwrap.dedent("""
+            import sys
+            from proxy_allocator import Client
+
+            client = Client(sys.argv[1], token=sys.argv[2], done_delay=60)
+            with client.lease(sys.argv[3], report=True) as leased:
+                print(leased.proxy)
+        """)
+        ran = subprocess.run([sys.executable, "-c", script, self.service.base, WORKER, pool],
+                             capture_output=True, text=True, timeout=30, check=True)
+        self.assertEqual((ran.stdout, ran.stderr), (P1 + "\n", ""))
+        self.assertEqual(self.in_flight(pool), 0)
+        self.assertEqual(self.member_counts(pool), {P1: (1, 0)})
+
+    def member_counts(self, pool: str) -> Dict[str, Any]:
+        listing = self.service.admin("GET", "/pools/{}/members".format(pool))
+        assert listing is not None
+        return {m["member"]: (m["assignments"], m["consecutive_failures"])
+                for m in listing["members"]}
 
     def test_sources_lists_each_source_with_its_last_fetch_for_the_admin_only(self) -> None:
         class List(BaseHTTPRequestHandler):

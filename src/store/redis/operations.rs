@@ -10,14 +10,14 @@ use super::RedisStore;
 use super::keys::{DELETE_KEY_PARTS, POOL_INFO_KEY_PARTS, POOL_KEY_PARTS};
 use super::reply::{
     self, AssignDoneReply, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply,
-    DeletePoolReply, DisableOutcome, DisableReply, EnableOutcome, EnableReply, EndSessionReply,
-    MembersReply, OutcomesReply, PoolInfoReply, PruneReply, PutPoolReply, RecordSourceReply,
-    ReleaseReply, RemoveReply, RenewReply, SeedOutcome, SeedReply, SessionAssignReply,
-    SourceStatesReply, SweepReply, WalkReply,
+    DeletePoolReply, DisableOutcome, DisableReply, DoneReply, EnableOutcome, EnableReply,
+    EndSessionReply, MembersReply, OutcomesReply, PoolInfoReply, PruneReply, PutPoolReply,
+    RecordSourceReply, ReleaseReply, RemoveReply, RenewReply, SeedOutcome, SeedReply,
+    SessionAssignReply, SourceStatesReply, SweepReply, WalkReply,
 };
 use crate::domain::{
     AssignCount, LabelFilter, LeaseId, LeaseTtl, MAX_SESSIONS, MemberId, OutcomeResult, PoolConfig,
-    PoolId, RestorePolicy, SessionId, SessionTtl, Target,
+    PoolId, RestorePolicy, SessionId, SessionTtl, Target, Timestamp,
 };
 use crate::store::{
     Applied, AssignRequest, Assignment, BAN_CLEANUP, Batch, CHUNK_GRANULE, CheckRound,
@@ -115,6 +115,88 @@ impl DoneArgs {
     }
 }
 
+/// An assign's reply without its leases' due hint, and that hint: an assign carrying
+/// `done` lowers the pool's entry in the due index once, for the report's trip and the
+/// leases together.
+fn without_due_hint(reply: AssignReply) -> (AssignReply, Option<u64>) {
+    match reply {
+        AssignReply::Leased {
+            expires_at,
+            ttl_ms,
+            members,
+            due_hint,
+        } => (
+            AssignReply::Leased {
+                expires_at,
+                ttl_ms,
+                due_hint: None,
+                members,
+            },
+            due_hint,
+        ),
+        other => (other, None),
+    }
+}
+
+/// The earlier of two due hints, or the one there is.
+fn earlier(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// What `done` did, from what `assign_done.lua` replied about it.
+fn done_summary(done: &Done, reply: DoneReply) -> DoneSummary {
+    let mut summary = DoneSummary {
+        released: reply.released,
+        ..DoneSummary::default()
+    };
+    if let Some(report) = &done.report {
+        // The member is the lease's when the report named none: the script read it from
+        // the lease.
+        let member = report.member.clone().or(reply.member);
+        match (member, reply.report) {
+            (Some(member), Some(Some((effect, streak, banned_until)))) => {
+                summary.applied = Some(Applied {
+                    member,
+                    result: report.result,
+                    effect,
+                    streak,
+                    banned_until,
+                });
+            }
+            _ => summary.unknown = true,
+        }
+    }
+    summary
+}
+
+/// The answer of an assign in `session` from its batch of at most one and the session's
+/// state as the script left it.
+fn session_assignment(
+    session: &SessionRequest,
+    ends_at: Option<Timestamp>,
+    repinned: bool,
+    batch: Batch,
+) -> SessionAssignment {
+    let assignment = batch
+        .assigned
+        .into_iter()
+        .next()
+        .unwrap_or(Assignment::Empty {
+            next_return: batch.next_return,
+        });
+    SessionAssignment {
+        assignment,
+        session: ends_at.map(|expires_at| SessionPin {
+            id: session.id.clone(),
+            expires_at,
+            repinned,
+        }),
+    }
+}
+
 impl RedisStore {
     /// Runs `assign.lua` for up to `count` members (one script call whatever the count).
     async fn assign_batch(
@@ -128,8 +210,8 @@ impl RedisStore {
     }
 
     /// Runs `assign.lua` once, in `session` when there is one (then for one member), or with
-    /// `done`, `assign_done.lua`: the same pick after the worker's last outcome, in the same
-    /// call; answers its reply and the lease ids it was given.
+    /// `done`, `assign_done.lua`: the same pick (in the session too) after the worker's last
+    /// outcome, in the same call; answers its reply and the lease ids it was given.
     async fn run_assign(
         &self,
         pool: &PoolId,
@@ -632,52 +714,11 @@ impl Store for RedisStore {
             .run_assign(pool, request, count, None, Some(done))
             .await?;
         let AssignDoneReply { done: reply, pick } = AssignDoneReply::decode(value)?;
-        // One hint for the report's trip and the pick's leases: the earlier.
-        let (pick, leases_due) = match pick {
-            AssignReply::Leased {
-                expires_at,
-                ttl_ms,
-                members,
-                due_hint,
-            } => (
-                AssignReply::Leased {
-                    expires_at,
-                    ttl_ms,
-                    due_hint: None,
-                    members,
-                },
-                due_hint,
-            ),
-            other => (other, None),
-        };
-        let hint = match (reply.due_hint, leases_due) {
-            (Some(report), Some(leases)) => Some(report.min(leases)),
-            (report, leases) => report.or(leases),
-        };
-        self.hint_due(pool, hint).await?;
+        let (pick, leases_due) = without_due_hint(pick);
+        self.hint_due(pool, earlier(reply.due_hint, leases_due))
+            .await?;
         let batch = self.batch_of(pool, pick, ids).await?;
-        let mut summary = DoneSummary {
-            released: reply.released,
-            ..DoneSummary::default()
-        };
-        if let Some(report) = &done.report {
-            // The member is the lease's when the report named none: the script read it
-            // from the lease.
-            let member = report.member.clone().or(reply.member);
-            match (member, reply.report) {
-                (Some(member), Some(Some((effect, streak, banned_until)))) => {
-                    summary.applied = Some(Applied {
-                        member,
-                        result: report.result,
-                        effect,
-                        streak,
-                        banned_until,
-                    });
-                }
-                _ => summary.unknown = true,
-            }
-        }
-        Ok((batch, summary))
+        Ok((batch, done_summary(done, reply)))
     }
 
     async fn assign_in_session(
@@ -689,30 +730,51 @@ impl Store for RedisStore {
         let (value, ids) = self
             .run_assign(pool, request, AssignCount::ONE, Some(session), None)
             .await?;
-        let (ends_at, repinned, reply) = match SessionAssignReply::decode(value)? {
-            SessionAssignReply::TooManySessions => return Err(StoreError::TooManySessions),
+        match SessionAssignReply::decode(value)? {
+            SessionAssignReply::TooManySessions => Err(StoreError::TooManySessions),
             SessionAssignReply::Answered {
                 ends_at,
                 repinned,
                 reply,
-            } => (ends_at, repinned, reply),
-        };
-        let batch = self.batch_of(pool, reply, ids).await?;
-        let assignment = batch
-            .assigned
-            .into_iter()
-            .next()
-            .unwrap_or(Assignment::Empty {
-                next_return: batch.next_return,
-            });
-        Ok(SessionAssignment {
-            assignment,
-            session: ends_at.map(|expires_at| SessionPin {
-                id: session.id.clone(),
-                expires_at,
+            } => {
+                let batch = self.batch_of(pool, reply, ids).await?;
+                Ok(session_assignment(session, ends_at, repinned, batch))
+            }
+        }
+    }
+
+    async fn assign_in_session_after_done(
+        &self,
+        pool: &PoolId,
+        done: &Done,
+        request: &AssignRequest,
+        session: &SessionRequest,
+    ) -> Result<(SessionAssignment, DoneSummary), StoreError> {
+        let (value, ids) = self
+            .run_assign(pool, request, AssignCount::ONE, Some(session), Some(done))
+            .await?;
+        let AssignDoneReply { done: reply, pick } = AssignDoneReply::decode_in_session(value)?;
+        let (pick, leases_due) = match pick {
+            SessionAssignReply::TooManySessions => (None, None),
+            SessionAssignReply::Answered {
+                ends_at,
                 repinned,
-            }),
-        })
+                reply,
+            } => {
+                let (reply, leases_due) = without_due_hint(reply);
+                (Some((ends_at, repinned, reply)), leases_due)
+            }
+        };
+        // Before a refusal too: `done` was applied, and a member it took out returns on
+        // time only if the due index knows.
+        self.hint_due(pool, earlier(reply.due_hint, leases_due))
+            .await?;
+        let (ends_at, repinned, pick) = pick.ok_or(StoreError::TooManySessions)?;
+        let batch = self.batch_of(pool, pick, ids).await?;
+        Ok((
+            session_assignment(session, ends_at, repinned, batch),
+            done_summary(done, reply),
+        ))
     }
 
     async fn end_session(&self, pool: &PoolId, session: &SessionId) -> Result<(), StoreError> {

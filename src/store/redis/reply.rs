@@ -889,13 +889,14 @@ fn report_outcome(
     Ok(Some((effect, count(streak)?, banned_until)))
 }
 
-/// `assign_done.lua`: what the worker's `done` did, then the pick's reply.
+/// `assign_done.lua`: what the worker's `done` did, then the pick's reply: `assign.lua`'s
+/// ([`AssignReply`]), or in a session its session answer ([`SessionAssignReply`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct AssignDoneReply {
+pub(super) struct AssignDoneReply<P = AssignReply> {
     /// What the report and the release did.
     pub(super) done: DoneReply,
     /// The pick, as `assign.lua` replies it.
-    pub(super) pick: AssignReply,
+    pub(super) pick: P,
 }
 
 /// What `done` did, as `assign_done.lua` replies it.
@@ -912,12 +913,13 @@ pub(super) struct DoneReply {
     pub(super) member: Option<MemberId>,
 }
 
-impl AssignDoneReply {
-    /// Decodes `{-1}` or `{1, effect, streak, banned_until, released, due hint or 0,
-    /// member or '', assign.lua's reply...}` (flat: a nested reply costs more to read) with
-    /// effect -1 for no report, else as outcomes.lua's.
-    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
-        let (done, pick) = decode("assign_done.lua", value, |value| {
+impl DoneReply {
+    /// Reads `{-1}` or `{1, effect, streak, banned_until, released, due hint or 0, member
+    /// or '', the pick's reply...}` (flat: a nested reply costs more to read) with effect
+    /// -1 for no report, else as outcomes.lua's: what `done` did, and the pick's reply as
+    /// one array for its own decoder.
+    fn split(value: Value) -> Result<(Self, Value), StoreError> {
+        decode("assign_done.lua", value, |value| {
             let mut done = Items::of_pool(value)?;
             let [effect, streak, banned_until] = [done.next()?, done.next()?, done.next()?];
             let report = match int(&effect)? {
@@ -933,7 +935,7 @@ impl AssignDoneReply {
             let member = string(done.next()?)?;
             let pick = Value::Array(done.0.collect());
             Ok((
-                DoneReply {
+                Self {
                     report,
                     released,
                     due_hint,
@@ -941,10 +943,30 @@ impl AssignDoneReply {
                 },
                 pick,
             ))
-        })?;
+        })
+    }
+}
+
+impl AssignDoneReply {
+    /// Decodes what `done` did (see [`DoneReply::split`]) followed by `assign.lua`'s
+    /// reply.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        let (done, pick) = DoneReply::split(value)?;
         Ok(Self {
             done,
             pick: AssignReply::decode(pick)?,
+        })
+    }
+}
+
+impl AssignDoneReply<SessionAssignReply> {
+    /// Decodes what `done` did (see [`DoneReply::split`]) followed by the reply of an
+    /// assign in a session.
+    pub(super) fn decode_in_session(value: Value) -> Result<Self, StoreError> {
+        let (done, pick) = DoneReply::split(value)?;
+        Ok(Self {
+            done,
+            pick: SessionAssignReply::decode(pick)?,
         })
     }
 }

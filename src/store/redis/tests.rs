@@ -372,6 +372,66 @@ async fn assign_done(redis: &TestRedis) {
         matches!(&released.pick, AssignReply::Leased { members, .. } if members == &[(member("a"), 2, 1)]),
         "{released:?}"
     );
+
+    // In a session: the session's answer after what `done` did, `a` tripped by it and the
+    // session re-pinned to `b`; a new session past the bound is refused after `done`.
+    let pinned = pool("assign-done-session");
+    redis.create(&pinned, tripping_after(1)).await;
+    redis.seed(&pinned, &["a", "b"], 0).await;
+    run_session_assign(redis, &pinned, "s", "10").await;
+    let in_session = |id: &'static str, cap: &'static str, done: [&'static str; 3]| {
+        let keys = session_keys(redis, &pinned, id);
+        let session = format!("session 0 {cap} 600000");
+        let pinned = &pinned;
+        async move {
+            let [member, result, lease] = done;
+            let args = [
+                "l0", "", "16", "16", "2000", &session, member, result, lease, "", "0", "100000",
+                "16",
+            ];
+            redis.eval_keyed("assign_done", pinned, &keys, &args).await
+        }
+    };
+    let repinned =
+        AssignDoneReply::decode_in_session(in_session("s", "10", ["a", "failed", ""]).await)
+            .expect("decodes");
+    let returns_at: u64 = redis
+        .side(&["ZSCORE", &TestRedis::key(&pinned, "returns"), "a"])
+        .await;
+    let SessionAssignReply::Answered {
+        ends_at: Some(_),
+        repinned: true,
+        reply,
+    } = &repinned.pick
+    else {
+        panic!("a re-pinned session, got {repinned:?}");
+    };
+    assert_eq!(
+        (&repinned.done, reply),
+        (
+            &DoneReply {
+                report: Some(Some((Effect::Tripped, 1, None))),
+                released: false,
+                due_hint: Some(returns_at),
+                member: Some(member("a")),
+            },
+            &AssignReply::Assigned(vec![(member("b"), 1)])
+        )
+    );
+    let refused = AssignDoneReply::decode_in_session(in_session("t", "1", ["b", "ok", ""]).await)
+        .expect("decodes");
+    assert_eq!(
+        refused,
+        AssignDoneReply {
+            done: DoneReply {
+                report: Some(Some((Effect::Counted, 0, None))),
+                released: false,
+                due_hint: None,
+                member: Some(member("b")),
+            },
+            pick: SessionAssignReply::TooManySessions,
+        }
+    );
 }
 
 /// Runs `assign.lua` with a lease id and a ttl (`""` for the pool's).

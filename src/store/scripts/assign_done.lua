@@ -6,7 +6,9 @@
 -- uses these helpers (see `picking_after_done` in redis/scripts.rs). The report and the
 -- release are applied first, so that the pick sees what they did (a member the report
 -- takes out is not picked), and then `return with_done(done, pick_after_done())`.
--- KEYS and ARGV are the assign's (see assign.lua), then, after them, this part's own: when
+-- KEYS and ARGV are the assign's (see assign.lua; in a session, its two keys and its ARGV[6]
+-- included, so that the pick judges the session's member after the report and the
+-- release: one they took out is re-pinned), then, after them, this part's own: when
 -- the report names a target, one more key, its ban hash (see report.lua); and seven
 -- arguments: the member reported about ('' for the lease's member), the result
 -- (ok | failed | blocked, '' for no report), the lease to release ('' for none), '1' when
@@ -16,7 +18,8 @@
 -- arguments of an assign without `done`.
 -- Returns {-1} when the pool does not exist, else
 -- {1, effect, streak, banned_until, released, due hint, member, the pick's reply...}, flat
--- (see `done_reply` in assign_done_fast.lua), with
+-- (see `done_reply` in assign_done_fast.lua; in a session the pick's reply is
+-- {3, ends_ms, repinned, {the answer}} or {-3}, as assign.lua answers it), with
 -- effect -1 when there was no report, else as `apply_report` answers it, released 1 when
 -- the lease was live and is now ended (0 otherwise), the hint the pool's new earliest due
 -- time after the report and the pick, or 0 (see `due_by` in leases.lua), and the member

@@ -12,6 +12,7 @@ aiohttp; they are imported on first use, so the blocking client stays standard l
 from typing import Any
 
 from .client import (
+    DEFAULT_DONE_DELAY,
     DEFAULT_TIMEOUT,
     RESULTS,
     Assignment,
@@ -41,6 +42,7 @@ __all__ = [
     "AsyncLeaseScope",
     "Assignment",
     "Client",
+    "DEFAULT_DONE_DELAY",
     "DEFAULT_TIMEOUT",
     "Done",
     "DoneEffect",

@@ -10,24 +10,34 @@ took 0.15 s against 3.8 s; see ``bench/client_keepalive.py``.)
 import asyncio
 import json
 import logging
+import time
 from types import TracebackType
-from typing import Any, List, Optional, Tuple, Type, Union
+from typing import Any, List, Optional, Type, Union
 
 import aiohttp
 from yarl import URL
 
 from .client import (
+    DEFAULT_DONE_DELAY,
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_TIMEOUT,
     Assignment,
+    Client,
     Done,
     Labels,
     Lease,
     Leased,
     Outcome,
     Source,
+    _after_failure,
     _Answer,
+    _carried,
+    _clients,
+    _Ended,
+    _ended,
     _Scope,
+    _send_alone,
+    _Unsent,
     _answer,
     _assign_body,
     _assigned,
@@ -55,20 +65,32 @@ class AsyncClient:
     the service's ``KEEP_ALIVE_TIMEOUT_MS``, after which it closes idle connections). The
     connections are opened on first use, in the running event loop, and belong to it. Use it as ``async with AsyncClient(...) as client:`` or call
     :meth:`aclose`. Proxy settings of the environment are ignored for calls to the service.
+
+    ``carry_done`` and ``done_delay`` are :class:`~proxy_allocator.Client`'s: the end of a
+    :meth:`lease` block goes with the next assign to the pool from this client (any task),
+    or alone from a task after ``done_delay`` seconds, on :meth:`aclose`, when the event
+    loop's ``asyncio.run`` ends, or at interpreter exit.
     """
 
     def __init__(self, base_url: str, token: Optional[str] = None,
                  timeout: float = DEFAULT_TIMEOUT,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT, *, carry_done: bool = True,
+                 done_delay: float = DEFAULT_DONE_DELAY) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
+        self.carry_done = carry_done
+        self.done_delay = done_delay
+        self._token = token
         self._headers = {"Accept": "application/json"}
         if token:
             self._headers["Authorization"] = "Bearer " + token
         self._session: Optional[aiohttp.ClientSession] = None
+        self._unsent = _Unsent()
+        self._sender: Optional["asyncio.Task[None]"] = None
+        _clients.add(self)
 
     def __repr__(self) -> str:
         return "AsyncClient({!r})".format(self.base_url)
@@ -80,10 +102,64 @@ class AsyncClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Closes the kept-alive connections; a later call opens new ones."""
+        """Sends alone the ends of lease blocks no assign carried yet, then closes the
+        kept-alive connections; a later call opens new ones."""
+        sender = self._sender
+        if sender is not None and not sender.done():
+            # Its cancellation sends what is waiting (see _send_when_due).
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+        for ended in self._unsent.take_all():
+            await _send_alone_async(self, ended)
         session, self._session = self._session, None
         if session is not None:
             await session.close()
+
+    def _send_unsent_now(self) -> None:
+        """At interpreter exit, with the event loop gone: the waiting ends through a
+        blocking client."""
+        unsent = self._unsent.take_all()
+        if not unsent:
+            return
+        with Client(self.base_url, token=self._token, timeout=self.timeout,
+                    carry_done=False) as client:
+            for ended in unsent:
+                _send_alone(client, ended)
+
+    def _keep(self, ended: _Ended, first: bool = False) -> None:
+        """Keeps a lease block's end for the next assign to its pool, and makes sure a task
+        sends it alone once it is due."""
+        if self._unsent.add(ended.pool, ended, first):
+            self._sender = asyncio.ensure_future(self._send_when_due())
+
+    async def _send_when_due(self) -> None:
+        """Sends alone each end no assign carried before it was due; ends when none is left
+        (the next end starts another). Cancelled (by aclose, or by asyncio.run as the loop
+        ends), it sends every end still waiting first."""
+        unsent = self._unsent
+        sending: "Optional[asyncio.Future[None]]" = None
+        try:
+            while True:
+                for ended in unsent.take_due(time.monotonic()):
+                    # Shielded: a cancellation mid-send leaves the call to finish.
+                    sending = asyncio.ensure_future(_send_alone_async(self, ended))
+                    await asyncio.shield(sending)
+                    sending = None
+                soonest = unsent.soonest()
+                if soonest is None:
+                    if unsent.retire():
+                        return
+                    continue
+                # An end put back by a failed assign is due no later than the ones waiting
+                # already: sleeping until the soonest of them is soon enough.
+                await asyncio.sleep(max(soonest - time.monotonic(), 0.0))
+        except asyncio.CancelledError:
+            if sending is not None:
+                await asyncio.gather(sending, return_exceptions=True)
+            unsent.retire(stopped=True)
+            for ended in unsent.take_all():
+                await _send_alone_async(self, ended)
+            raise
 
     def _http(self) -> aiohttp.ClientSession:
         # Made on first use: aiohttp binds a session to the loop it is created in, and a
@@ -107,10 +183,24 @@ class AsyncClient:
         ``None`` on 204 (or with ``raise_if_empty`` :class:`NoProxyAvailable` with
         ``retry_after``); with ``count``, a list of up to that many distinct members, empty
         on 204. ``done`` (a :class:`Done`) reports the previous request and releases its
-        lease in the same step, before the pick (``assignment.done`` says what it did)."""
-        answer = await self._call("/pools/{}/assign".format(_segment(pool)),
-                                  _assign_body(ttl_ms, labels, target, count, session,
-                                               session_ttl_ms, done))
+        lease in the same step, before the pick (``assignment.done`` says what it did).
+        Without ``done`` or ``session``, it carries the end of a :meth:`lease` block on the
+        pool that waits for one (see ``carry_done``)."""
+        ended = None
+        if done is None and session is None and self._unsent:
+            ended = self._unsent.take(pool)
+            if ended is not None:
+                done = ended.done()
+        try:
+            answer = await self._call("/pools/{}/assign".format(_segment(pool)),
+                                      _assign_body(ttl_ms, labels, target, count, session,
+                                                   session_ttl_ms, done))
+        except ProxyAllocatorError as error:
+            if ended is not None:
+                self._keep(_after_failure(ended, error), first=True)
+            raise
+        if ended is not None:
+            _carried(ended, answer)
         return _assigned(pool, answer, raise_if_empty, count)
 
     async def end_session(self, pool: str, session: str) -> None:
@@ -148,17 +238,23 @@ class AsyncClient:
         return [Source.from_json(source) for source in _expect(answer.data)["sources"]]
 
     def lease(self, pool: str, ttl_ms: Optional[int] = None, renew: bool = False,
-              report: bool = False) -> "AsyncLeaseScope":
+              report: bool = False, *, carry_done: Optional[bool] = None
+              ) -> "AsyncLeaseScope":
         """A lease for the length of an ``async with`` block, as :meth:`Client.lease`::
 
             async with client.lease("browsers", renew=True, report=True) as leased:
                 await fetch(url, proxy=leased.proxy)
 
         Renewal runs as a task. The lease is released when the block ends, raises or is
-        cancelled; a cancellation reports nothing, and the release survives a second
-        cancellation (it is shielded).
+        cancelled; a cancellation reports nothing. The release and the report go with the
+        next assign to the pool (``leased.done`` of the next block says what it did with
+        them), or alone after ``done_delay``; with ``carry_done=False`` (the client's by
+        default) they are sent as the block ends, shielded, so that they survive a second
+        cancellation.
         """
-        return AsyncLeaseScope(self, pool, ttl_ms=ttl_ms, renew=renew, report=report)
+        carry = self.carry_done if carry_done is None else carry_done
+        return AsyncLeaseScope(self, pool, ttl_ms=ttl_ms, renew=renew, report=report,
+                               carry=carry)
 
     async def _call(self, path: str, body: Optional[Any] = None,
                     method: str = "POST") -> _Answer:
@@ -185,8 +281,8 @@ class AsyncLeaseScope(_Scope):
     """The async context manager returned by :meth:`AsyncClient.lease`."""
 
     def __init__(self, client: AsyncClient, pool: str, ttl_ms: Optional[int], renew: bool,
-                 report: bool) -> None:
-        super().__init__(pool, ttl_ms, renew, report)
+                 report: bool, carry: bool = True) -> None:
+        super().__init__(pool, ttl_ms, renew, report, carry)
         self._client = client
         self._renewer: Optional["asyncio.Task[None]"] = None
 
@@ -209,30 +305,39 @@ class AsyncLeaseScope(_Scope):
         if self._renewer is not None:
             self._renewer.cancel()
         outcome = _exit_outcome(leased, exc_type) if self._report else None
+        ended = _ended(leased, outcome, self._client.done_delay)
+        if self._carry:
+            # Kept without awaiting anything: a cancellation cannot lose it.
+            self._client._keep(ended)
+            return
         # Shielded: a task cancelled while it releases still frees the proxy; the end
         # work runs to completion in its own task whatever happens to this one.
-        await asyncio.shield(_end(self._client, leased, self._renewer, outcome))
+        await asyncio.shield(_end(self._client, ended, self._renewer))
 
 
-async def _end(client: AsyncClient, leased: Leased, renewer: "Optional[asyncio.Task[None]]",
-               outcome: Optional[Tuple[str, Optional[int]]]) -> None:
-    """Waits for the renewer to stop, releases the lease, reports the outcome; failures are
-    logged, as in the blocking client."""
-    assert leased.lease is not None
+async def _end(client: AsyncClient, ended: _Ended,
+               renewer: "Optional[asyncio.Task[None]]") -> None:
+    """Waits for the renewer to stop, then releases the lease and reports the outcome."""
     if renewer is not None:
         await asyncio.gather(renewer, return_exceptions=True)
+    await _send_alone_async(client, ended)
+
+
+async def _send_alone_async(client: AsyncClient, ended: _Ended) -> None:
+    """As the blocking client's: releases an ended block's lease and reports its outcome,
+    each in a call of its own; failures are logged."""
     try:
-        await client.release(leased.pool, leased.lease.id)
+        await client.release(ended.pool, ended.lease)
     except ProxyAllocatorError as error:
         logger.warning("lease release failed: %s", error,
-                       extra={"pool": leased.pool, "lease": leased.lease.id})
-    if outcome is None:
+                       extra={"pool": ended.pool, "lease": ended.lease})
+    if ended.result is None:
         return
-    result, status = outcome
     try:
-        leased.reported = await client.report(leased.pool, leased.proxy, result, status)
+        ended.leased.reported = await client.report(ended.pool, ended.leased.proxy,
+                                                    ended.result, ended.status)
     except ProxyAllocatorError as error:
-        logger.warning("outcome report failed: %s", error, extra={"pool": leased.pool})
+        logger.warning("outcome report failed: %s", error, extra={"pool": ended.pool})
 
 
 async def _renew_until_cancelled(client: AsyncClient, leased: Leased) -> None:

@@ -1,6 +1,8 @@
 """The worker client: assign, leases with release and renewal, outcome reports; and, with
 the admin token, a pool's sources."""
 
+import atexit
+import collections
 import http.client
 import json
 import logging
@@ -48,6 +50,11 @@ DEFAULT_TIMEOUT = 10.0
 #: own limit (``KEEP_ALIVE_TIMEOUT_MS``, 5 s by default, after which it closes an idle
 #: connection), so that a call never races the service closing its connection.
 DEFAULT_IDLE_TIMEOUT = 4.0
+
+#: Seconds the end of a lease block (its release, and its report) waits for the next assign
+#: to the same pool to carry it as ``done``, before it is sent alone. A lease is held at
+#: most this long past its block; a steady worker's next block starts well within it.
+DEFAULT_DONE_DELAY = 0.2
 
 
 @dataclass
@@ -290,7 +297,11 @@ class Leased(Assignment):
     ``renewals`` counts the background renewals so far; ``lost`` is set when a renewal
     found the lease gone (expired and reclaimed, or its member removed): the proxy may
     then be someone else's. With ``report=True``, ``reported`` is what the service did with
-    the report sent when the block ended.
+    the report of the block's end, once it was sent: by the next assign to the pool that
+    carried it (``None`` if that assign answered 204, which says nothing of it), by the
+    report sent alone after the client's ``done_delay`` or on ``close()``, or as the block
+    ended with ``carry_done=False``. ``done`` (of :class:`Assignment`) is what this block's own assign
+    did with the end of the previous block it carried.
     """
 
     renewals: int = 0
@@ -381,6 +392,158 @@ def _exit_outcome(leased: "Leased", exc_type: Optional[Type[BaseException]],
     return None
 
 
+@dataclass
+class _Ended:
+    """The end of a lease block, not sent yet: the release of its lease and, with
+    ``report=True``, the block's outcome, which the next assign to the pool carries as its
+    ``done`` or which is sent alone once ``due`` (``time.monotonic()``) has passed."""
+
+    pool: str
+    lease: str
+    leased: Leased
+    result: Optional[str]
+    status: Optional[int]
+    due: float
+
+    def done(self) -> Done:
+        """The assign body's ``done`` that releases (and reports) it."""
+        return Done(lease=self.lease, result=self.result, status=self.status)
+
+
+def _ended(leased: Leased, outcome: Optional[Tuple[str, Optional[int]]],
+           delay: float) -> _Ended:
+    """The end of a lease block whose outcome (with ``report=True``) is ``outcome``."""
+    assert leased.lease is not None
+    result, status = outcome if outcome is not None else (None, None)
+    return _Ended(pool=leased.pool, lease=leased.lease.id, leased=leased, result=result,
+                  status=status, due=time.monotonic() + delay)
+
+
+class _Unsent:
+    """The ends of lease blocks waiting for an assign to carry them, by key (the pool; in the
+    blocking client the thread and the pool), oldest first, and whether a sender (a thread
+    or a task) is there to send them alone when they are due. Both are read and changed
+    under one lock, so that an end is never left without a sender: one that finds nothing
+    left stops in the same step as an addition would see it running."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_key: Dict[Any, "collections.deque[_Ended]"] = {}
+        self._sending = False
+
+    def __bool__(self) -> bool:
+        # Read without the lock, for the assign path: only a key's own thread (or the event
+        # loop) adds ends under it, so "nothing" is never wrong for the caller's own key.
+        return bool(self._by_key)
+
+    def add(self, key: Any, ended: _Ended, first: bool = False) -> bool:
+        """Keeps ``ended`` under ``key``, last (``first``: an assign that carried it failed,
+        it goes back in front); whether no sender runs, so that the caller starts one."""
+        with self._lock:
+            waiting = self._by_key.setdefault(key, collections.deque())
+            if first:
+                waiting.appendleft(ended)
+            else:
+                waiting.append(ended)
+            start, self._sending = not self._sending, True
+            return start
+
+    def take(self, key: Any) -> Optional[_Ended]:
+        """The oldest end under ``key``, for an assign to carry."""
+        with self._lock:
+            waiting = self._by_key.get(key)
+            if not waiting:
+                return None
+            ended = waiting.popleft()
+            if not waiting:
+                del self._by_key[key]
+            return ended
+
+    def take_due(self, now: float) -> List[_Ended]:
+        """Every end due by ``now``, to send alone. Under a key, ends are in due order (an
+        end put back in front is older than the rest)."""
+        due: List[_Ended] = []
+        with self._lock:
+            for key in list(self._by_key):
+                waiting = self._by_key[key]
+                while waiting and waiting[0].due <= now:
+                    due.append(waiting.popleft())
+                if not waiting:
+                    del self._by_key[key]
+        return due
+
+    def take_all(self) -> List[_Ended]:
+        """Every end, to send alone now (``close``, interpreter exit)."""
+        with self._lock:
+            every = [ended for waiting in self._by_key.values() for ended in waiting]
+            self._by_key.clear()
+            return every
+
+    def soonest(self) -> Optional[float]:
+        """When the next end is due; ``None`` when there is none."""
+        with self._lock:
+            return min((w[0].due for w in self._by_key.values() if w), default=None)
+
+    def retire(self, stopped: bool = False) -> bool:
+        """For the sender: whether it ends now, because nothing is left (or, ``stopped``,
+        because ``close`` took the rest); the next addition starts another."""
+        with self._lock:
+            if self._by_key and not stopped:
+                return False
+            self._sending = False
+            return True
+
+
+def _outcome_of(ended: _Ended, effect: DoneEffect) -> Optional[Outcome]:
+    """What the service did with a carried end's report, as :meth:`Client.report` says
+    it; ``None`` for an end without a result."""
+    if ended.result is None or effect.effect is None:
+        return None
+    return Outcome(proxy=effect.proxy or ended.leased.proxy, result=ended.result,
+                   effect=effect.effect, consecutive_failures=effect.consecutive_failures,
+                   banned_until=effect.banned_until)
+
+
+def _carried(ended: _Ended, answer: "_Answer") -> None:
+    """Notes on the ended block what the assign that carried its end did with it."""
+    data = answer.data.get("done") if answer.data is not None else None
+    if data is None:
+        # A 204 applies the done all the same, but says nothing of what it did.
+        return
+    effect = DoneEffect.from_json(data)
+    ended.leased.reported = _outcome_of(ended, effect)
+    if not effect.released:
+        # As a release sent alone would have been refused (lease_not_found).
+        logger.warning("lease release failed: the lease was no longer live when the next "
+                       "assign carried it", extra={"pool": ended.pool, "lease": ended.lease})
+
+
+def _after_failure(ended: _Ended, error: ProxyAllocatorError) -> _Ended:
+    """What is left to send of an end whose carrying assign failed. An error answer (4xx)
+    was refused before the store: all of it. A 503, or no answer at all, may have been
+    applied: only the release, which is harmless twice, and not the report, which would
+    count twice."""
+    if isinstance(error, Unavailable) and ended.result is not None:
+        logger.warning("outcome report dropped: the assign that carried it failed (%s) and "
+                       "may have applied it", error, extra={"pool": ended.pool})
+        return _Ended(pool=ended.pool, lease=ended.lease, leased=ended.leased, result=None,
+                      status=None, due=ended.due)
+    return ended
+
+
+#: Clients whose unsent lease ends go out when the interpreter exits.
+_clients: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+@atexit.register
+def _send_unsent_at_exit() -> None:
+    for client in list(_clients):
+        try:
+            client._send_unsent_now()
+        except Exception as error:  # noqa: BLE001 - exit goes on whatever one client does
+            logger.warning("lease ends not sent at exit: %s", error)
+
+
 class _Answer(NamedTuple):
     """One answer of the service: its status, JSON body (``None`` when empty) and
     ``Retry-After`` in seconds."""
@@ -429,15 +592,27 @@ class Client:
     ``idle_timeout`` seconds (keep it below the service's ``KEEP_ALIVE_TIMEOUT_MS``);
     ``close()`` (or ``with Client(...) as client:``) closes them. Proxy settings of the environment (``HTTP_PROXY``...) are ignored for
     calls to the service: they are meant for the worker's own traffic.
+
+    With ``carry_done`` (the default), the end of a :meth:`lease` block (its release and
+    report) is carried by the next assign to the same pool from the same thread, as its
+    ``done``: one call per block instead of two or three. An end no assign carried within
+    ``done_delay`` seconds is sent alone, and so is every end still waiting on ``close()``
+    and when the interpreter exits. ``carry_done=False`` releases and reports on exit.
     """
 
     def __init__(self, base_url: str, token: Optional[str] = None,
                  timeout: float = DEFAULT_TIMEOUT,
-                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT) -> None:
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT, *, carry_done: bool = True,
+                 done_delay: float = DEFAULT_DONE_DELAY) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.carry_done = carry_done
+        self.done_delay = done_delay
         self._token = token
         self._connections = _Connections(self.base_url, timeout, idle_timeout)
+        self._unsent = _Unsent()
+        self._sender: Optional[_Sender] = None
+        _clients.add(self)
 
     def __enter__(self) -> "Client":
         return self
@@ -446,8 +621,28 @@ class Client:
         self.close()
 
     def close(self) -> None:
-        """Closes the kept-alive connections of every thread; a later call opens a new one."""
+        """Sends alone the ends of lease blocks no assign carried yet, then closes the
+        kept-alive connections of every thread; a later call opens a new one."""
+        self._send_unsent_now()
         self._connections.close_all()
+
+    def _send_unsent_now(self) -> None:
+        """Stops the sender and sends every waiting end from this thread."""
+        sender = self._sender
+        if sender is not None:
+            sender.stop()
+        for ended in self._unsent.take_all():
+            _send_alone(self, ended)
+
+    def _keep(self, ended: _Ended, first: bool = False) -> None:
+        """Keeps a lease block's end for the next assign to its pool from this thread, and
+        makes sure a sender sends it alone once it is due."""
+        if self._unsent.add((threading.get_ident(), ended.pool), ended, first):
+            self._sender = _Sender(self)
+            self._sender.start()
+        elif first and self._sender is not None:
+            # Due before what the sender waits for.
+            self._sender.wake.set()
 
     def __del__(self) -> None:
         # A client dropped without close() must not leave its sockets open.
@@ -482,14 +677,29 @@ class Client:
         ``done`` (a :class:`Done`) reports how the previous request through this pool
         ended and releases its lease in the same step, before the pick: one call per
         request cycle instead of two. It is applied also when the answer is 204; what it
-        did is ``assignment.done`` (with ``count``, on the first assignment).
+        did is ``assignment.done`` (with ``count``, on the first assignment). Without
+        ``done`` (and without ``session``, which the service does not take with it), the
+        assign carries the end of this thread's last :meth:`lease` block on the pool, if
+        one is waiting (see ``carry_done``).
 
         Raises :class:`NotFound` (``pool_not_found``), :class:`Unauthorized`,
         :class:`Unavailable`, or :class:`ProxyAllocatorError` for other error answers.
         """
-        answer = self._call("POST", "/pools/{}/assign".format(_segment(pool)),
-                            _assign_body(ttl_ms, labels, target, count, session,
-                                         session_ttl_ms, done))
+        ended = None
+        if done is None and session is None and self._unsent:
+            ended = self._unsent.take((threading.get_ident(), pool))
+            if ended is not None:
+                done = ended.done()
+        try:
+            answer = self._call("POST", "/pools/{}/assign".format(_segment(pool)),
+                                _assign_body(ttl_ms, labels, target, count, session,
+                                             session_ttl_ms, done))
+        except ProxyAllocatorError as error:
+            if ended is not None:
+                self._keep(_after_failure(ended, error), first=True)
+            raise
+        if ended is not None:
+            _carried(ended, answer)
         return _assigned(pool, answer, raise_if_empty, count)
 
     def end_session(self, pool: str, session: str) -> None:
@@ -532,7 +742,7 @@ class Client:
         return [Source.from_json(source) for source in _expect(data)["sources"]]
 
     def lease(self, pool: str, ttl_ms: Optional[int] = None, renew: bool = False,
-              report: bool = False) -> "LeaseScope":
+              report: bool = False, *, carry_done: Optional[bool] = None) -> "LeaseScope":
         """A lease on a least-in-flight pool for the length of a ``with`` block::
 
             with client.lease("browsers", renew=True, report=True) as leased:
@@ -545,12 +755,19 @@ class Client:
         ``KeyboardInterrupt`` and the like, which say nothing about the proxy), or what the
         block set with :meth:`Leased.report_as`.
 
+        The release and the report go with the next assign to the pool from this thread
+        (the next block's, typically), which applies them before its pick, or alone after
+        ``done_delay`` seconds, on ``close()`` or at interpreter exit, whichever comes
+        first; ``carry_done`` (the client's by default) ``False`` sends them when the block
+        ends. ``leased.done`` says what this block's assign did with the previous end.
+
         Entering raises :class:`NoProxyAvailable` when the pool has no member to give
-        (HTTP 204), and the errors of :meth:`assign`. Release and report failures on exit
-        are logged, not raised: the block's own result matters more, and an unreleased
-        lease is reclaimed once its ttl has passed.
+        (HTTP 204), and the errors of :meth:`assign`. Release and report failures are
+        logged, not raised: the block's own result matters more, and an unreleased lease
+        is reclaimed once its ttl has passed.
         """
-        return LeaseScope(self, pool, ttl_ms=ttl_ms, renew=renew, report=report)
+        carry = self.carry_done if carry_done is None else carry_done
+        return LeaseScope(self, pool, ttl_ms=ttl_ms, renew=renew, report=report, carry=carry)
 
     def _call(self, method: str, path: str, body: Optional[Any] = None) -> _Answer:
         """Sends one request on this thread's connection; returns the answer, or raises the
@@ -757,17 +974,19 @@ def _leased(pool: str, assigned: Assignment) -> Leased:
         raise ProxyAllocatorError(
             200, "no_lease", "pool {!r} gives no leases (least-used): use assign()".format(pool))
     return Leased(pool=assigned.pool, proxy=assigned.proxy, assignments=assigned.assignments,
-                  in_flight=assigned.in_flight, lease=assigned.lease)
+                  in_flight=assigned.in_flight, lease=assigned.lease, done=assigned.done)
 
 
 class _Scope:
     """What a lease block (blocking or asyncio) was asked for, and the lease it holds."""
 
-    def __init__(self, pool: str, ttl_ms: Optional[int], renew: bool, report: bool) -> None:
+    def __init__(self, pool: str, ttl_ms: Optional[int], renew: bool, report: bool,
+                 carry: bool) -> None:
         self._pool = pool
         self._ttl_ms = ttl_ms
         self._renew = renew
         self._report = report
+        self._carry = carry
         self._leased: Optional[Leased] = None
 
 
@@ -775,8 +994,8 @@ class LeaseScope(_Scope):
     """The context manager returned by :meth:`Client.lease`."""
 
     def __init__(self, client: Client, pool: str, ttl_ms: Optional[int], renew: bool,
-                 report: bool) -> None:
-        super().__init__(pool, ttl_ms, renew, report)
+                 report: bool, carry: bool = True) -> None:
+        super().__init__(pool, ttl_ms, renew, report, carry)
         self._client = client
         self._renewer: Optional[_Renewer] = None
 
@@ -797,16 +1016,70 @@ class LeaseScope(_Scope):
             return
         if self._renewer is not None:
             self._renewer.stop()
-        try:
-            self._client.release(leased.pool, leased.lease.id)
-        except ProxyAllocatorError as error:
-            logger.warning("lease release failed: %s", error,
-                           extra={"pool": leased.pool, "lease": leased.lease.id})
         outcome = _exit_outcome(leased, exc_type) if self._report else None
-        if outcome is None:
-            return
-        result, status = outcome
+        ended = _ended(leased, outcome, self._client.done_delay)
+        if self._carry:
+            self._client._keep(ended)
+        else:
+            _send_alone(self._client, ended)
+
+
+def _send_alone(client: Client, ended: _Ended) -> None:
+    """Releases an ended block's lease and reports its outcome, each in a call of its own;
+    failures are logged."""
+    try:
+        client.release(ended.pool, ended.lease)
+    except ProxyAllocatorError as error:
+        logger.warning("lease release failed: %s", error,
+                       extra={"pool": ended.pool, "lease": ended.lease})
+    if ended.result is None:
+        return
+    try:
+        ended.leased.reported = client.report(ended.pool, ended.leased.proxy, ended.result,
+                                              ended.status)
+    except ProxyAllocatorError as error:
+        logger.warning("outcome report failed: %s", error, extra={"pool": ended.pool})
+
+
+class _Sender(threading.Thread):
+    """Sends alone each lease block's end of a client that no assign carried before it was
+    due. Ends when none is left (the next end starts another) or when stopped."""
+
+    def __init__(self, client: Client) -> None:
+        super().__init__(name="proxy-allocator-done", daemon=True)
+        self._client: Optional[Client] = client
+        self._stopping = False
+        #: Set when an end due sooner than the ones waiting joins them.
+        self.wake = threading.Event()
+
+    def stop(self) -> None:
+        """Stops sending and waits for an ongoing send to end; the waiting ends are the
+        caller's to send."""
+        self._stopping = True
+        self.wake.set()
+        if self is not threading.current_thread():
+            self.join()
+
+    def run(self) -> None:
+        client = self._client
+        assert client is not None
+        # The client keeps this thread (for close); without a reference back, no cycle
+        # delays the client's collection, whose closing of its connections needs them still
+        # reachable (the garbage collector clears the weak ones of a cycle first).
+        self._client = None
+        unsent = client._unsent
         try:
-            leased.reported = self._client.report(leased.pool, leased.proxy, result, status)
-        except ProxyAllocatorError as error:
-            logger.warning("outcome report failed: %s", error, extra={"pool": leased.pool})
+            while not self._stopping:
+                self.wake.clear()
+                for ended in unsent.take_due(time.monotonic()):
+                    _send_alone(client, ended)
+                soonest = unsent.soonest()
+                if soonest is None:
+                    if unsent.retire():
+                        return
+                    continue
+                self.wake.wait(max(soonest - time.monotonic(), 0.0))
+            unsent.retire(stopped=True)
+        finally:
+            # This thread's connection would otherwise stay open until the client closes.
+            client._connections.close_current()

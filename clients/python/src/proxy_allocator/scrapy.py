@@ -169,9 +169,9 @@ class ProxyAllocatorMiddleware:
         waited = 0.0
         session = meta.get(META_SESSION)
         while True:
-            # An assign in a session does not carry done: the service refuses the two
-            # together, so a session's request leaves what finished to the others.
-            carried = None if session is not None else self._take_finished(pool)
+            # In a session too: the service applies the done first, so a report that takes
+            # the session's proxy out moves the session to another in the same call.
+            carried = self._take_finished(pool)
             try:
                 assigned = await self.client.assign(
                     pool, self.lease_ttl_ms, labels=labels, target=target,
