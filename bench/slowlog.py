@@ -5,12 +5,21 @@ call slower than 1 ms is logged) and the service on it, builds a 1,000,000-membe
 importing a 1,000,000-line list, then runs every large operation on that pool: seeding,
 disabling, enabling and removing 10,000 members per call, listing pages deep in the pool,
 reading the pool's numbers, the sweep of 10,000 expired leases, and the deletion of the
-pool. For each it prints the longest command Redis ran meanwhile (from `SLOWLOG`), and the
+pool with a few more large ones. For each it prints the longest command Redis ran meanwhile (from `SLOWLOG`), and the
 assign p99 (and max) on another, 100-member pool measured by wrk while the operation ran,
 next to that p99 in a window of the same length just before, when nothing else runs.
 Quick operations are repeated for the length of the window so that the p99 is taken while
-they run; the import and the deletion run once. Only the operation's own calls count for
-its longest call: the other pool's assigns are left out.
+they run; the import runs once. Only the operation's own calls count for its longest call:
+the other pool's assigns are left out.
+
+The sweep's row is of the service's own background sweep: the driver finds when a sweep has
+just run (a lease of 100 ms on a pool of its own reclaimed), gives the 10,000 leases right
+after, and opens the window just before the next sweep, which then finds all of them
+expired (none reclaimed by an earlier sweep). The deletion's row deletes the 1,000,000-member
+pool and then `DOOMED` more pools of a quarter of that size each (default 3, built before
+its idle window), each one once Redis has freed the one before on its background thread
+(`lazyfree_pending_objects` back to 0): one deletion's window is a few milliseconds, too
+few assigns for a p99.
 
 SLOWLOG counts wall time, so a script that the kernel preempted (on two cores shared by
 Redis, the service, wrk and whatever else the machine runs) is logged for as long as it
@@ -45,8 +54,9 @@ CALL = 10_000
 LEASES = 10_000
 WINDOW = float(os.environ.get("WINDOW", "3"))
 CONNECTIONS = 16
-LEASE_TTL_MS = 10_000
-SWEEP_INTERVAL_MS = 15_000
+LEASE_TTL_MS = 5_000
+SWEEP_INTERVAL_MS = 12_000
+DOOMED = int(os.environ.get("DOOMED", "3"))
 PIN = os.environ.get("PIN", "0") == "1" and (os.cpu_count() or 1) >= 2
 
 
@@ -195,7 +205,8 @@ def window(redis, wrk, operation):
     # Only the calls of the operation: the other pool's assigns run meanwhile and, on a busy
     # machine, are sometimes logged too.
     own = [entry for entry in entries
-           if entry[3][0].lower() != "slowlog" and not any("{other}" in arg for arg in entry[3])]
+           if entry[3][0].lower() not in ("slowlog", "info")
+           and not any("{other}" in arg for arg in entry[3])]
     longest, command = 0.0, "-"
     for entry in own:
         micros, args = entry[2], entry[3]
@@ -228,6 +239,43 @@ def address(i, first=11):
 
 def member(i):
     return "http://" + address(i)
+
+
+def sweep_ran(base):
+    """When the service's background sweep has just run: the moment it reclaims a lease of
+    100 ms on a pool of its own (nothing else assigns from it, so only a sweep does)."""
+    checked(base, "PUT", "/pools/tick", {"policy": "least-in-flight", "lease_ttl_ms": 100})
+    checked(base, "POST", "/pools/tick/members", {"members": [address(0, first=160)]})
+    checked(base, "POST", "/pools/tick/assign")
+    deadline = time.monotonic() + SWEEP_INTERVAL_MS / 1000 * 2
+    while checked(base, "GET", "/pools/tick")["stats"]["in_flight"]:
+        if time.monotonic() > deadline:
+            sys.exit("no sweep reclaimed the tick pool's lease")
+        time.sleep(0.01)
+    return time.monotonic()
+
+
+def give_leases(port):
+    """LEASES leases of the leased pool, through one keep-alive connection."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        one = b"POST /pools/leased/assign HTTP/1.1\r\nhost: bench\r\ncontent-length: 0\r\n\r\n"
+        file = sock.makefile("rb")
+        for _ in range(LEASES // 100):
+            sock.sendall(one * 100)
+            for _ in range(100):
+                length = 0
+                while (line := file.readline()) not in (b"\r\n", b""):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                file.read(length)
+
+
+def lazyfree_pending(redis):
+    """How many unlinked values Redis's background thread has yet to free."""
+    for line in redis.call("INFO", "memory").splitlines():
+        if line.startswith("lazyfree_pending_objects:"):
+            return int(line.split(":")[1])
+    sys.exit("INFO memory has no lazyfree_pending_objects")
 
 
 def main():
@@ -325,35 +373,45 @@ def main():
 
         rows.append(measure(redis, wrk, f"remove {CALL:,} members", repeat(WINDOW, remove)))
 
-        # 10,000 leases through one keep-alive connection, then the sweep that reclaims
-        # them once they have expired (the service sweeps every SWEEP_INTERVAL_MS).
-        with socket.create_connection(("127.0.0.1", app_port)) as sock:
-            one = b"POST /pools/leased/assign HTTP/1.1\r\nhost: bench\r\ncontent-length: 0\r\n\r\n"
-            file = sock.makefile("rb")
-            for _ in range(LEASES // 100):
-                sock.sendall(one * 100)
-                for _ in range(100):
-                    length = 0
-                    while (line := file.readline()) not in (b"\r\n", b""):
-                        if line.lower().startswith(b"content-length:"):
-                            length = int(line.split(b":")[1])
-                    file.read(length)
-        info = checked(base, "GET", "/pools/leased")
-        assert info["stats"]["in_flight"] == LEASES, info["stats"]
-        time.sleep(LEASE_TTL_MS / 1000 + 0.1)
-        # Counted now: a sweep may already have reclaimed some while they expired.
+        # The sweep's row: 10,000 leases given right after a sweep has run, all expired
+        # before the next one, whose work the window holds.
+        ran_at = sweep_ran(base)
+        give_leases(app_port)
+        gave = time.monotonic() - ran_at
+        if gave + LEASE_TTL_MS / 1000 > SWEEP_INTERVAL_MS / 1000 - WINDOW - 1.5:
+            print(f"warning: giving the leases took {gave:.1f} s, so some had not expired "
+                  "when the window opened", file=sys.stderr)
+        # The idle window ends just before the next sweep.
+        time.sleep(max(0.0, ran_at + SWEEP_INTERVAL_MS / 1000 - WINDOW - 1.0 - time.monotonic()))
         expired = checked(base, "GET", "/pools/leased")["stats"]["in_flight"]
 
         def swept():
             wait_for(lambda: checked(base, "GET", "/pools/leased")["stats"]["in_flight"] == 0,
-                     "the sweep", timeout=SWEEP_INTERVAL_MS / 1000 * 3)
+                     "the sweep", timeout=SWEEP_INTERVAL_MS / 1000 * 2)
 
         rows.append(measure(redis, wrk, f"sweep of {expired:,} expired leases", swept))
 
-        rows.append(measure(redis, wrk, f"delete the {MEMBERS:,}-member pool",
-                            lambda: checked(base, "DELETE", "/pools/big")))
-        # Redis frees unlinked keys on a thread of its own; the pool is gone once it has.
-        wait_for(lambda: not redis.call("KEYS", "*{big}*"), "the pool's keys to go")
+        doomed = [f"doomed-{i}" for i in range(DOOMED)]
+        for i, pool in enumerate(doomed):
+            checked(base, "PUT", f"/pools/{pool}", {})
+            lines = "".join(address(j, first=150 + i) + "\n"
+                            for j in range(MEMBERS // 4)).encode()
+            checked(base, "POST", f"/pools/{pool}/import", lines, "text/plain")
+            del lines
+
+        def deleted():
+            for pool in ["big", *doomed]:
+                checked(base, "DELETE", f"/pools/{pool}")
+                # Redis frees unlinked keys on a thread of its own; the pool is gone once
+                # it has.
+                wait_for(lambda: lazyfree_pending(redis) == 0, "the pool's keys to go",
+                         timeout=120)
+
+        name = f"delete the {MEMBERS:,}-member pool"
+        if doomed:
+            name += f" and {len(doomed)} of {MEMBERS // 4:,}"
+        rows.append(measure(redis, wrk, name, deleted))
+        assert not redis.call("KEYS", "*{big}*") and not redis.call("KEYS", "*{doomed-*")
 
         placement = (f"Redis pinned to core {redis_core}, the rest to the others" if PIN
                      else "nothing pinned")

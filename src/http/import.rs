@@ -339,6 +339,25 @@ impl ListPieces for WholeList {
     }
 }
 
+/// Most bytes of a `text/plain` list read in one go (about 3,000 lines): a source's list
+/// arrives as one piece of up to the largest accepted size, and its batches are written
+/// as they fill rather than after the whole list is read.
+const PARSE_PIECE: usize = 64 * 1024;
+
+/// Reads `piece` of a `text/plain` list into `plan` on a blocking thread, not on the
+/// runtime's: every line is parsed, canonicalised and checked against the pool's rules, and
+/// on a runtime thread every request that thread would have answered meanwhile (the
+/// assigns of every other pool) waited for the piece in hand.
+async fn read_text_apart(mut plan: Plan, mut partial: Vec<u8>, piece: Bytes) -> (Plan, Vec<u8>) {
+    tokio::task::spawn_blocking(move || {
+        plan.text_piece(&mut partial, &piece);
+        (plan, partial)
+    })
+    .await
+    // A panic while reading is a bug; it unwinds here as it would have inline.
+    .unwrap_or_else(|error| std::panic::resume_unwind(error.into_panic()))
+}
+
 async fn read_whole(list: &mut impl ListPieces) -> Result<Vec<u8>, ApiError> {
     let mut whole = Vec::new();
     while let Some(piece) = list.next_piece().await? {
@@ -350,8 +369,9 @@ async fn read_whole(list: &mut impl ListPieces) -> Result<Vec<u8>, ApiError> {
 /// Imports a list of candidates into the pool (or, with `dry_run`, reports what an import
 /// would do).
 ///
-/// A `text/plain` list is read as it arrives, a piece at a time, and written in batches
-/// of [`MAX_MEMBERS_PER_CALL`] as soon as each is whole; a JSON array is read whole, then
+/// A `text/plain` list is read as it arrives, a piece of at most 64 KiB at a time on a
+/// blocking thread, and written in batches of [`MAX_MEMBERS_PER_CALL`] as soon as each is
+/// whole; a JSON array is read whole, then
 /// element by element on a blocking thread that hands over each batch as it is whole. An
 /// import's memory is its batch in flight, 8 bytes per distinct accepted member, and (for
 /// JSON) the list itself. A list that fails part-way (too large, too slow, a JSON syntax
@@ -411,10 +431,13 @@ pub async fn import_list(
     match kind {
         ListKind::Text => {
             let mut partial = Vec::new();
-            while let Some(piece) = list.next_piece().await? {
-                plan.text_piece(&mut partial, &piece);
-                while let Some(batch) = plan.batch(false) {
-                    writer.write(batch).await?;
+            while let Some(mut piece) = list.next_piece().await? {
+                while !piece.is_empty() {
+                    let part = piece.split_to(piece.len().min(PARSE_PIECE));
+                    (plan, partial) = read_text_apart(plan, partial, part).await;
+                    while let Some(batch) = plan.batch(false) {
+                        writer.write(batch).await?;
+                    }
                 }
             }
             // What follows the last line end is a line too (empty after a final newline).

@@ -7,16 +7,16 @@
 //! between [`MIN_CHUNK`] and [`MAX_CHUNK`] members and a whole multiple of
 //! [`CHUNK_GRANULE`], and grow at most twofold from one to the next.
 //!
-//! On Redis the member operations' chunk scripts keep their own bound: each looks at Redis's
-//! clock after every [`CHUNK_GRANULE`] members and stops at the first look past
-//! [`CHUNK_BOUND`], answering for the members it handled; the rest of the chunk goes first
-//! in the next one (see [`Chunks::stopped_after`]). The script's clock is the measure of its
-//! cost, so a chunk that stopped gives the next one the size it reached, and a chunk that
-//! ran whole doubles the next (see [`ChunkSizer::record_bounded`]). A round trip would be
-//! a poor measure: on a loaded machine it is mostly the wait for a core and the network,
-//! and sized by it chunks shrank to the smallest while Redis spent 5–10 µs a call on its
-//! own fixed work. Every other step (the embedded store's, where it is the time under the
-//! lock, and the sweep's on Redis, where it is the round trip) records how long it took, and
+//! On Redis the member operations' chunk scripts and the sweep's steps keep their own
+//! bound: each looks at Redis's clock after every [`CHUNK_GRANULE`] members (or leases, or
+//! returns) and stops at the first look past [`CHUNK_BOUND`], answering for what it
+//! handled; the rest of a member chunk goes first in the next one (see
+//! [`Chunks::stopped_after`]), and the sweep runs another step. The script's clock is the
+//! measure of its cost, so a chunk that stopped gives the next one the size it reached, and
+//! a chunk that ran whole doubles the next (see [`ChunkSizer::record_bounded`]). A round
+//! trip would be a poor measure: on a loaded machine it is mostly the wait for a core and
+//! the network, and sized by it chunks shrank to the smallest while Redis spent 5–10 µs a call on its
+//! own fixed work. The embedded store's steps record how long they took under the lock, and
 //! the next is sized so that it would take about [`CHUNK_BUDGET`], at most half or twice
 //! the previous size (see [`ChunkSizer::record`]). Each chunk is atomic; a call of
 //! several chunks is not: a reader may see the first chunks applied and not the rest, and

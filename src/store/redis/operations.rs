@@ -488,29 +488,44 @@ impl RedisStore {
         let sizer = &self.chunks.sweep;
         let mut swept = Swept::default();
         let mut next_due = None;
+        let bound = self.chunk_bound();
         for _ in 0..MAX_SWEEP_STEPS {
-            // Each step sized from what the steps before it cost (see chunks.rs).
-            let batch = sizer.size() as u64;
+            // Each step sized by where the steps before it stopped (see chunks.rs).
+            let size = sizer.size();
+            let batch = size as u64;
+            let limit = batch.to_string();
             self.chunks.rest().await;
             let started = Instant::now();
             let value = self
-                .eval(&self.scripts.sweep, pool, &[batch.to_string().as_bytes()])
+                .eval(
+                    &self.scripts.sweep,
+                    pool,
+                    &[bound[0].as_bytes(), bound[1].as_bytes(), limit.as_bytes()],
+                )
                 .await?;
+            let took = started.elapsed();
             let step = match SweepReply::decode(value) {
                 Ok(step) => step,
                 // Deleted since it was indexed: it leaves the index.
                 Err(StoreError::PoolNotFound) => return Ok(swept),
                 Err(e) => return Err(e),
             };
-            let done = step.swept.reclaimed + step.swept.returned;
-            self.chunks.ran(
-                sizer,
-                usize::try_from(done).unwrap_or(usize::MAX),
-                started.elapsed(),
-            );
+            let full = step.swept.reclaimed == batch || step.swept.returned == batch;
+            let done =
+                usize::try_from(step.swept.reclaimed + step.swept.returned).unwrap_or(usize::MAX);
+            if step.stopped {
+                // The size it reached before its bound sizes the next step.
+                self.chunks.ran_bounded(sizer, size, done.max(1), took);
+            } else if full {
+                // Ran whole: the next may be twice as large.
+                self.chunks.ran_bounded(sizer, size, size, took);
+            } else {
+                // The pool's last step says nothing of the size.
+                self.chunks.ran_piece(took);
+            }
             swept = swept + step.swept;
             next_due = step.next_due;
-            if step.swept.reclaimed < batch && step.swept.returned < batch {
+            if !step.stopped && !full {
                 break;
             }
         }

@@ -798,10 +798,13 @@ pub(super) struct SweepReply {
     pub(super) swept: Swept,
     /// When the pool's next lease expires or member returns (ms, Redis clock), if any.
     pub(super) next_due: Option<u64>,
+    /// Whether the step stopped at its bound (see `chunk.lua`) with work left that its
+    /// size would have covered.
+    pub(super) stopped: bool,
 }
 
 impl SweepReply {
-    /// Decodes `{-1}` or `{1, reclaimed, returned, next due or 0}`.
+    /// Decodes `{-1}` or `{1, reclaimed, returned, next due or 0, stopped 1 or 0}`.
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
         decode("sweep.lua", value, |value| {
             let mut items = Items::of_pool(value)?;
@@ -810,8 +813,17 @@ impl SweepReply {
                 returned: items.count()?,
             };
             let next_due = items.due_time()?;
+            let stopped = match items.int()? {
+                0 => false,
+                1 => true,
+                _ => return Err("stopped is neither 0 nor 1".into()),
+            };
             items.end()?;
-            Ok(Self { swept, next_due })
+            Ok(Self {
+                swept,
+                next_due,
+                stopped,
+            })
         })
     }
 }

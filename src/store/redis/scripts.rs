@@ -17,7 +17,7 @@ use redis::Script;
 /// other outcome the helpers, `report.lua` and the file, which applies it, and the assign
 /// again as a function on those helpers, so that their closures are made once) or
 /// `chunked` (the helpers, then `chunk.lua`, the bound every chunk of a large member call
-/// keeps, then the file).
+/// and every step of the sweep keeps, then the file).
 macro_rules! scripts {
     ($($name:ident: $source:ident,)*) => {
         /// Every script of the store.
@@ -118,7 +118,7 @@ scripts! {
     remove: chunked,
     release: with_helpers,
     renew: with_helpers,
-    sweep: with_helpers,
+    sweep: chunked,
     outcomes: with_reports,
     claim_check: plain,
     claim_sources: plain,

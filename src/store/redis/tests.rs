@@ -1283,7 +1283,7 @@ async fn renew(redis: &TestRedis) {
 
 async fn sweep(redis: &TestRedis) {
     let id = pool("sweep");
-    let run = || redis.eval("sweep", &id, &["256"]);
+    let run = || redis.eval_chunk("sweep", &id, &["256"]);
     assert_pool_not_found(SweepReply::decode(run().await));
     redis
         .create(
@@ -1311,15 +1311,30 @@ async fn sweep(redis: &TestRedis) {
     let () = redis
         .side(&["ZADD", &TestRedis::key(&id, "returns"), "1", "b"])
         .await;
+    // Past its bound at its first look at the clock, after one lease: the other lease and
+    // the return are left, due at once.
+    let stopped = SweepReply::decode(redis.eval_bounded("sweep", &id, ["0", "1"], &["256"]).await);
+    assert_eq!(
+        stopped.expect("decodes"),
+        SweepReply {
+            swept: Swept {
+                reclaimed: 1,
+                returned: 0
+            },
+            next_due: Some(1),
+            stopped: true,
+        }
+    );
     let swept = SweepReply::decode(run().await);
     assert_eq!(
         swept.expect("decodes"),
         SweepReply {
             swept: Swept {
-                reclaimed: 2,
+                reclaimed: 1,
                 returned: 1
             },
             next_due: Some(next),
+            stopped: false,
         }
     );
     let () = redis.side(&["ZADD", &expiry, "1", "lease-3"]).await;
@@ -1332,6 +1347,7 @@ async fn sweep(redis: &TestRedis) {
                 returned: 0
             },
             next_due: None,
+            stopped: false,
         }
     );
 }
@@ -1852,4 +1868,71 @@ async fn member_calls_whose_chunks_stop_at_their_bound_still_handle_every_member
         .side(&["ZCARD", &TestRedis::key(&id, "eligible")])
         .await;
     assert_eq!(left, 0);
+}
+
+/// Sweep steps that all stop at their first look at the clock (a bound of zero) still make
+/// one sweep reclaim every expired lease and return every due member, each once.
+#[tokio::test]
+async fn a_sweep_whose_steps_stop_at_their_bound_still_reclaims_every_lease_once() {
+    let redis = TestRedis::start().await;
+    let mut store = redis.store.clone();
+    store.chunks = std::sync::Arc::new(MemberChunks::bounded_at(Duration::ZERO));
+    let id = pool("bounded-sweep");
+    redis
+        .create(
+            &id,
+            PoolConfig {
+                policy: Policy::LeastInFlight,
+                ..tripping_after(1)
+            },
+        )
+        .await;
+    let names: Vec<String> = (0..130).map(|i| format!("m{i:03}")).collect();
+    let named: Vec<&str> = names.iter().map(String::as_str).collect();
+    redis.seed(&id, &named, 0).await;
+    // 30 members cooling down after a failure, and a lease on each of the other 100.
+    let failures: Vec<(&str, OutcomeResult)> = named[100..]
+        .iter()
+        .map(|name| (*name, OutcomeResult::Failed))
+        .collect();
+    redis.report(&id, ReportSource::Worker, &failures).await;
+    let leases: Vec<String> = (0..100).map(|i| format!("lease-{i:03}")).collect();
+    for lease in &leases {
+        run_assign(&redis, &id, lease, "").await;
+    }
+    // All of it due long ago.
+    let expiry = TestRedis::key(&id, "lease_expiry");
+    let mut expire = vec!["ZADD", expiry.as_str()];
+    for lease in &leases {
+        expire.extend(["1", lease.as_str()]);
+    }
+    let () = redis.side(&expire).await;
+    let returns = TestRedis::key(&id, "returns");
+    let mut end_cooldowns = vec!["ZADD", returns.as_str()];
+    for name in &named[100..] {
+        end_cooldowns.extend(["1", *name]);
+    }
+    let () = redis.side(&end_cooldowns).await;
+    let () = redis
+        .side(&["ZADD", &store.due_key(), "1", id.as_str()])
+        .await;
+
+    let swept = store.sweep().await.expect("swept");
+    assert_eq!(
+        swept,
+        Swept {
+            reclaimed: 100,
+            returned: 30
+        }
+    );
+    let info = store.pool(&id).await.expect("the pool");
+    assert_eq!(
+        (
+            info.stats.in_flight,
+            info.stats.abandoned,
+            info.stats.eligible,
+            info.stats.recovered
+        ),
+        (0, 100, 130, 30)
+    );
 }

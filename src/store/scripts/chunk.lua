@@ -1,4 +1,5 @@
--- The bound of a chunk script (seed, disable, enable, remove; see src/store/chunks.rs):
+-- The bound of a chunk script (seed, disable, enable, remove, and the sweep's step; see
+-- src/store/chunks.rs):
 -- ARGV[1] is the bound in microseconds, ARGV[2] the members between two looks at the
 -- store's clock. A chunk's size is a guess from what the chunks before it cost, and one
 -- member may cost far more than the last (a set's table growing, the machine taking the

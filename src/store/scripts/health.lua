@@ -103,24 +103,30 @@ end
 -- Returns up to `limit` members whose cooldown ended by `now`, under the pool's restore
 -- policy, all against the minimum from before the first. Each return removes the member
 -- from the due set inside this script, so however many replicas sweep at once, a member
--- comes back exactly once. Returns how many came back.
-local function return_due(now, limit)
+-- comes back exactly once. With `spent`, stops early as `reclaim_expired` does. Returns
+-- how many came back, and whether it stopped before the end.
+local function return_due(now, limit, spent)
     local due = redis.call('ZRANGE', KEYS[10], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
     if #due == 0 then
-        return 0
+        return 0, false
     end
     local policy = redis.call('HGET', KEYS[1], 'restore') or 'minimum'
     local minimum = eligible_minimum()
     local lif = least_in_flight()
     local returned = 0
-    for _, member in ipairs(due) do
+    local stopped = false
+    for n, member in ipairs(due) do
         redis.call('ZREM', KEYS[10], member)
         if restore(member, policy, minimum, lif) then
             returned = returned + 1
         end
+        if spent and spent(n, #due) then
+            stopped = true
+            break
+        end
     end
     redis.call('HINCRBY', KEYS[1], 'recovered', returned)
-    return returned
+    return returned, stopped
 end
 
 -- The cooldown of the trips-th trip in a row. HealthConfig::cooldown_ms in the service

@@ -88,18 +88,26 @@ local function end_lease(id)
     return true
 end
 
--- Reclaims up to `limit` leases expired at `now`, counting them as abandoned.
-local function reclaim_expired(now, limit)
+-- Reclaims up to `limit` leases expired at `now`, counting them as abandoned. With
+-- `spent` (the sweep's bound, see chunk.lua), asks it after each lease whether the step
+-- has run long enough, `spent(handled, asked)`, and stops when it has. Returns how many
+-- it reclaimed, and whether it stopped before the end.
+local function reclaim_expired(now, limit, spent)
     local expired = redis.call('ZRANGE', KEYS[8], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)
     local reclaimed = 0
-    for _, id in ipairs(expired) do
+    local stopped = false
+    for n, id in ipairs(expired) do
         if end_lease(id) then
             reclaimed = reclaimed + 1
+        end
+        if spent and spent(n, #expired) then
+            stopped = true
+            break
         end
     end
     if reclaimed > 0 then
         redis.call('HINCRBY', KEYS[1], 'abandoned', reclaimed)
     end
-    return reclaimed
+    return reclaimed, stopped
 end
 
