@@ -259,20 +259,30 @@ class CarriedEnds(unittest.TestCase):
             with client.lease("browsers", ttl_ms=5000):
                 pass
             client.assign("web")
-            assigned = client.assign("browsers", session="login")
-            self.assertIsNone(assigned.done)  # type: ignore[union-attr]
             assigned = client.assign("browsers")
             self.assertEqual(assigned.done,  # type: ignore[union-attr]
                              DoneEffect(released=True, proxy=P1))
             client.assign("browsers")
-        # Another pool's assign and one in a session (the service takes no done with a
-        # session) leave it; the next one carries it, and only it.
+        # Another pool's assign leaves it; the next one to the pool carries it, and only it.
         self.assertEqual(self.fake.calls(), [
             ("/pools/browsers/assign", {"ttl_ms": 5000}),
             ("/pools/web/assign", None),
-            ("/pools/browsers/assign", {"session": "login"}),
             ("/pools/browsers/assign", {"done": {"lease": LEASE_ID}}),
             ("/pools/browsers/assign", None),
+        ])
+
+    def test_an_assign_naming_a_session_carries_the_end_beside_the_session(self) -> None:
+        with Client(self.fake.base, done_delay=60) as client:
+            with client.lease("browsers"):
+                pass
+            assigned = client.assign("browsers", session="login")
+            self.assertEqual(assigned.done,  # type: ignore[union-attr]
+                             DoneEffect(released=True, proxy=P1))
+            client.assign("browsers", session="login")
+        self.assertEqual(self.fake.calls(), [
+            ("/pools/browsers/assign", None),
+            ("/pools/browsers/assign", {"session": "login", "done": {"lease": LEASE_ID}}),
+            ("/pools/browsers/assign", {"session": "login"}),
         ])
 
     def test_an_end_no_assign_carries_is_sent_alone_after_the_delay(self) -> None:

@@ -418,6 +418,29 @@ class ClientBehaviour(unittest.TestCase):
                                                      RELEASE_ROUTE: 1, OUTCOMES_ROUTE: 1})
         self.assertEqual(self.service.stats(pool)["total_assignments"], 20)
 
+    def test_an_assign_naming_a_session_carries_the_end_of_the_last_lease_block(
+            self) -> None:
+        pool = self.leasing_pool(max_in_flight=1)
+        self.service.seed(pool, [P1])
+        client = self.service.client(done_delay=30)
+        self.addCleanup(client.close)
+        before = self.service.requests()
+        with client.lease(pool, report=True) as leased:
+            pass
+        # One place only: the session gets it because its assign released the block's lease.
+        assigned = client.assign(pool, session="login")
+        assert isinstance(assigned, Assignment)
+        assert assigned.session is not None
+        self.assertEqual((assigned.proxy, assigned.in_flight, assigned.session.id,
+                          assigned.session.repinned, assigned.done),
+                         (P1, 1, "login", False, DoneEffect(released=True, proxy=P1,
+                                                            effect="counted",
+                                                            consecutive_failures=0)))
+        self.assertEqual(leased.reported, Outcome(proxy=P1, result="ok", effect="counted",
+                                                  consecutive_failures=0))
+        self.assertEqual(self.worker_calls(before), {"/pools/{pool}/assign": 2})
+        self.assertEqual(self.in_flight(pool), 1)
+
     def test_a_lease_no_assign_follows_is_released_and_reported_after_the_delay(
             self) -> None:
         pool = self.leasing_pool(health={"max_consecutive_failures": 1, "jitter_percent": 0})

@@ -184,10 +184,10 @@ class AsyncClient:
         ``retry_after``); with ``count``, a list of up to that many distinct members, empty
         on 204. ``done`` (a :class:`Done`) reports the previous request and releases its
         lease in the same step, before the pick (``assignment.done`` says what it did).
-        Without ``done`` or ``session``, it carries the end of a :meth:`lease` block on the
-        pool that waits for one (see ``carry_done``)."""
+        Without ``done``, it carries the end of a :meth:`lease` block on the pool that waits
+        for one (see ``carry_done``), with or without ``session``."""
         ended = None
-        if done is None and session is None and self._unsent:
+        if done is None and self._unsent:
             ended = self._unsent.take(pool)
             if ended is not None:
                 done = ended.done()

@@ -677,16 +677,17 @@ class Client:
         ``done`` (a :class:`Done`) reports how the previous request through this pool
         ended and releases its lease in the same step, before the pick: one call per
         request cycle instead of two. It is applied also when the answer is 204; what it
-        did is ``assignment.done`` (with ``count``, on the first assignment). Without
-        ``done`` (and without ``session``, which the service does not take with it), the
-        assign carries the end of this thread's last :meth:`lease` block on the pool, if
-        one is waiting (see ``carry_done``).
+        did is ``assignment.done`` (with ``count``, on the first assignment). With a
+        ``session``, the done comes first: a done that trips the session's member re-pins
+        the session in the same call. Without ``done``, the assign carries the end of this
+        thread's last :meth:`lease` block on the pool, if one is waiting (see
+        ``carry_done``), with or without ``session``.
 
         Raises :class:`NotFound` (``pool_not_found``), :class:`Unauthorized`,
         :class:`Unavailable`, or :class:`ProxyAllocatorError` for other error answers.
         """
         ended = None
-        if done is None and session is None and self._unsent:
+        if done is None and self._unsent:
             ended = self._unsent.take((threading.get_ident(), pool))
             if ended is not None:
                 done = ended.done()
