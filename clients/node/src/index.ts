@@ -322,9 +322,9 @@ export class Client {
     async assign(pool: string, options?: AssignOptions): Promise<Assignment | null>;
     async assign(pool: string, options: AssignOptions = {}): Promise<Assignment | Assignment[] | null> {
         const body = assignBody(options);
-        // A pending done rides along unless the caller brought one (an assign carries one)
-        // or names a session (the service takes no done with one yet).
-        const carried = options.done === undefined && options.session === undefined ? this.#take(pool) : undefined;
+        // A pending done rides along unless the caller brought one (an assign carries one),
+        // also on an assign naming a session (the service applies the done first).
+        const carried = options.done === undefined ? this.#take(pool) : undefined;
         let answer: Answer;
         try {
             answer = await this.#call(

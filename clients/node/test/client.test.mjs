@@ -311,6 +311,24 @@ for (const store of ['redis', 'embedded']) {
             await mixed.release(pool, next.lease.id);
         });
 
+        test('an assign naming a session carries the pending release and report in the same call', async () => {
+            // One place only: the session gets it because its assign released the lease first.
+            const pool = await service.createPool({ policy: 'least-in-flight', max_in_flight: 1 });
+            await service.seed(pool, [P1]);
+            const sessions = service.client({ releaseDelayMs: 60_000 });
+            const before = await service.calls();
+            await sessions.lease(pool, async () => {}, { report: true });
+            const next = await sessions.assign(pool, { session: 'login' });
+            assert.deepEqual(
+                [next.proxy, next.inFlight, next.session.id, next.session.repinned, next.done],
+                [P1, 1, 'login', false, RELEASED_OK],
+            );
+            assert.deepEqual(callsSince(before, await service.calls()), { [ASSIGN]: 2 });
+            await sessions.release(pool, next.lease.id);
+            await sessions.close();
+            assert.deepEqual(callsSince(before, await service.calls()), { [ASSIGN]: 2, [RELEASE]: 1 });
+        });
+
         test('a process that runs out of work sends its pending release before it exits', async () => {
             const pool = await service.createPool({ policy: 'least-in-flight' });
             await service.seed(pool, [P1]);
