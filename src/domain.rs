@@ -3,6 +3,7 @@
 
 mod candidate;
 pub mod count;
+mod exclude;
 mod health;
 mod labels;
 mod lease;
@@ -23,6 +24,7 @@ pub use candidate::{
     mask_credentials,
 };
 pub use count::{AssignCount, InvalidAssignCount};
+pub use exclude::{Exclude, InvalidExclude, MAX_EXCLUDED};
 pub use health::{
     CHECK_BODY_WINDOW_BYTES, CheckConfig, CheckKind, HealthConfig, InvalidHealthConfig,
     OutcomeResult,

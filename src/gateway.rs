@@ -50,7 +50,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::domain::{MemberId, OutcomeResult, PoolId, Scheme, Target};
+use crate::domain::{Exclude, MemberId, OutcomeResult, PoolId, Scheme, Target};
 use crate::monitoring::{OTHER_POOL, PoolSnapshot};
 use crate::store::{AssignRequest, Assignment, Lease, Report, ReportSource, Store, StoreError};
 
@@ -309,10 +309,13 @@ impl Gateway {
         let pool = selection.pool.clone();
         let allow_private = self.allow_private(&pool).await?;
         *label = self.inner.snapshot.label(&pool, true).to_owned();
-        let assign = AssignRequest {
+        // Each attempt excludes the members tried before it, so that a retry never goes
+        // back to a member that just failed (its count may well still be the lowest).
+        let mut assign = AssignRequest {
             ttl: selection.ttl,
             labels: selection.labels,
             target: Some(target.clone()),
+            exclude: Exclude::default(),
         };
         let mut upgrade = (kind == Kind::Tunnel).then(|| hyper::upgrade::on(&mut request));
         let mut body = Some(request);
@@ -363,11 +366,13 @@ impl Gateway {
                 Ok(Err(DialError::Failed(why))) => {
                     self.failed(&pool, &member, &why, hold).await;
                     failures += 1;
+                    assign.exclude.insert(member);
                     continue;
                 }
                 Err(_) => {
                     self.failed(&pool, &member, "timed out", hold).await;
                     failures += 1;
+                    assign.exclude.insert(member);
                     continue;
                 }
             };
@@ -643,8 +648,12 @@ impl Held {
         }
         let gateway = self.gateway.clone();
         let exchange = async {
-            let (mut sender, connection) =
-                hyper::client::conn::http1::handshake(TokioIo::new(connection)).await?;
+            // Header names go out capitalised (`Proxy-Authorization`), as browsers and curl
+            // write them: some upstream proxies read their credentials in that spelling only.
+            let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
+                .title_case_headers(true)
+                .handshake(TokioIo::new(connection))
+                .await?;
             tokio::spawn(connection);
             let response = sender
                 .send_request(Request::from_parts(parts, body))

@@ -52,8 +52,8 @@ pub use self::chunks::{CHUNK_BUDGET, CHUNK_GRANULE, LARGE_WORK_SHARE, MAX_CHUNK,
 pub use self::embedded::{DataDirOptions, EmbeddedStore, OpenError};
 pub use self::redis::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
-    AssignCount, LabelFilter, Labels, LeaseId, LeaseTtl, MemberId, OutcomeResult, PoolConfig,
-    PoolId, RestorePolicy, SessionId, SessionTtl, Target, Timestamp,
+    AssignCount, Exclude, LabelFilter, Labels, LeaseId, LeaseTtl, MemberId, OutcomeResult,
+    PoolConfig, PoolId, RestorePolicy, SessionId, SessionTtl, Target, Timestamp,
 };
 
 /// How many expired leases an assign reclaims before it chooses, at most. It keeps the
@@ -122,6 +122,9 @@ pub struct AssignRequest {
     /// The host the worker will contact: members banned for it are skipped (at most
     /// [`MAX_LABEL_CHECKS`] of them; see [`Store::assign`]).
     pub target: Option<Target>,
+    /// Members this one assign must not hand out, as if they were ineligible for it; they
+    /// bring no `Retry-After` (nothing makes them eligible by itself).
+    pub exclude: Exclude,
 }
 
 /// The sticky session an assign names (see [`Store::assign_in_session`]).

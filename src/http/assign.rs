@@ -14,8 +14,8 @@ use super::error::ApiError;
 use super::extract::{JsonBody, JsonOrDefault, PoolPath};
 use super::log::set_outcome;
 use crate::domain::{
-    AssignCount, FilterField, LabelFilter, LeaseTtl, MemberId, PoolId, SessionId, SessionTtl,
-    Target,
+    AssignCount, Exclude, FilterField, LabelFilter, LeaseTtl, MemberId, PoolId, SessionId,
+    SessionTtl, Target,
 };
 use crate::store::{
     AssignRequest, Assignment, Lease, MAX_LABEL_CHECKS, SessionPin, SessionRequest, StoreError,
@@ -51,6 +51,10 @@ pub struct AssignBody {
     /// same atomic step.
     #[serde(default)]
     done: Option<DoneBody>,
+    /// Up to 100 members this call must not hand out, as if they were ineligible for it
+    /// (a retry that moves on from the members it already tried).
+    #[serde(default)]
+    exclude: Option<serde_json::Value>,
 }
 
 /// What an assign asks for: one member, several, or one in a session.
@@ -102,11 +106,19 @@ impl AssignBody {
             .map(|value| Target::from_json("target", value))
             .transpose()
             .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+        let exclude = self
+            .exclude
+            .as_ref()
+            .map(|value| Exclude::from_json("exclude", value))
+            .transpose()
+            .map_err(|e| ApiError::InvalidRequest(e.to_string()))?
+            .unwrap_or_default();
         Ok((
             AssignRequest {
                 ttl: self.ttl_ms,
                 labels,
                 target,
+                exclude,
             },
             wanted,
         ))
@@ -193,7 +205,8 @@ impl<'a> Entry<'a> {
 /// n distinct members at once, as `{"pool", "assigned": [...]}`; `{"session": "id"}` hands
 /// out the session's member again while it stays eligible for the request (else pins a
 /// fresh pick), with `"session": {"id", "expires_at", "repinned"}` in the answer;
-/// `{"done": {...}}` applies the worker's last outcome (and releases its lease) first, in
+/// `{"exclude": [ids]}` never hands out those members in this call (a 204 they alone cause
+/// has no `Retry-After`); `{"done": {...}}` applies the worker's last outcome (and releases its lease) first, in
 /// the same atomic step, with every other field, and the answer says what it did.
 pub async fn assign(
     _: Worker,

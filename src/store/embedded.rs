@@ -52,8 +52,8 @@ use super::{
     StoreStatus, Swept,
 };
 use crate::domain::{
-    AssignCount, LabelFilter, LeaseId, LeaseTtl, MAX_SESSIONS, MemberId, OutcomeResult, Policy,
-    PoolConfig, PoolId, RestorePolicy, SessionId, Target, Timestamp,
+    AssignCount, Exclude, LabelFilter, LeaseId, LeaseTtl, MAX_SESSIONS, MemberId, OutcomeResult,
+    Policy, PoolConfig, PoolId, RestorePolicy, SessionId, Target, Timestamp,
 };
 
 use self::codec::{MemberImage, PoolImage, Provenance, SourceBook};
@@ -1023,8 +1023,8 @@ impl Pool {
                 break;
             }
             match self.held_until(holds, member(entry)) {
-                Some(until) => {
-                    earliest = Some(earliest.map_or(until, |e| e.min(until)));
+                Some(held_back) => {
+                    earliest = held_back.earliest(earliest);
                     held += 1;
                 }
                 None => found.push(entry),
@@ -1034,8 +1034,8 @@ impl Pool {
     }
 
     /// What may hold members back for this request: the bans of its target, when it has
-    /// live ones, and the pacing scope that applies. `None` when nothing does: an assign
-    /// then takes the plain path.
+    /// live ones, the pacing scope that applies, and the members it excludes. `None` when
+    /// nothing does: an assign then takes the plain path.
     fn holds<'a>(&self, request: &'a AssignRequest, now: Timestamp) -> Option<Holds<'a>> {
         let bans = request
             .target
@@ -1051,18 +1051,30 @@ impl Pool {
                 Some((None, pacing.min_interval_ms))
             }
         });
-        (bans.is_some() || rests.is_some()).then_some(Holds { bans, rests, now })
+        let exclude = (!request.exclude.is_empty()).then_some(&request.exclude);
+        (bans.is_some() || rests.is_some() || exclude.is_some()).then_some(Holds {
+            bans,
+            rests,
+            exclude,
+            now,
+        })
     }
 
-    /// Until when `member` is held back for the request, `None` when it is free.
-    pub(super) fn held_until(&self, holds: &Holds<'_>, member: &MemberId) -> Option<Timestamp> {
+    /// Why `member` is held back for the request, `None` when it is free.
+    pub(super) fn held_until(&self, holds: &Holds<'_>, member: &MemberId) -> Option<HeldBack> {
+        if holds
+            .exclude
+            .is_some_and(|exclude| exclude.contains(member))
+        {
+            return Some(HeldBack::Excluded);
+        }
         let banned = holds
             .bans
             .and_then(|target| self.bans.banned_until(target, member, holds.now));
         let resting = holds
             .rests
             .and_then(|(scope, _)| self.rests.resting_until(scope, member, holds.now));
-        banned.max(resting)
+        banned.max(resting).map(HeldBack::Until)
     }
 
     /// Rests the member just handed out, when the request is paced.
@@ -1310,8 +1322,8 @@ impl Pool {
     }
 
     /// Whether a session's member may still be handed out for `request`: eligible, not
-    /// banned for its target, carrying its labels, and on a capped least-in-flight pool
-    /// below the cap.
+    /// banned for its target, carrying its labels, not excluded, and on a capped
+    /// least-in-flight pool below the cap.
     fn still_fits(&self, member: &MemberId, request: &AssignRequest, now: Timestamp) -> bool {
         let banned = request
             .target
@@ -1328,7 +1340,11 @@ impl Pool {
                 .config
                 .max_in_flight
                 .is_none_or(|cap| self.in_flight_of(member) < cap.get());
-        self.eligible.get(member).is_some() && !banned && labelled && below_cap
+        self.eligible.get(member).is_some()
+            && !banned
+            && labelled
+            && below_cap
+            && !request.exclude.contains(member)
     }
 
     /// Up to `count` distinct members in the choosing order among those that fit
@@ -1511,8 +1527,29 @@ pub(super) struct Holds<'a> {
     /// When the request is paced: its scope (`None` pool-wide, else the target) and the
     /// interval in milliseconds.
     rests: Option<(Option<&'a Target>, u64)>,
+    /// The members the request excludes, when it names any.
+    exclude: Option<&'a Exclude>,
     /// The time of the assign.
     now: Timestamp,
+}
+
+/// Why a member is held back for one request (see `Pool::held_until`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum HeldBack {
+    /// The request excludes it: nothing makes it free by itself, so it brings no wait.
+    Excluded,
+    /// Banned for the request's target or resting, until then.
+    Until(Timestamp),
+}
+
+impl HeldBack {
+    /// The earlier of `earliest` and when this member is free again.
+    pub(super) fn earliest(self, earliest: Option<Timestamp>) -> Option<Timestamp> {
+        match self {
+            Self::Excluded => earliest,
+            Self::Until(until) => Some(earliest.map_or(until, |e| e.min(until))),
+        }
+    }
 }
 
 /// How many of the soonest returns an assign with a label filter that found nothing looks

@@ -218,6 +218,38 @@ async fn plain_http_requests_go_through_http_and_socks5_members_with_their_crede
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_reads_proxy_authorization_only_capitalised_gets_the_credentials() {
+    let app = spawn().await;
+    let site = target(None).await;
+    let proxy = HttpProxy {
+        authorization: Some(MEMBER_BASIC),
+        case_sensitive: true,
+        ..HttpProxy::default()
+    }
+    .start()
+    .await;
+    proxy_pool(&app, "strict").await;
+    app.seed("strict", &[&member("http", &proxy)], None).await;
+    let url = format!("http://127.0.0.1:{}/health", site.port());
+    assert_eq!(curl(&app, "strict", &[&url]).await, (0, HEALTHY.to_owned()));
+    assert_eq!(
+        curl(&app, "strict", &["--proxytunnel", &url]).await,
+        (0, HEALTHY.to_owned())
+    );
+    assert_eq!(
+        proxy.seen(),
+        vec![
+            format!("GET {url} HTTP/1.1 | {MEMBER_BASIC}"),
+            format!(
+                "CONNECT 127.0.0.1:{} HTTP/1.1 | {MEMBER_BASIC}",
+                site.port()
+            ),
+        ]
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_label_in_the_user_name_selects_the_members_carrying_it() {
     let app = spawn().await;
     let site = target(None).await;
@@ -472,18 +504,23 @@ async fn a_dead_member_is_reported_failed_and_the_next_pick_carries_the_request(
     app.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn attempts_stop_at_gateway_attempts_with_a_502() {
-    let app = spawn_on(Backend::Embedded, |config| config.gateway_attempts = 2).await;
-    let dead: Vec<String> = (0..3)
-        .map(|_| format!("http://127.0.0.1:{}", closed_port()))
-        .collect();
-    proxy_pool(&app, "web").await;
-    for (id, count) in dead.iter().zip([0, 5, 10]) {
-        app.seed("web", &[id], Some(count)).await;
+/// Dead members (closed ports) seeded into `web`, one per count, in that order.
+async fn dead_members(app: &TestApp, counts: &[u64]) -> Vec<String> {
+    proxy_pool(app, "web").await;
+    let mut dead = Vec::new();
+    for count in counts {
+        let id = format!("http://127.0.0.1:{}", closed_port());
+        app.seed("web", &[&id], Some(*count)).await;
+        dead.push(id);
     }
+    dead
+}
+
+/// A CONNECT through `web` that must fail: the 502's marker and its body, which says how
+/// many members were tried.
+async fn connect_fails_after(app: &TestApp, tried: usize) {
     let (status, head, body) =
-        raw(&app, "CONNECT 127.0.0.1:443 HTTP/1.1", basic("web", TOKEN)).await;
+        raw(app, "CONNECT 127.0.0.1:443 HTTP/1.1", basic("web", TOKEN)).await;
     assert_eq!(status, 502, "{head}");
     assert!(
         head.contains("\r\nx-proxy-allocator: upstream-failed\r\n"),
@@ -493,17 +530,77 @@ async fn attempts_stop_at_gateway_attempts_with_a_502() {
         serde_json::from_str::<Value>(&body).expect("JSON"),
         error(
             "upstream_failed",
-            "2 member(s) tried, none could be reached"
+            &format!("{tried} member(s) tried, none could be reached")
         )
     );
-    // The first stays the least used after one failed attempt, so it is the next pick too.
-    let mut expected = vec![
-        (dead[0].clone(), 2, 2),
-        (dead[1].clone(), 5, 0),
-        (dead[2].clone(), 10, 0),
-    ];
+}
+
+/// `(id, assignments, consecutive_failures)` of each of `members`, sorted by id.
+fn sorted(members: &[String], counts: &[(u64, u64)]) -> Vec<(String, u64, u64)> {
+    let mut expected: Vec<(String, u64, u64)> = members
+        .iter()
+        .zip(counts)
+        .map(|(id, (assignments, failures))| (id.clone(), *assignments, *failures))
+        .collect();
     expected.sort();
-    assert_eq!(health(&app, "web").await, expected);
+    expected
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_stop_at_gateway_attempts_with_a_502() {
+    let app = spawn_on(Backend::Embedded, |config| config.gateway_attempts = 2).await;
+    let dead = dead_members(&app, &[0, 5, 10]).await;
+    connect_fails_after(&app, 2).await;
+    // The first stays the least used after its failed attempt, yet the retry moves on to
+    // the next member: each attempt excludes the members tried before it.
+    assert_eq!(
+        health(&app, "web").await,
+        sorted(&dead, &[(1, 1), (6, 1), (10, 0)])
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_member_at_the_lowest_count_is_tried_once_and_a_live_one_serves_on_every_store() {
+    for backend in [Backend::Redis, Backend::Embedded, Backend::Durable] {
+        let app = spawn_on(backend, |_| {}).await;
+        let site = target(None).await;
+        let live = http_proxy().await;
+        let dead = format!("http://127.0.0.1:{}", closed_port());
+        proxy_pool(&app, "flaky").await;
+        app.seed("flaky", &[&dead], Some(0)).await;
+        app.seed("flaky", &[&member("http", &live)], Some(5)).await;
+        let url = format!("http://127.0.0.1:{}/health", site.port());
+        assert_eq!(
+            curl(&app, "flaky", &[&url]).await,
+            (0, HEALTHY.to_owned()),
+            "{backend:?}"
+        );
+        let mut expected = vec![(dead.clone(), 1, 1), (member("http", &live), 6, 0)];
+        expected.sort();
+        assert_eq!(health(&app, "flaky").await, expected, "{backend:?}");
+        app.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_dead_members_and_three_attempts_try_each_once_then_answer_502() {
+    let app = spawn_on(Backend::Redis, |config| config.gateway_attempts = 3).await;
+    let dead = dead_members(&app, &[0, 1, 2]).await;
+    connect_fails_after(&app, 3).await;
+    assert_eq!(
+        health(&app, "web").await,
+        sorted(&dead, &[(1, 1), (2, 1), (3, 1)])
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_stop_early_when_only_members_already_tried_remain() {
+    let app = spawn_on(Backend::Embedded, |config| config.gateway_attempts = 5).await;
+    let dead = dead_members(&app, &[0, 0]).await;
+    connect_fails_after(&app, 2).await;
+    assert_eq!(health(&app, "web").await, sorted(&dead, &[(1, 1), (1, 1)]));
     app.stop().await;
 }
 
@@ -978,9 +1075,10 @@ async fn https_socks4_and_socks5h_members_are_dialled_by_their_scheme() {
     )
     .await;
     assert_eq!(status, 502, "{body}");
+    // Tried once: the pool's one member, excluded from the retries, leaves nothing to try.
     assert_eq!(
         health(&app, "tls").await,
-        vec![(member("https", &tls), 3, 3)]
+        vec![(member("https", &tls), 1, 1)]
     );
     app.stop().await;
 }

@@ -426,6 +426,26 @@ impl TestApp {
         read(response).await
     }
 
+    /// An assign with a JSON body: status, `Retry-After` and body (Null on 204).
+    pub async fn assign_json(
+        &self,
+        pool: &str,
+        body: &Value,
+    ) -> (StatusCode, Option<String>, Value) {
+        let response = self
+            .anonymous(Method::POST, &format!("/pools/{pool}/assign"))
+            .json(body)
+            .send()
+            .await
+            .expect("request sent");
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().expect("text").to_owned());
+        let (status, body) = read(response).await;
+        (status, retry_after, body)
+    }
+
     /// The proxy of an assign that must succeed.
     pub async fn assigned(&self, pool: &str) -> (String, u64) {
         let (status, body) = self.assign(pool).await;

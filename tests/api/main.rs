@@ -19,6 +19,7 @@ mod contract;
 mod deploy;
 mod done;
 mod due;
+mod exclude;
 mod gateway;
 mod health;
 mod import;

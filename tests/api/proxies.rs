@@ -267,6 +267,9 @@ pub struct HttpProxy {
     pub authorization: Option<&'static str>,
     /// How long to wait before relaying each request.
     pub delay: Duration,
+    /// Read `Proxy-Authorization` only in that capitalisation, as some real proxies do
+    /// (pproxy's HTTP listener ignores `proxy-authorization`).
+    pub case_sensitive: bool,
 }
 
 impl HttpProxy {
@@ -279,7 +282,14 @@ impl HttpProxy {
             async move {
                 let (head, rest) = read_head(&mut io).await?;
                 let line = head.lines().next().unwrap_or_default().to_owned();
-                let credentials = header(&head, "proxy-authorization").unwrap_or("-");
+                let credentials = if this.case_sensitive {
+                    head.lines()
+                        .skip(1)
+                        .find_map(|line| line.strip_prefix("Proxy-Authorization: "))
+                } else {
+                    header(&head, "proxy-authorization")
+                }
+                .unwrap_or("-");
                 seen.lock()
                     .expect("lock")
                     .push(format!("{line} | {credentials}"));

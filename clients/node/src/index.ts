@@ -214,6 +214,11 @@ export interface AssignOptions {
      * `count`, the first assignment carries its {@link DoneEffect}.
      */
     done?: Done;
+    /**
+     * Up to 100 member ids this call never hands out, as if they were ineligible for it: a
+     * retry that moves on from the proxies it already tried.
+     */
+    exclude?: readonly string[];
     /** Throw {@link NoProxyAvailable} on 204 instead of returning `null` (or `[]`). */
     raiseIfEmpty?: boolean;
 }
@@ -681,6 +686,7 @@ function assignBody(options: AssignOptions): Record<string, unknown> | undefined
     if (options.session !== undefined) body.session = options.session;
     if (options.sessionTtlMs !== undefined) body.session_ttl_ms = options.sessionTtlMs;
     if (options.done !== undefined) body.done = doneBody(options.done);
+    if (options.exclude !== undefined) body.exclude = [...options.exclude];
     return Object.keys(body).length === 0 ? undefined : body;
 }
 

@@ -365,6 +365,18 @@ for (const store of ['redis', 'embedded']) {
             await assert.rejects(client.assign(pool, { count: 101 }), (error) => error.status === 400);
         });
 
+        test('exclude never hands out the members it names, with count too', async () => {
+            const pool = await service.createPool();
+            const members = ['http://x1.example.net:3128', 'http://x2.example.net:3128', 'http://x3.example.net:3128'];
+            await service.seed(pool, members);
+            assert.deepEqual(await client.assign(pool, { exclude: [members[0]] }), { pool, proxy: members[1], assignments: 1 });
+            assert.deepEqual(await client.assign(pool, { count: 3, exclude: [members[1]] }), [
+                { pool, proxy: members[0], assignments: 1 },
+                { pool, proxy: members[2], assignments: 1 },
+            ]);
+            assert.equal(await client.assign(pool, { exclude: members }), null);
+        });
+
         test('200 concurrent callers keep the counts exact', async () => {
             const pool = await service.createPool();
             const members = Array.from({ length: 7 }, (_, i) => `http://m${i}.example.net:3128`);

@@ -95,6 +95,13 @@ class AsyncBehaviour(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(await self.client.assign(pool),
                          Assignment(pool=pool, proxy=P1, assignments=1))
 
+    async def test_assign_with_exclude_never_hands_out_the_proxies_named(self) -> None:
+        pool = self.service.create_pool()
+        self.service.seed(pool, [P1, P2])
+        self.assertEqual(await self.client.assign(pool, exclude=[P1]),
+                         Assignment(pool=pool, proxy=P2, assignments=1))
+        self.assertIsNone(await self.client.assign(pool, exclude=[P1, P2]))
+
     async def test_assign_with_count_returns_distinct_members_in_pick_order(self) -> None:
         pool = self.service.create_pool()
         self.service.seed(pool, [P2, P1])

@@ -114,6 +114,18 @@ class ClientBehaviour(unittest.TestCase):
             client.assign(pool, target="https://shop.example.com/")
         self.assertEqual(raised.exception.code, "invalid_request")
 
+    def test_assign_with_exclude_never_hands_out_the_proxies_named(self) -> None:
+        pool = self.service.create_pool()
+        self.service.seed(pool, [P1, P2])
+        client = self.service.client()
+        self.assertEqual(client.assign(pool, exclude=[P1]),
+                         Assignment(pool=pool, proxy=P2, assignments=1))
+        self.assertIsNone(client.assign(pool, exclude=(P1, P2)))
+        self.assertEqual(client.assign(pool, count=2, exclude=[P2]),
+                         [Assignment(pool=pool, proxy=P1, assignments=1)])
+        with self.assertRaises(TypeError):
+            client.assign(pool, exclude=P1)
+
     def test_assign_with_count_returns_distinct_members_in_pick_order(self) -> None:
         pool = self.service.create_pool()
         self.service.seed(pool, [P2, P1])

@@ -161,9 +161,9 @@ impl Pool {
     /// that order, by the rule of `pick_labelled` in `scripts/labels.lua`: with one key
     /// and nothing held, the first entries of each value's set; otherwise a walk over the
     /// key with the fewest entries that checks at most [`MAX_LABEL_CHECKS`] candidates.
-    /// With `holds`, members banned for the request's target or resting are skipped, each
-    /// counting as a check; the earliest time one of those that pass the filter is free
-    /// again comes second.
+    /// With `holds`, members banned for the request's target, resting or excluded are
+    /// skipped, each counting as a check; the earliest time one of those that pass the
+    /// filter is free again comes second (an excluded member never is).
     pub(super) fn pick_labelled(
         &self,
         filter: &LabelFilter,
@@ -214,8 +214,8 @@ impl Pool {
                     {
                         continue;
                     }
-                    if let Some(until) = banned_until(&entry.2) {
-                        earliest = Some(earliest.map_or(until, |e| e.min(until)));
+                    if let Some(held_back) = banned_until(&entry.2) {
+                        earliest = held_back.earliest(earliest);
                         continue;
                     }
                 }

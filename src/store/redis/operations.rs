@@ -249,7 +249,14 @@ impl RedisStore {
             (None, n) => std::borrow::Cow::Owned(n.to_string()),
         };
         let groups = request.labels.script_args();
-        let mut args: Vec<&[u8]> = Vec::with_capacity(6 + groups.len());
+        // The excluded members, after the label groups: one argument, a newline before each
+        // id (no label group starts with one; see assign.lua).
+        let exclude_arg: String = request
+            .exclude
+            .iter()
+            .flat_map(|member| ["\n", member.as_str()])
+            .collect();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(7 + groups.len());
         args.extend([
             id_arg.as_bytes(),
             ttl_arg.as_bytes(),
@@ -259,6 +266,9 @@ impl RedisStore {
             count_arg.as_bytes(),
         ]);
         args.extend(groups.iter().map(|group| group.as_bytes()));
+        if !exclude_arg.is_empty() {
+            args.push(exclude_arg.as_bytes());
+        }
         let mut extra = match &request.target {
             Some(target) => self.target_keys(pool, target),
             None => Vec::new(),

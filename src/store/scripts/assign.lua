@@ -50,7 +50,12 @@
 -- delete_pool.lua) is never read. Up to 16 ended sessions leave the index per assign.
 -- The answer is then {3, session ends_ms (0 when none is live), 1 when re-pinned else 0,
 -- the answer as without a session}, or {-3} when a new session would pass max_sessions.
--- `meta` and `first_due` come from assign_fast.lua, which also answers the common assign.
+-- Exclude: the last ARGV, when it starts with a newline, lists members this call must not
+-- hand out (a newline before each id), as if they were ineligible for it: skipped in the
+-- choosing order like a banned member (a check each) but bringing no wait, since nothing
+-- makes them eligible by themselves; a session's member among them is re-pinned.
+-- `meta`, `first_due` and `excluding` come from assign_fast.lua, which also answers the
+-- common assign.
 local now = false
 if first_due then
     now = now_ms()
@@ -70,6 +75,16 @@ do
         session.id = string.sub(session.key, #session.index + 2)
     end
 end
+local excluded = nil
+if excluding then
+    excluded = {}
+    for id in string.gmatch(ARGV[#ARGV], '[^\n]+') do
+        excluded[id] = true
+    end
+    ARGV[#ARGV] = nil
+end
+-- When an excluded member is free again: never (math.huge), dropped from any wait.
+local NEVER = math.huge
 local wanted = session and 1 or tonumber(ARGV[6])
 local groups = filter_groups(7)
 -- Whether the assign names a target: its two keys follow the pool's 22.
@@ -97,11 +112,15 @@ if meta[6] then
     now = now or now_ms()
 end
 
--- Until when a member is not to be handed out for this request (banned for its target, or
--- resting), nil when it is free. nil as a whole when nothing is skipped.
+-- Until when a member is not to be handed out for this request (banned for its target,
+-- resting, or NEVER when excluded), nil when it is free. nil as a whole when nothing is
+-- skipped.
 local held_until = nil
-if bans or rests then
+if bans or rests or excluded then
     held_until = function(member)
+        if excluded and excluded[member] then
+            return NEVER
+        end
         local ends = nil
         if bans then
             local text = redis.call('HGET', KEYS[23], member)
@@ -216,6 +235,9 @@ if session then
             local text = redis.call('HGET', KEYS[23], member)
             order = tonumber(string.match(text or '', '^(%d+)') or 0) <= now and order or nil
         end
+        if order and excluded and excluded[member] then
+            order = nil
+        end
         if order and groups
             and not passes(labels_table(redis.call('HGET', KEYS[13], member)), groups, 0) then
             order = nil
@@ -282,6 +304,9 @@ else
         orders[#orders + 1] = lif and (string.format('%020d', tonumber(head[2])) .. head[1])
             or order_of(head[2], head[1])
     end
+end
+if banned_until == NEVER then
+    banned_until = nil
 end
 if #orders == 0 then
     return answer(nothing_eligible(banned_until))

@@ -11,8 +11,10 @@ if not meta[1] then
     return {-1}
 end
 local first_due = redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')[2]
+-- An assign that excludes members ends its ARGV with them, a newline first (see assign.lua).
+local excluding = #ARGV >= 7 and string.byte(ARGV[#ARGV], 1) == 10
 -- A target adds keys after the pool's own 22 (its bans and pacing set, see assign.lua).
-if not first_due and not meta[6] and ARGV[6] == '1' and #KEYS < 23 then
+if not first_due and not meta[6] and ARGV[6] == '1' and #KEYS < 23 and not excluding then
     if meta[2] ~= 'least-in-flight' then
         if not meta[5] then
             if #ARGV < 7 then

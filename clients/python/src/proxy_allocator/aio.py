@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from types import TracebackType
-from typing import Any, List, Optional, Type, Union
+from typing import Any, List, Optional, Sequence, Type, Union
 
 import aiohttp
 from yarl import URL
@@ -176,6 +176,7 @@ class AsyncClient:
                      labels: Optional[Labels] = None, target: Optional[str] = None,
                      count: Optional[int] = None, session: Optional[str] = None,
                      session_ttl_ms: Optional[int] = None, done: Optional[Done] = None,
+                     exclude: Optional[Sequence[str]] = None,
                      raise_if_empty: bool = False
                      ) -> Union[Optional[Assignment], List[Assignment]]:
         """As :meth:`Client.assign`: a member (carrying ``labels`` when given, not banned
@@ -184,6 +185,7 @@ class AsyncClient:
         ``retry_after``); with ``count``, a list of up to that many distinct members, empty
         on 204. ``done`` (a :class:`Done`) reports the previous request and releases its
         lease in the same step, before the pick (``assignment.done`` says what it did).
+        ``exclude`` (member ids) are never handed out by this call.
         Without ``done``, it carries the end of a :meth:`lease` block on the pool that waits
         for one (see ``carry_done``), with or without ``session``."""
         ended = None
@@ -194,7 +196,7 @@ class AsyncClient:
         try:
             answer = await self._call("/pools/{}/assign".format(_segment(pool)),
                                       _assign_body(ttl_ms, labels, target, count, session,
-                                                   session_ttl_ms, done))
+                                                   session_ttl_ms, done, exclude))
         except ProxyAllocatorError as error:
             if ended is not None:
                 self._keep(_after_failure(ended, error), first=True)

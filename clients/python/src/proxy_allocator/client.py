@@ -335,7 +335,8 @@ def _assign_body(ttl_ms: Optional[int], labels: Optional[Labels],
                  count: Optional[int] = None,
                  session: Optional[str] = None,
                  session_ttl_ms: Optional[int] = None,
-                 done: Optional[Done] = None) -> Optional[Dict[str, Any]]:
+                 done: Optional[Done] = None,
+                 exclude: Optional[Sequence[str]] = None) -> Optional[Dict[str, Any]]:
     """The optional body of an assign. New assign fields of the service join here, and only
     once the service accepts them: it refuses unknown fields."""
     body: Dict[str, Any] = {}
@@ -354,6 +355,10 @@ def _assign_body(ttl_ms: Optional[int], labels: Optional[Labels],
         body["session_ttl_ms"] = int(session_ttl_ms)
     if done is not None:
         body["done"] = done.to_json()
+    if exclude is not None:
+        if isinstance(exclude, str):
+            raise TypeError("exclude is a list of member ids, not one string")
+        body["exclude"] = list(exclude)
     return body or None
 
 
@@ -658,6 +663,7 @@ class Client:
                labels: Optional[Labels] = None, target: Optional[str] = None,
                count: Optional[int] = None, session: Optional[str] = None,
                session_ttl_ms: Optional[int] = None, done: Optional[Done] = None,
+               exclude: Optional[Sequence[str]] = None,
                raise_if_empty: bool = False) -> Union[Optional[Assignment], List[Assignment]]:
         """Asks for a member of ``pool``; ``None`` when it has none to give (HTTP 204: skip
         this request), or with ``raise_if_empty`` :class:`NoProxyAvailable`, whose
@@ -672,7 +678,9 @@ class Client:
         characters, your own id) keeps handing out the same member while it stays eligible
         for the request, else moves the session to a fresh pick (``assignment.session.
         repinned``); each call slides the session's end to ``session_ttl_ms`` (the pool's by
-        default) from now. It does not combine with ``count``.
+        default) from now. It does not combine with ``count``. ``exclude`` (up to 100
+        member ids) are never handed out by this call, as if they were ineligible for it:
+        a retry that moves on from the proxies it already tried.
 
         ``done`` (a :class:`Done`) reports how the previous request through this pool
         ended and releases its lease in the same step, before the pick: one call per
@@ -694,7 +702,7 @@ class Client:
         try:
             answer = self._call("POST", "/pools/{}/assign".format(_segment(pool)),
                                 _assign_body(ttl_ms, labels, target, count, session,
-                                             session_ttl_ms, done))
+                                             session_ttl_ms, done, exclude))
         except ProxyAllocatorError as error:
             if ended is not None:
                 self._keep(_after_failure(ended, error), first=True)
