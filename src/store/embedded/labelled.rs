@@ -162,8 +162,8 @@ impl Pool {
     /// and nothing held, the first entries of each value's set; otherwise a walk over the
     /// key with the fewest entries that checks at most [`MAX_LABEL_CHECKS`] candidates.
     /// With `holds`, members banned for the request's target or resting are skipped, each
-    /// counting as a check; the earliest time one of those that pass the filter is free
-    /// again comes second.
+    /// counting as a check; the earliest time one of those that pass the filter becomes
+    /// eligible by itself (see `Pool::wait_counts`) comes second.
     pub(super) fn pick_labelled(
         &self,
         filter: &LabelFilter,
@@ -215,7 +215,11 @@ impl Pool {
                         continue;
                     }
                     if let Some(until) = banned_until(&entry.2) {
-                        earliest = Some(earliest.map_or(until, |e| e.min(until)));
+                        // Only a member that is eligible once its hold ends makes a 204
+                        // wait (see `Pool::wait_counts`).
+                        if self.wait_counts(entry.0) {
+                            earliest = Some(earliest.map_or(until, |e| e.min(until)));
+                        }
                         continue;
                     }
                 }

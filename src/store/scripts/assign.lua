@@ -118,10 +118,21 @@ if bans or rests then
     end
 end
 
+-- Whether the end of a skipped member's hold (its ban for the target, its rest) makes it
+-- eligible by itself, so that an empty answer waits for it: on a least-in-flight pool with
+-- max_in_flight, only for a member below the cap, with `live` leases (read from its entry
+-- in the choosing order); one at the cap is still at it when its hold ends. The rule of
+-- `Pool::wait_counts` in embedded.rs.
+local lease_cap = meta[2] == 'least-in-flight' and meta[4] and tonumber(meta[4]) or nil
+local function waits_for(live)
+    return not lease_cap or live < lease_cap
+end
+
 -- The first `wanted` entries of the sorted set `key` (the choosing order) whose members
 -- are free, each as {entry, score}, in order; fewer after `budget` held members or at the
--- end of the order. Also the earliest time one of the members skipped is free again. The
--- first chunk is small: usually the first members are free.
+-- end of the order. Also the earliest time one of the members skipped becomes eligible by
+-- itself (`waits_for`; the score of an entry of the least-in-flight order is its live
+-- leases). The first chunk is small: usually the first members are free.
 local function first_free(key, budget, lif)
     local found = {}
     local earliest = nil
@@ -141,7 +152,9 @@ local function first_free(key, budget, lif)
                     break
                 end
             else
-                earliest = math.min(earliest or ends, ends)
+                if not lif or waits_for(tonumber(entries[i + 1])) then
+                    earliest = math.min(earliest or ends, ends)
+                end
                 held = held + 1
                 if held >= budget then
                     break
@@ -261,7 +274,8 @@ local from_index = groups ~= nil and not pinned_order
 if pinned_order then
     orders = {pinned_order}
 elseif groups then
-    orders, banned_until = pick_labelled(groups, tonumber(ARGV[5]), lif, held_until, wanted)
+    orders, banned_until = pick_labelled(groups, tonumber(ARGV[5]), lif, held_until, wanted,
+        waits_for)
     if orders == false then
         return {-2}
     end
@@ -326,7 +340,7 @@ for _, tail in ipairs(orders) do
     end
     local live = tonumber(string.sub(order, 1, 20))
     -- The order puts the fewest live leases first (of those not held): from the first at
-    -- the cap on, every member is at it; a held one may come back below it.
+    -- the cap on, every member is at it; a held one below it is waited for (`waits_for`).
     if cap and live >= cap then
         break
     end
