@@ -1913,6 +1913,9 @@ impl Store for EmbeddedStore {
         lease: &LeaseId,
         ttl: Option<LeaseTtl>,
     ) -> Result<Renewed, StoreError> {
+        // The twin of `renew.lua`. The new expiry, earlier or later, moves the pool's entry
+        // in the due index as every operation does (`with_pool` sets it to `next_due`), so a
+        // lease renewed shorter is reclaimed at its new expiry.
         let answer = self.with_pool(pool, |p, _| {
             let now = Timestamp::now();
             let member = p.live_lease(lease, now)?;
