@@ -787,10 +787,17 @@ async fn end_session(redis: &TestRedis) {
 async fn delete_pool(redis: &TestRedis) {
     let id = pool("delete-pool");
     let script = &redis.store.scripts.delete_pool;
+    // The keys the store's delete passes: the pool's, then the session and pacing indexes.
     let delete = || async {
         redis
             .store
-            .eval_with(script, &id, Some("token"), &[])
+            .eval_parts_with(
+                script,
+                &id,
+                &super::keys::DELETE_KEY_PARTS,
+                Some("token"),
+                &[],
+            )
             .await
             .expect("the script runs")
     };
@@ -818,12 +825,27 @@ async fn delete_pool(redis: &TestRedis) {
         )
         .await
         .expect("reported");
+    // The pacing index, which only targeted assigns are given, is renamed too: the sets it
+    // lists are then never read again.
+    let _: u64 = redis
+        .side(&[
+            "ZADD",
+            &TestRedis::key(&id, "paced_targets"),
+            "99999999999999",
+            "example.com",
+        ])
+        .await;
     let deleted = DeletePoolReply::decode(delete().await);
     let grave = |part: &str| TestRedis::key(&id, &format!("gone:token:{part}"));
     assert_eq!(
         deleted.expect("decodes"),
         DeletePoolReply {
-            graveyard: Some(vec![grave("meta"), grave("eligible"), grave("bans")])
+            graveyard: Some(vec![
+                grave("meta"),
+                grave("eligible"),
+                grave("bans"),
+                grave("paced_targets")
+            ])
         }
     );
     let eligible = TestRedis::key(&id, "eligible");

@@ -19,7 +19,8 @@
 -- leases to reclaim first, ARGV[4] how many due members to return first, ARGV[5] most
 -- candidates a label filter may check, ARGV[6] how many members, ARGV[7..] label groups
 -- "key value value ...".
--- With a target, KEYS[23] is its ban hash (see outcomes.lua) and KEYS[24] its pacing set:
+-- With a target, KEYS[23] is its ban hash (see outcomes.lua), KEYS[24] its pacing set and
+-- KEYS[25] the pool's pacing index (see `rest` below):
 -- members banned for it are skipped in the choosing order, each costing one check of the
 -- ARGV[5] budget; when the budget is spent on skipped members the answer is {0, ms} until
 -- the first of them is free again. Without a target there is no KEYS[23] and bans cost
@@ -72,8 +73,8 @@ do
 end
 local wanted = session and 1 or tonumber(ARGV[6])
 local groups = filter_groups(7)
--- Whether the assign names a target: its two keys follow the pool's 22.
-local targeted = #KEYS - (session and 2 or 0) >= 24
+-- Whether the assign names a target: its three keys follow the pool's 22.
+local targeted = #KEYS - (session and 2 or 0) >= 25
 
 -- With a target the pool has live bans for: whether its ban hash is to be read. A hash the
 -- ban index does not list (or lists as forgotten) is a deleted pool's.
@@ -84,23 +85,30 @@ if targeted then
     bans = forget and tonumber(forget) > now
 end
 -- The pacing set this assign rests its member in and skips resting members by (nil when
--- the pool is not paced for it), and the interval.
-local rests, interval = nil, nil
+-- the pool is not paced for it), and the interval. A target's set is valid only while the
+-- pacing index (KEYS[25]) lists the target with a rest not yet over: one it does not list
+-- is a deleted pool's (delete_pool.lua renames the index, not the sets it lists) or holds
+-- only rests that are over, and is `stale`: not read, and unlinked by the first rest.
+local rests, interval, stale, paced_target = nil, nil, false, nil
 if meta[6] then
     local ms, per_target = string.match(meta[6], '^(%d+) ([01])$')
+    now = now or now_ms()
     if per_target == '0' then
         rests = KEYS[22]
     elseif targeted then
         rests = KEYS[24]
+        paced_target = string.sub(KEYS[24], #KEYS[22] + 2)
+        local last = redis.call('ZSCORE', KEYS[25], paced_target)
+        stale = not (last and tonumber(last) > now)
     end
     interval = tonumber(ms)
-    now = now or now_ms()
 end
 
 -- Until when a member is not to be handed out for this request (banned for its target, or
 -- resting), nil when it is free. nil as a whole when nothing is skipped.
 local held_until = nil
-if bans or rests then
+local resting = not stale and rests
+if bans or resting then
     held_until = function(member)
         local ends = nil
         if bans then
@@ -108,8 +116,8 @@ if bans or rests then
             local banned = tonumber(string.match(text or '', '^(%d+)') or 0)
             ends = banned > now and banned or nil
         end
-        if rests then
-            local rest = tonumber(redis.call('ZSCORE', rests, member) or 0)
+        if resting then
+            local rest = tonumber(redis.call('ZSCORE', resting, member) or 0)
             if rest > now then
                 ends = math.max(ends or rest, rest)
             end
@@ -166,16 +174,38 @@ local function first_free(key, budget, lif)
     return found, earliest
 end
 
+-- Up to 16 entries of the sorted set `key` whose time is over leave it.
+local function clear_over(key)
+    local over = redis.call('ZRANGE', key, '-inf', now, 'BYSCORE', 'LIMIT', 0, 16)
+    if #over > 0 then
+        redis.call('ZREM', key, unpack(over))
+    end
+end
+
 -- Rests the member handed out until now + interval. Its entry replaces its last; up to
 -- 16 entries already over are removed, and the set expires with its last entry, so the
 -- set holds no more than what rests now, give or take what the next assigns clear.
+-- A target's set is listed in the pacing index until its last rest ends (GT: a shorter
+-- interval set meanwhile never cuts a longer rest short); the index clears up to 16
+-- targets whose rests are over and expires with its last. A stale set (see above) is
+-- unlinked first, whatever its size: UNLINK leaves freeing a large one to Redis's
+-- background thread, so the assign stays short.
 local function rest(member)
-    local over = redis.call('ZRANGE', rests, '-inf', now, 'BYSCORE', 'LIMIT', 0, 16)
-    if #over > 0 then
-        redis.call('ZREM', rests, unpack(over))
+    if stale then
+        redis.call('UNLINK', rests)
+        stale = false
+    else
+        clear_over(rests)
     end
-    redis.call('ZADD', rests, now + interval, member)
-    redis.call('PEXPIREAT', rests, now + interval)
+    local ends = now + interval
+    redis.call('ZADD', rests, ends, member)
+    redis.call('PEXPIREAT', rests, ends)
+    if paced_target then
+        clear_over(KEYS[25])
+        redis.call('ZADD', KEYS[25], 'GT', ends, paced_target)
+        local last = redis.call('ZRANGE', KEYS[25], 0, 0, 'REV', 'WITHSCORES')[2]
+        redis.call('PEXPIREAT', KEYS[25], last)
+    end
 end
 
 -- Only on the empty path: how long until the earliest cooling-down member returns, or the
