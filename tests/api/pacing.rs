@@ -177,6 +177,40 @@ async fn a_pool_created_again_under_its_id_has_no_rests_for_a_target(app: TestAp
     assert!(wait.is_some_and(|ms| ms <= 3_600_000), "{wait:?}");
 }
 
+async fn a_capped_pool_waits_only_for_resting_members_below_the_cap(app: TestApp) {
+    app.create_pool(
+        "p",
+        json!({"policy": "least-in-flight", "max_in_flight": 1,
+               "pacing": {"min_interval_ms": 60000}}),
+    )
+    .await;
+    app.seed("p", &["a", "b"], Some(0)).await;
+    let (status, first, _) = assign_with(&app, "p", json!({})).await;
+    assert_eq!((status, &first["proxy"]), (StatusCode::OK, &json!("a")));
+    assert_eq!(proxy_of(&app, "p", json!({})).await, "b");
+    // Both rest and both are at the cap, which they still are when their rests end.
+    for body in [json!({}), json!({"count": 2})] {
+        let (status, _, wait) = assign_with(&app, "p", body.clone()).await;
+        assert_eq!((status, wait), (StatusCode::NO_CONTENT, None), "{body}");
+    }
+    // Released, a is below the cap: the end of its rest is waited for.
+    let lease = first["lease"]["id"].as_str().expect("a lease id");
+    let response = app
+        .anonymous(Method::POST, &format!("/pools/p/leases/{lease}/release"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    for body in [json!({}), json!({"count": 2})] {
+        let (status, _, wait) = assign_with(&app, "p", body.clone()).await;
+        assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+        assert!(
+            wait.is_some_and(|ms| (1..=60_000).contains(&ms)),
+            "{body}: {wait:?}"
+        );
+    }
+}
+
 async fn invalid_pacing_is_refused(app: TestApp) {
     for pacing in [
         json!({"min_interval_ms": 0}),
@@ -248,5 +282,6 @@ for_each_store!(
     a_paced_least_in_flight_pool_with_labels_skips_resting_members,
     concurrent_assigns_never_receive_a_resting_member,
     a_pool_created_again_under_its_id_has_no_rests_for_a_target,
+    a_capped_pool_waits_only_for_resting_members_below_the_cap,
     invalid_pacing_is_refused,
 );
