@@ -993,44 +993,58 @@ impl Pool {
 
     /// The first entry of a choosing order whose member is free for the request (not
     /// banned for its target, not resting), checking at most [`MAX_LABEL_CHECKS`] held
-    /// members (as `first_free` in `scripts/assign.lua`). `Err` with the earliest time one
-    /// of the members skipped is free again when there is none within that budget.
+    /// members (as `first_free` in `scripts/assign.lua`), with the earliest time one of the
+    /// members skipped becomes eligible by itself (see [`Pool::wait_counts`]). `entry`
+    /// gives an entry's live leases (0 in a least-used order) and member.
     fn first_free<'a, T: 'a>(
         &self,
         order: impl Iterator<Item = &'a T>,
-        member: impl Fn(&T) -> &MemberId,
+        entry: impl Fn(&T) -> (u64, &MemberId),
         holds: &Holds<'_>,
-    ) -> Result<&'a T, Option<Timestamp>> {
-        let (mut found, earliest) = self.free_entries(order, member, holds, 1);
-        found.pop().ok_or(earliest)
+    ) -> (Option<&'a T>, Option<Timestamp>) {
+        let (mut found, earliest) = self.free_entries(order, entry, holds, 1);
+        (found.pop(), earliest)
     }
 
     /// The first `wanted` entries of a choosing order whose members are free for the
     /// request, skipping at most [`MAX_LABEL_CHECKS`] held members, with the earliest time
-    /// one of those skipped is free again.
+    /// one of those skipped becomes eligible by itself (see [`Pool::wait_counts`]).
     fn free_entries<'a, T: 'a>(
         &self,
         order: impl Iterator<Item = &'a T>,
-        member: impl Fn(&T) -> &MemberId,
+        entry: impl Fn(&T) -> (u64, &MemberId),
         holds: &Holds<'_>,
         wanted: usize,
     ) -> (Vec<&'a T>, Option<Timestamp>) {
         let mut found = Vec::new();
         let mut earliest: Option<Timestamp> = None;
         let mut held = 0u64;
-        for entry in order {
+        for item in order {
             if found.len() == wanted || held >= MAX_LABEL_CHECKS {
                 break;
             }
-            match self.held_until(holds, member(entry)) {
+            let (live, member) = entry(item);
+            match self.held_until(holds, member) {
                 Some(held_back) => {
-                    earliest = held_back.earliest(earliest);
+                    if self.wait_counts(live) {
+                        earliest = held_back.earliest(earliest);
+                    }
                     held += 1;
                 }
-                None => found.push(entry),
+                None => found.push(item),
             }
         }
         (found, earliest)
+    }
+
+    /// Whether the end of a skipped member's hold (its ban for the target, its rest) makes
+    /// it eligible by itself, so that a 204 waits for it: on a least-in-flight pool with
+    /// `max_in_flight`, only when the member, with `live` leases, is below the cap (one at
+    /// it is still at it when the hold ends). The rule of `waits_for` in
+    /// `scripts/assign.lua`.
+    pub(super) fn wait_counts(&self, live: u64) -> bool {
+        self.config.policy != Policy::LeastInFlight
+            || self.config.max_in_flight.is_none_or(|cap| live < cap.get())
     }
 
     /// What may hold members back for this request: the bans of its target, when it has
@@ -1127,14 +1141,16 @@ impl Pool {
                 });
             }
             match &holds {
-                Some(holds) => match self.first_free(self.eligible.order.iter(), |e| &e.1, holds) {
-                    Ok((_, member)) => Some(member.clone()),
-                    Err(banned_until) => {
-                        return Ok(Assignment::Empty {
-                            next_return: self.wait_with_bans(labels, banned_until, now),
-                        });
+                Some(holds) => {
+                    match self.first_free(self.eligible.order.iter(), |e| (0, &e.1), holds) {
+                        (Some((_, member)), _) => Some(member.clone()),
+                        (None, banned_until) => {
+                            return Ok(Assignment::Empty {
+                                next_return: self.wait_with_bans(labels, banned_until, now),
+                            });
+                        }
                     }
-                },
+                }
                 None => self
                     .eligible
                     .order
@@ -1233,10 +1249,10 @@ impl Pool {
                 self.pick_labelled(&request.labels, holds.as_ref(), 1)?;
             (found.pop(), banned_until)
         } else if let Some(holds) = &holds {
-            match self.first_free(self.order.iter(), |e| &e.2, holds) {
-                Ok(entry) => (Some(entry.clone()), None),
-                Err(banned_until) => (None, banned_until),
-            }
+            // The skipped members' earliest end is kept even when a free one is found: that
+            // one may be at the cap, and then the 204 waits for them.
+            let (entry, banned_until) = self.first_free(self.order.iter(), |e| (e.0, &e.2), holds);
+            (entry.cloned(), banned_until)
         } else {
             (self.order.first().cloned(), None)
         };
@@ -1246,8 +1262,8 @@ impl Pool {
             });
         };
         // The first entry has the fewest live leases of all (the first not banned: of all
-        // those not banned): if it is at the cap, so is every other; a banned one may come
-        // back below it.
+        // those not banned): if it is at the cap, so is every other; a member skipped before
+        // it below the cap becomes eligible when its hold ends, and the 204 waits for that.
         if self
             .config
             .max_in_flight
@@ -1370,7 +1386,7 @@ impl Pool {
                 match &holds {
                     Some(holds) => {
                         let (found, earliest) =
-                            self.free_entries(self.order.iter(), |e| &e.2, holds, wanted);
+                            self.free_entries(self.order.iter(), |e| (e.0, &e.2), holds, wanted);
                         (found.into_iter().cloned().collect(), earliest)
                     }
                     None => (self.order.iter().take(wanted).cloned().collect(), None),
@@ -1378,7 +1394,7 @@ impl Pool {
             } else {
                 let (entries, earliest): (Vec<&(u64, MemberId)>, Option<Timestamp>) = match &holds {
                     Some(holds) => {
-                        self.free_entries(self.eligible.order.iter(), |e| &e.1, holds, wanted)
+                        self.free_entries(self.eligible.order.iter(), |e| (0, &e.1), holds, wanted)
                     }
                     None => (self.eligible.order.iter().take(wanted).collect(), None),
                 };
@@ -1405,7 +1421,7 @@ impl Pool {
                 continue;
             }
             // The fewest live leases come first (of those not held): from the first at the
-            // cap on, all are; a held one may come back below it.
+            // cap on, all are; a held one below it is waited for (see `Pool::wait_counts`).
             if cap.is_some_and(|cap| in_flight >= cap.get()) {
                 break;
             }
@@ -1934,6 +1950,9 @@ impl Store for EmbeddedStore {
         lease: &LeaseId,
         ttl: Option<LeaseTtl>,
     ) -> Result<Renewed, StoreError> {
+        // The twin of `renew.lua`. The new expiry, earlier or later, moves the pool's entry
+        // in the due index as every operation does (`with_pool` sets it to `next_due`), so a
+        // lease renewed shorter is reclaimed at its new expiry.
         let answer = self.with_pool(pool, |p, _| {
             let now = Timestamp::now();
             let member = p.live_lease(lease, now)?;

@@ -3,7 +3,7 @@
 //! time, and an idle replica costs Redis the same few commands whatever the number of pools.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use proxy_allocator::domain::{LeaseTtl, MemberId, Policy, PoolConfig, PoolId};
 use proxy_allocator::store::{
@@ -90,6 +90,71 @@ async fn one_sweep_on_redis_reclaims_a_backlog_of_many_steps() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_sweep_on_embedded_reclaims_a_backlog_of_many_steps() {
     one_sweep_reclaims_a_backlog_of_many_steps(&EmbeddedStore::new()).await;
+}
+
+/// The ttl a lease is renewed to, well below its first (the pool's 30 s).
+const RENEWED_TTL_MS: u64 = 100;
+
+/// A lease renewed to a shorter ttl is reclaimed by the sweep once that ttl is over: the
+/// renewal moved the pool's due time (and its place in the due index) to the new expiry.
+/// One pool and, on Redis, a walk of the registry spent before the lease is taken, so that
+/// only the due index can bring the sweep to the pool.
+async fn a_lease_renewed_shorter_is_reclaimed_at_its_new_expiry(store: &dyn Store) {
+    let pool = PoolId::parse("renewed").expect("a valid pool id");
+    let config = PoolConfig {
+        policy: Policy::LeastInFlight,
+        ..PoolConfig::default()
+    };
+    store.put_pool(&pool, &config).await.expect("created");
+    let member = MemberId::parse("a").expect("a valid member");
+    store
+        .add_members(&pool, &Seed::new(vec![member.clone()]))
+        .await
+        .expect("seeded");
+    // The walk's one turn is taken here, while the pool has nothing due.
+    assert_eq!(store.sweep().await.expect("swept").reclaimed, 0);
+    let leased = store
+        .assign(&pool, &AssignRequest::default())
+        .await
+        .expect("assigned");
+    let Assignment::Leased { lease, .. } = leased else {
+        panic!("a lease, got {leased:?}");
+    };
+    assert_eq!(lease.ttl_ms.as_millis(), 30_000);
+    let ttl = LeaseTtl::from_millis(RENEWED_TTL_MS).expect("a valid ttl");
+    let renewed_at = Instant::now();
+    let renewed = store
+        .renew(&pool, &lease.id, Some(ttl))
+        .await
+        .expect("renewed");
+    assert_eq!((renewed.member, renewed.lease.ttl_ms), (member, ttl));
+
+    let deadline = renewed_at + Duration::from_secs(5);
+    let mut reclaimed = 0;
+    while reclaimed == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the renewed lease was not reclaimed 5 s after its {RENEWED_TTL_MS} ms ttl began"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        reclaimed += store.sweep().await.expect("swept").reclaimed;
+    }
+    assert!(renewed_at.elapsed() >= Duration::from_millis(RENEWED_TTL_MS));
+    assert_eq!(reclaimed, 1);
+    let info = store.pool(&pool).await.expect("the pool");
+    assert_eq!((info.stats.in_flight, info.stats.abandoned), (0, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_renewed_shorter_on_redis_is_reclaimed_at_its_new_expiry() {
+    let redis = RedisServer::start();
+    let store = replica(&redis, "renewed", LONG_TURN).await;
+    a_lease_renewed_shorter_is_reclaimed_at_its_new_expiry(&store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_renewed_shorter_on_embedded_is_reclaimed_at_its_new_expiry() {
+    a_lease_renewed_shorter_is_reclaimed_at_its_new_expiry(&EmbeddedStore::new()).await;
 }
 
 /// Sweeps (each followed by a check tick) measured per sample.

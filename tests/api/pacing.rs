@@ -145,6 +145,72 @@ async fn concurrent_assigns_never_receive_a_resting_member(app: TestApp) {
     assert!(handed.values().all(|n| *n == 1), "{handed:?}");
 }
 
+async fn a_pool_created_again_under_its_id_has_no_rests_for_a_target(app: TestApp) {
+    let paced = json!({"pacing": {"min_interval_ms": 3_600_000, "per_target": true}});
+    let shop = json!({"target": "shop.example.com"});
+    app.create_pool("c1", paced.clone()).await;
+    app.seed("c1", &["m1", "m2"], Some(0)).await;
+    assert_eq!(proxy_of(&app, "c1", shop.clone()).await, "m1");
+    assert_eq!(proxy_of(&app, "c1", shop.clone()).await, "m2");
+    let response = app
+        .admin(Method::DELETE, "/pools/c1")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    app.create_pool("c1", paced).await;
+    app.seed("c1", &["m1", "m2"], Some(0)).await;
+    // Both rested for the site in the deleted pool, neither in this one: m1, then m2 after
+    // m1's new rest was written.
+    for expected in ["m1", "m2"] {
+        let (status, body, wait) = assign_with(&app, "c1", shop.clone()).await;
+        assert_eq!((status, wait), (StatusCode::OK, None), "{body}");
+        assert_eq!(
+            (&body["proxy"], &body["assignments"]),
+            (&json!(expected), &json!(1)),
+            "{body}"
+        );
+    }
+    // Their rests in this pool hold as they should.
+    let (status, _, wait) = assign_with(&app, "c1", shop).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert!(wait.is_some_and(|ms| ms <= 3_600_000), "{wait:?}");
+}
+
+async fn a_capped_pool_waits_only_for_resting_members_below_the_cap(app: TestApp) {
+    app.create_pool(
+        "p",
+        json!({"policy": "least-in-flight", "max_in_flight": 1,
+               "pacing": {"min_interval_ms": 60000}}),
+    )
+    .await;
+    app.seed("p", &["a", "b"], Some(0)).await;
+    let (status, first, _) = assign_with(&app, "p", json!({})).await;
+    assert_eq!((status, &first["proxy"]), (StatusCode::OK, &json!("a")));
+    assert_eq!(proxy_of(&app, "p", json!({})).await, "b");
+    // Both rest and both are at the cap, which they still are when their rests end.
+    for body in [json!({}), json!({"count": 2})] {
+        let (status, _, wait) = assign_with(&app, "p", body.clone()).await;
+        assert_eq!((status, wait), (StatusCode::NO_CONTENT, None), "{body}");
+    }
+    // Released, a is below the cap: the end of its rest is waited for.
+    let lease = first["lease"]["id"].as_str().expect("a lease id");
+    let response = app
+        .anonymous(Method::POST, &format!("/pools/p/leases/{lease}/release"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    for body in [json!({}), json!({"count": 2})] {
+        let (status, _, wait) = assign_with(&app, "p", body.clone()).await;
+        assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+        assert!(
+            wait.is_some_and(|ms| (1..=60_000).contains(&ms)),
+            "{body}: {wait:?}"
+        );
+    }
+}
+
 async fn invalid_pacing_is_refused(app: TestApp) {
     for pacing in [
         json!({"min_interval_ms": 0}),
@@ -215,5 +281,7 @@ for_each_store!(
     a_pool_paced_per_target_paces_each_target_apart_and_not_untargeted_assigns,
     a_paced_least_in_flight_pool_with_labels_skips_resting_members,
     concurrent_assigns_never_receive_a_resting_member,
+    a_pool_created_again_under_its_id_has_no_rests_for_a_target,
+    a_capped_pool_waits_only_for_resting_members_below_the_cap,
     invalid_pacing_is_refused,
 );

@@ -159,6 +159,89 @@ async fn a_least_in_flight_pool_skips_banned_members_in_its_order(app: TestApp) 
     assert_eq!(app.assigned("p").await.0, "a");
 }
 
+/// An assign with a JSON body that must find nothing: its `Retry-After` and
+/// `Retry-After-Ms` (`None` without them), and the times on this machine's clock just
+/// before and after it.
+async fn nothing_for(app: &TestApp, pool: &str, body: &Value) -> (Option<(u64, u64)>, u64, u64) {
+    let before = now_ms();
+    let response = app
+        .anonymous(Method::POST, &format!("/pools/{pool}/assign"))
+        .json(body)
+        .send()
+        .await
+        .expect("request sent");
+    let after = now_ms();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().expect("ascii").parse::<u64>().expect("a number"))
+    };
+    let wait = header("retry-after").zip(header("retry-after-ms"));
+    let (status, answer) = read(response).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}: {answer}");
+    (wait, before, after)
+}
+
+/// Every assign path for `target` on a capped least-in-flight pool whose members carry
+/// `country=de`: one member, `count`, a label filter, a session.
+fn every_path_for(target: &str) -> [Value; 4] {
+    [
+        json!({"target": target}),
+        json!({"target": target, "count": 2}),
+        json!({"target": target, "labels": {"country": "de"}}),
+        json!({"target": target, "session": "s"}),
+    ]
+}
+
+/// A least-in-flight pool `pool` capped at one lease per member, with members a and b at 0,
+/// both labelled `country=de`.
+async fn capped_at_one(app: &TestApp, pool: &str) {
+    app.create_pool(
+        pool,
+        json!({"policy": "least-in-flight", "max_in_flight": 1}),
+    )
+    .await;
+    let (status, body) = app
+        .post_json(
+            &format!("/pools/{pool}/members"),
+            json!({"members": ["a", "b"], "labels": {"country": "de"}, "assignments": 0}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+async fn a_204_at_the_cap_waits_for_a_banned_member_that_holds_no_lease(app: TestApp) {
+    capped_at_one(&app, "p").await;
+    let (outcome, ..) = ban(&app, "p", "a", "shop.example.com").await;
+    let until = ms_of(&outcome["banned_until"]);
+    assert_eq!(assigned_for(&app, "p", "shop.example.com").await, "b");
+    // b is at its cap and a is banned: a's ban ends with a below its cap, so every path
+    // says when.
+    for body in every_path_for("shop.example.com") {
+        let (wait, before, after) = nothing_for(&app, "p", &body).await;
+        let (seconds, ms) = wait.unwrap_or_else(|| panic!("{body}: no Retry-After"));
+        assert!(
+            (until - after..=until - before).contains(&ms),
+            "{body}: {ms}"
+        );
+        assert_eq!(seconds, ms.div_ceil(1000), "{body}");
+        assert_eq!(seconds, 600, "{body}");
+    }
+}
+
+async fn a_204_at_the_cap_does_not_wait_for_a_banned_member_that_is_at_the_cap_too(app: TestApp) {
+    capped_at_one(&app, "p").await;
+    assert_eq!(app.assigned("p").await.0, "a");
+    assert_eq!(app.assigned("p").await.0, "b");
+    ban(&app, "p", "a", "shop.example.com").await;
+    // When a's ban ends a still holds its lease: nothing becomes eligible by itself.
+    for body in every_path_for("shop.example.com") {
+        let (wait, ..) = nothing_for(&app, "p", &body).await;
+        assert_eq!(wait, None, "{body}");
+    }
+}
+
 async fn a_banned_member_that_is_taken_out_and_back_stays_banned(app: TestApp) {
     three(&app, "p", json!({})).await;
     let (outcome, ..) = ban(&app, "p", "a", "example.com").await;
@@ -527,6 +610,8 @@ for_each_store!(
     an_assign_with_labels_and_a_target_skips_the_labelled_members_banned_for_it,
     an_assign_checks_at_most_two_thousand_banned_members_then_waits_for_the_first_ban,
     a_least_in_flight_pool_skips_banned_members_in_its_order,
+    a_204_at_the_cap_waits_for_a_banned_member_that_holds_no_lease,
+    a_204_at_the_cap_does_not_wait_for_a_banned_member_that_is_at_the_cap_too,
     a_banned_member_that_is_taken_out_and_back_stays_banned,
     a_ban_reported_again_while_it_lasts_changes_nothing,
     a_repeat_ban_doubles_up_to_the_longest_cooldown,

@@ -163,7 +163,8 @@ impl Pool {
     /// key with the fewest entries that checks at most [`MAX_LABEL_CHECKS`] candidates.
     /// With `holds`, members banned for the request's target, resting or excluded are
     /// skipped, each counting as a check; the earliest time one of those that pass the
-    /// filter is free again comes second (an excluded member never is).
+    /// filter becomes eligible by itself (see `Pool::wait_counts`; an excluded member never
+    /// does) comes second.
     pub(super) fn pick_labelled(
         &self,
         filter: &LabelFilter,
@@ -215,7 +216,11 @@ impl Pool {
                         continue;
                     }
                     if let Some(held_back) = banned_until(&entry.2) {
-                        earliest = held_back.earliest(earliest);
+                        // Only a member that is eligible once its hold ends makes a 204
+                        // wait (see `Pool::wait_counts`).
+                        if self.wait_counts(entry.0) {
+                            earliest = held_back.earliest(earliest);
+                        }
                         continue;
                     }
                 }

@@ -28,7 +28,8 @@
 //! | `<prefix>:{<pool>}:sources` | hash | per source URL: `n:<url>` -> `"<next_ms> <failures> <successes> <id>"`, `l:<url>` -> `"<at_ms> <outcome JSON>"`, its last fetch; for the last 256 ids given, `u:<id>` -> its URL (for the origins of its members) |
 //! | `<prefix>:{<pool>}:bans` | sorted set with ttl | the ban index: targets the pool has bans for -> when they are all forgotten (ms, Redis clock); expires with the last |
 //! | `<prefix>:{<pool>}:paced` | sorted set with ttl | pools paced pool-wide: member -> until when it rests (ms, Redis clock); expires with its last entry |
-//! | `<prefix>:{<pool>}:paced:<target>` | sorted set with ttl | pools paced per target: member -> until when it rests for that target; expires with its last entry; passed, after the pool's keys and the target's ban hash, only to assigns that name the target |
+//! | `<prefix>:{<pool>}:paced:<target>` | sorted set with ttl | pools paced per target: member -> until when it rests for that target; expires with its last entry; passed, after the pool's keys and the target's ban hash, only to assigns that name the target. Valid only while the pacing index lists the target, so a deleted pool's sets (left to expire) are never read: the new pool's first rest for the target unlinks it |
+//! | `<prefix>:{<pool>}:paced_targets` | sorted set with ttl | the pacing index: targets the pool rests members for -> when the last of those rests ends (ms, Redis clock); expires with the last. Not one of the pool's fixed keys: passed, after the target's pacing set, only to assigns that name a target, and renamed with the pool on delete |
 //! | `<prefix>:{<pool>}:bans:<target>` | hash with ttl | one target's bans, member -> `"<until_ms> <ban_ms> <bans in a row>"`; expires when they are all forgotten. Not one of the pool's fixed keys: passed, after them, only to the calls that name the target. Valid only while the index lists the target, so a deleted pool's hashes (left to expire, see `delete_pool.lua`) are never read |
 //! | `<prefix>:{<pool>}:sessions` | sorted set with ttl | the session index: live sticky sessions -> when they end (ms, Redis clock); expires with the last; ended ones leave it as assigns pass (see `assign.lua`). Not one of the pool's fixed keys: passed, after them, only to assigns and ends of sessions, and renamed with them on delete |
 //! | `<prefix>:{<pool>}:sessions:<session>` | string with ttl | one session's member, expiring with the session. Valid only while the index lists the session as live, so a deleted pool's (left to expire) are never read |
@@ -113,17 +114,23 @@ pub(super) const POOL_KEY_PARTS: [&str; 22] = [
 ];
 
 /// The keys `delete_pool.lua` renames: every part of [`POOL_KEY_PARTS`], then the session
-/// index, which no other pool script but the assigns and ends of sessions is given.
-pub(super) const DELETE_KEY_PARTS: [&str; 23] = {
-    let mut parts = [""; 23];
+/// index and the pacing index, which no other pool script but the assigns (and ends of
+/// sessions) is given. Renaming the indexes is what makes the session keys and per-target
+/// pacing sets a deleted pool leaves behind unreadable.
+pub(super) const DELETE_KEY_PARTS: [&str; 24] = {
+    let mut parts = [""; 24];
     let mut i = 0;
     while i < POOL_KEY_PARTS.len() {
         parts[i] = POOL_KEY_PARTS[i];
         i += 1;
     }
     parts[22] = "sessions";
+    parts[23] = PACING_INDEX;
     parts
 };
+
+/// The part of the pacing index's key (see the key layout above).
+const PACING_INDEX: &str = "paced_targets";
 
 /// The keys `pool_info.lua` is given: the first eight of [`POOL_KEY_PARTS`], which hold the
 /// four it reads (the meta hash, both member sets, the lease expiries) in their usual
@@ -214,12 +221,14 @@ impl RedisStore {
     }
 
     /// The keys an assign naming `target` takes after the pool's own: its ban hash, then
-    /// its pacing set (used when the pool is paced per target).
+    /// its pacing set and the pool's pacing index (both used when the pool is paced per
+    /// target).
     pub(super) fn target_keys(&self, pool: &PoolId, target: &Target) -> Vec<String> {
         let head = format!("{}:{{{}}}", self.prefix, pool.as_str());
         vec![
             format!("{head}:bans:{target}"),
             format!("{head}:paced:{target}"),
+            format!("{head}:{PACING_INDEX}"),
         ]
     }
 

@@ -819,6 +819,9 @@ impl Store for RedisStore {
         let value = self.eval(&self.scripts.renew, pool, &args).await?;
         let RenewReply(renewal) = RenewReply::decode(value)?;
         let renewal = renewal.ok_or(StoreError::LeaseNotFound)?;
+        // A shorter ttl moved the pool's due time earlier: its entry in the due index
+        // follows, as after an assign, so that the sweep reclaims the lease on time.
+        self.hint_due(pool, renewal.due_hint).await?;
         Ok(Renewed {
             member: renewal.member,
             lease: Lease {

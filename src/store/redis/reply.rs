@@ -769,10 +769,13 @@ pub(super) struct Renewal {
     pub(super) expires_at: Timestamp,
     /// The ttl it was given.
     pub(super) ttl_ms: LeaseTtl,
+    /// The pool's new earliest due time when the renewal moved it earlier (a shorter ttl),
+    /// for the due index; see `due_by` in `leases.lua`.
+    pub(super) due_hint: Option<u64>,
 }
 
 impl RenewReply {
-    /// Decodes `{-1}`, `{1, 0}` or `{1, 1, member, expires_ms, ttl_ms}`.
+    /// Decodes `{-1}`, `{1, 0}` or `{1, 1, member, expires_ms, ttl_ms, due hint or 0}`.
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
         decode("renew.lua", value, |value| {
             let mut items = Items::of_pool(value)?;
@@ -781,6 +784,7 @@ impl RenewReply {
                     member: items.member()?,
                     expires_at: Timestamp(items.count()?),
                     ttl_ms: lease_ttl(items.count()?)?,
+                    due_hint: items.due_time()?,
                 })
             } else {
                 None

@@ -787,10 +787,17 @@ async fn end_session(redis: &TestRedis) {
 async fn delete_pool(redis: &TestRedis) {
     let id = pool("delete-pool");
     let script = &redis.store.scripts.delete_pool;
+    // The keys the store's delete passes: the pool's, then the session and pacing indexes.
     let delete = || async {
         redis
             .store
-            .eval_with(script, &id, Some("token"), &[])
+            .eval_parts_with(
+                script,
+                &id,
+                &super::keys::DELETE_KEY_PARTS,
+                Some("token"),
+                &[],
+            )
             .await
             .expect("the script runs")
     };
@@ -818,12 +825,27 @@ async fn delete_pool(redis: &TestRedis) {
         )
         .await
         .expect("reported");
+    // The pacing index, which only targeted assigns are given, is renamed too: the sets it
+    // lists are then never read again.
+    let _: u64 = redis
+        .side(&[
+            "ZADD",
+            &TestRedis::key(&id, "paced_targets"),
+            "99999999999999",
+            "example.com",
+        ])
+        .await;
     let deleted = DeletePoolReply::decode(delete().await);
     let grave = |part: &str| TestRedis::key(&id, &format!("gone:token:{part}"));
     assert_eq!(
         deleted.expect("decodes"),
         DeletePoolReply {
-            graveyard: Some(vec![grave("meta"), grave("eligible"), grave("bans")])
+            graveyard: Some(vec![
+                grave("meta"),
+                grave("eligible"),
+                grave("bans"),
+                grave("paced_targets")
+            ])
         }
     );
     let eligible = TestRedis::key(&id, "eligible");
@@ -1263,21 +1285,31 @@ async fn renew(redis: &TestRedis) {
     redis.seed(&id, &["a"], 0).await;
     run_assign(redis, &id, "lease-1", "").await;
     let expiry = TestRedis::key(&id, "lease_expiry");
-    let asked: [(&'static [&'static str], u64); 2] = [
-        (&["lease-1", "7000"], 7000),
-        (&["lease-1", ""], LeaseTtl::DEFAULT_MS),
+    // The shorter ttl moves the pool's due time earlier and answers it as the hint; the
+    // longer one after it leaves the due time at the earlier expiry, with no hint.
+    let asked: [(&'static [&'static str], u64, bool); 2] = [
+        (&["lease-1", "7000"], 7000, true),
+        (&["lease-1", ""], LeaseTtl::DEFAULT_MS, false),
     ];
-    for (args, given) in asked {
+    let meta = TestRedis::key(&id, "meta");
+    let mut shorter_expiry = 0;
+    for (args, given, hinted) in asked {
         let renewed = RenewReply::decode(run(args).await).expect("decodes");
         let expires_ms: u64 = redis.side(&["ZSCORE", &expiry, "lease-1"]).await;
+        if hinted {
+            shorter_expiry = expires_ms;
+        }
         assert_eq!(
             renewed,
             RenewReply(Some(Renewal {
                 member: member("a"),
                 expires_at: Timestamp(expires_ms),
                 ttl_ms: ttl(given),
+                due_hint: hinted.then_some(expires_ms),
             }))
         );
+        let due: u64 = redis.side(&["HGET", &meta, "due"]).await;
+        assert_eq!(due, shorter_expiry);
     }
 }
 

@@ -19,7 +19,8 @@
 -- leases to reclaim first, ARGV[4] how many due members to return first, ARGV[5] most
 -- candidates a label filter may check, ARGV[6] how many members, ARGV[7..] label groups
 -- "key value value ...".
--- With a target, KEYS[23] is its ban hash (see outcomes.lua) and KEYS[24] its pacing set:
+-- With a target, KEYS[23] is its ban hash (see outcomes.lua), KEYS[24] its pacing set and
+-- KEYS[25] the pool's pacing index (see `rest` below):
 -- members banned for it are skipped in the choosing order, each costing one check of the
 -- ARGV[5] budget; when the budget is spent on skipped members the answer is {0, ms} until
 -- the first of them is free again. Without a target there is no KEYS[23] and bans cost
@@ -87,8 +88,8 @@ end
 local NEVER = math.huge
 local wanted = session and 1 or tonumber(ARGV[6])
 local groups = filter_groups(7)
--- Whether the assign names a target: its two keys follow the pool's 22.
-local targeted = #KEYS - (session and 2 or 0) >= 24
+-- Whether the assign names a target: its three keys follow the pool's 22.
+local targeted = #KEYS - (session and 2 or 0) >= 25
 
 -- With a target the pool has live bans for: whether its ban hash is to be read. A hash the
 -- ban index does not list (or lists as forgotten) is a deleted pool's.
@@ -99,24 +100,31 @@ if targeted then
     bans = forget and tonumber(forget) > now
 end
 -- The pacing set this assign rests its member in and skips resting members by (nil when
--- the pool is not paced for it), and the interval.
-local rests, interval = nil, nil
+-- the pool is not paced for it), and the interval. A target's set is valid only while the
+-- pacing index (KEYS[25]) lists the target with a rest not yet over: one it does not list
+-- is a deleted pool's (delete_pool.lua renames the index, not the sets it lists) or holds
+-- only rests that are over, and is `stale`: not read, and unlinked by the first rest.
+local rests, interval, stale, paced_target = nil, nil, false, nil
 if meta[6] then
     local ms, per_target = string.match(meta[6], '^(%d+) ([01])$')
+    now = now or now_ms()
     if per_target == '0' then
         rests = KEYS[22]
     elseif targeted then
         rests = KEYS[24]
+        paced_target = string.sub(KEYS[24], #KEYS[22] + 2)
+        local last = redis.call('ZSCORE', KEYS[25], paced_target)
+        stale = not (last and tonumber(last) > now)
     end
     interval = tonumber(ms)
-    now = now or now_ms()
 end
 
 -- Until when a member is not to be handed out for this request (banned for its target,
 -- resting, or NEVER when excluded), nil when it is free. nil as a whole when nothing is
 -- skipped.
 local held_until = nil
-if bans or rests or excluded then
+local resting = not stale and rests
+if bans or resting or excluded then
     held_until = function(member)
         if excluded and excluded[member] then
             return NEVER
@@ -127,8 +135,8 @@ if bans or rests or excluded then
             local banned = tonumber(string.match(text or '', '^(%d+)') or 0)
             ends = banned > now and banned or nil
         end
-        if rests then
-            local rest = tonumber(redis.call('ZSCORE', rests, member) or 0)
+        if resting then
+            local rest = tonumber(redis.call('ZSCORE', resting, member) or 0)
             if rest > now then
                 ends = math.max(ends or rest, rest)
             end
@@ -137,10 +145,21 @@ if bans or rests or excluded then
     end
 end
 
+-- Whether the end of a skipped member's hold (its ban for the target, its rest) makes it
+-- eligible by itself, so that an empty answer waits for it: on a least-in-flight pool with
+-- max_in_flight, only for a member below the cap, with `live` leases (read from its entry
+-- in the choosing order); one at the cap is still at it when its hold ends. The rule of
+-- `Pool::wait_counts` in embedded.rs.
+local lease_cap = meta[2] == 'least-in-flight' and meta[4] and tonumber(meta[4]) or nil
+local function waits_for(live)
+    return not lease_cap or live < lease_cap
+end
+
 -- The first `wanted` entries of the sorted set `key` (the choosing order) whose members
 -- are free, each as {entry, score}, in order; fewer after `budget` held members or at the
--- end of the order. Also the earliest time one of the members skipped is free again. The
--- first chunk is small: usually the first members are free.
+-- end of the order. Also the earliest time one of the members skipped becomes eligible by
+-- itself (`waits_for`; the score of an entry of the least-in-flight order is its live
+-- leases). The first chunk is small: usually the first members are free.
 local function first_free(key, budget, lif)
     local found = {}
     local earliest = nil
@@ -160,7 +179,9 @@ local function first_free(key, budget, lif)
                     break
                 end
             else
-                earliest = math.min(earliest or ends, ends)
+                if not lif or waits_for(tonumber(entries[i + 1])) then
+                    earliest = math.min(earliest or ends, ends)
+                end
                 held = held + 1
                 if held >= budget then
                     break
@@ -172,16 +193,38 @@ local function first_free(key, budget, lif)
     return found, earliest
 end
 
+-- Up to 16 entries of the sorted set `key` whose time is over leave it.
+local function clear_over(key)
+    local over = redis.call('ZRANGE', key, '-inf', now, 'BYSCORE', 'LIMIT', 0, 16)
+    if #over > 0 then
+        redis.call('ZREM', key, unpack(over))
+    end
+end
+
 -- Rests the member handed out until now + interval. Its entry replaces its last; up to
 -- 16 entries already over are removed, and the set expires with its last entry, so the
 -- set holds no more than what rests now, give or take what the next assigns clear.
+-- A target's set is listed in the pacing index until its last rest ends (GT: a shorter
+-- interval set meanwhile never cuts a longer rest short); the index clears up to 16
+-- targets whose rests are over and expires with its last. A stale set (see above) is
+-- unlinked first, whatever its size: UNLINK leaves freeing a large one to Redis's
+-- background thread, so the assign stays short.
 local function rest(member)
-    local over = redis.call('ZRANGE', rests, '-inf', now, 'BYSCORE', 'LIMIT', 0, 16)
-    if #over > 0 then
-        redis.call('ZREM', rests, unpack(over))
+    if stale then
+        redis.call('UNLINK', rests)
+        stale = false
+    else
+        clear_over(rests)
     end
-    redis.call('ZADD', rests, now + interval, member)
-    redis.call('PEXPIREAT', rests, now + interval)
+    local ends = now + interval
+    redis.call('ZADD', rests, ends, member)
+    redis.call('PEXPIREAT', rests, ends)
+    if paced_target then
+        clear_over(KEYS[25])
+        redis.call('ZADD', KEYS[25], 'GT', ends, paced_target)
+        local last = redis.call('ZRANGE', KEYS[25], 0, 0, 'REV', 'WITHSCORES')[2]
+        redis.call('PEXPIREAT', KEYS[25], last)
+    end
 end
 
 -- Only on the empty path: how long until the earliest cooling-down member returns, or the
@@ -283,7 +326,8 @@ local from_index = groups ~= nil and not pinned_order
 if pinned_order then
     orders = {pinned_order}
 elseif groups then
-    orders, banned_until = pick_labelled(groups, tonumber(ARGV[5]), lif, held_until, wanted)
+    orders, banned_until = pick_labelled(groups, tonumber(ARGV[5]), lif, held_until, wanted,
+        waits_for)
     if orders == false then
         return {-2}
     end
@@ -351,7 +395,7 @@ for _, tail in ipairs(orders) do
     end
     local live = tonumber(string.sub(order, 1, 20))
     -- The order puts the fewest live leases first (of those not held): from the first at
-    -- the cap on, every member is at it; a held one may come back below it.
+    -- the cap on, every member is at it; a held one below it is waited for (`waits_for`).
     if cap and live >= cap then
         break
     end

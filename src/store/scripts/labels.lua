@@ -234,9 +234,10 @@ end
 -- labels, and stops at the `wanted`-th that passes in each range: the cost is the members
 -- skipped, at most `budget`. With `held_until` (see assign.lua), members banned for the
 -- request's target or resting are skipped too, each a check, and the earliest time one of
--- those that pass the groups is free comes second. A member has one value per key, so the
+-- those that pass the groups becomes eligible by itself (`waits_for(live)` of assign.lua)
+-- comes second. A member has one value per key, so the
 -- ranges never share a member.
-local function pick_labelled(groups, budget, lif, held_until, wanted)
+local function pick_labelled(groups, budget, lif, held_until, wanted, waits_for)
     local smallest, fewest = 1, nil
     if #groups > 1 then
         for i, group in ipairs(groups) do
@@ -279,7 +280,10 @@ local function pick_labelled(groups, budget, lif, held_until, wanted)
                     if passes(labels_table(text), groups, smallest) then
                         local banned = held_until and held_until(member)
                         if banned then
-                            earliest = math.min(earliest or banned, banned)
+                            -- A least-in-flight order text starts with the live leases.
+                            if not lif or waits_for(tonumber(string.sub(order, 1, 20))) then
+                                earliest = math.min(earliest or banned, banned)
+                            end
                         else
                             free = true
                         end
