@@ -26,6 +26,7 @@
 //!   `member_not_a_proxy` / `private_address` when the pool holds members the gateway must
 //!   not dial (logged once per pool), 503 `store_unavailable`.
 
+pub mod status;
 pub mod upstream;
 pub mod user;
 
@@ -54,7 +55,8 @@ use crate::domain::{Exclude, MemberId, OutcomeResult, PoolId, Scheme, Target};
 use crate::monitoring::{OTHER_POOL, PoolSnapshot};
 use crate::store::{AssignRequest, Assignment, Lease, Report, ReportSource, Store, StoreError};
 
-use self::upstream::{Connection, DialError, Dialer, Upstream};
+use self::status::Tried;
+use self::upstream::{Connection, DialError, DialFailure, Dialer, FailureKind, Upstream};
 use self::user::Selection;
 
 /// How the gateway dials and retries (from `GATEWAY_*` options).
@@ -114,7 +116,7 @@ enum Refusal {
     #[error("the pool has no eligible member for this request")]
     NoEligible { next_return: Option<Duration> },
     #[error("{attempts} member(s) tried, none could be reached")]
-    UpstreamFailed { attempts: u32 },
+    UpstreamFailed { attempts: u32, last: DialFailure },
     #[error("the pool's member is not a proxy address the gateway can dial")]
     NotAProxy,
     #[error(
@@ -156,11 +158,33 @@ impl Refusal {
         }
     }
 
-    fn response(&self) -> Response<GatewayBody> {
+    /// The RFC 9209 error type and details of this refusal, for `Proxy-Status`.
+    fn proxy_status(&self) -> (&'static str, String) {
+        let error = match self {
+            Self::Unauthenticated | Self::TooManySessions => "http_request_denied",
+            Self::Invalid(_) | Self::PoolNotFound => "http_request_error",
+            Self::NoEligible { .. } => "destination_unavailable",
+            Self::UpstreamFailed { last, .. } => {
+                return (
+                    last.kind.proxy_status_error(),
+                    format!("{self}; the last: {}", last.message),
+                );
+            }
+            Self::NotAProxy | Self::PrivateAddress => "proxy_configuration_error",
+            Self::Store => "proxy_internal_error",
+        };
+        (error, self.to_string())
+    }
+
+    /// The answer, with what `tried` says of the members tried.
+    fn response(&self, tried: &Tried) -> Response<GatewayBody> {
         let body = crate::http::error::error_body(self.code(), &self.to_string()).to_string();
         let mut response = Response::new(full(body));
         *response.status_mut() = self.status();
         let headers = response.headers_mut();
+        let (error, details) = self.proxy_status();
+        status::failed(headers, error, &details);
+        tried.write(headers);
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
@@ -288,9 +312,13 @@ impl Gateway {
         request: Request<Incoming>,
     ) -> Result<Response<GatewayBody>, Infallible> {
         let mut label = OTHER_POOL.to_owned();
-        let (outcome, response) = match self.serve(request, &mut label).await {
-            Ok((outcome, response)) => (outcome, response),
-            Err(refusal) => (refusal.code(), refusal.response()),
+        let mut tried = Tried::default();
+        let (outcome, response) = match self.serve(request, &mut label, &mut tried).await {
+            Ok((outcome, mut response)) => {
+                tried.write(response.headers_mut());
+                (outcome, response)
+            }
+            Err(refusal) => (refusal.code(), refusal.response(&tried)),
         };
         metrics::counter!("pa_gateway_requests_total", "pool" => label, "outcome" => outcome)
             .increment(1);
@@ -301,6 +329,7 @@ impl Gateway {
         &self,
         mut request: Request<Incoming>,
         label: &mut String,
+        tried: &mut Tried,
     ) -> Result<(&'static str, Response<GatewayBody>), Refusal> {
         let user = self.authenticate(request.headers())?;
         let selection = Selection::parse(&user).map_err(|e| Refusal::Invalid(e.to_string()))?;
@@ -320,7 +349,7 @@ impl Gateway {
         let mut upgrade = (kind == Kind::Tunnel).then(|| hyper::upgrade::on(&mut request));
         let mut body = Some(request);
         let settings = self.inner.settings;
-        let mut failures = 0;
+        let mut last_failure = None;
         for _ in 0..settings.attempts {
             let assignment = match &selection.session {
                 Some(session) => {
@@ -336,13 +365,16 @@ impl Gateway {
                 Assignment::Assigned { member, .. } => (member, None),
                 Assignment::Leased { member, lease, .. } => (member, Some(lease)),
                 Assignment::Empty { next_return } => {
-                    return Err(if failures > 0 {
-                        Refusal::UpstreamFailed { attempts: failures }
-                    } else {
-                        Refusal::NoEligible { next_return }
+                    return Err(match last_failure {
+                        Some(last) => Refusal::UpstreamFailed {
+                            attempts: tried.attempts,
+                            last,
+                        },
+                        None => Refusal::NoEligible { next_return },
                     });
                 }
             };
+            tried.attempt(&member);
             let hold = lease.map(|lease| LeaseHold::start(&self.inner.store, &pool, lease));
             let Some(upstream) = Upstream::parse(&member) else {
                 self.misconfigured(&pool, &member, "is not a proxy address");
@@ -363,15 +395,19 @@ impl Gateway {
                     self.misconfigured(&pool, &member, "has a non-public address");
                     return Err(Refusal::PrivateAddress);
                 }
-                Ok(Err(DialError::Failed(why))) => {
-                    self.failed(&pool, &member, &why, hold).await;
-                    failures += 1;
+                Ok(Err(DialError::Failed(failure))) => {
+                    self.failed(&pool, &member, &failure.message, hold).await;
+                    last_failure = Some(failure);
                     assign.exclude.insert(member);
                     continue;
                 }
                 Err(_) => {
-                    self.failed(&pool, &member, "timed out", hold).await;
-                    failures += 1;
+                    let failure = DialFailure::new(
+                        FailureKind::TimedOut,
+                        "the proxy did not complete its handshake in time",
+                    );
+                    self.failed(&pool, &member, &failure.message, hold).await;
+                    last_failure = Some(failure);
                     assign.exclude.insert(member);
                     continue;
                 }
@@ -383,6 +419,7 @@ impl Gateway {
                 target: target.clone(),
                 hold,
                 started: Instant::now(),
+                attempts: tried.attempts,
             };
             return match (kind, upgrade.take(), body.take()) {
                 (Kind::Tunnel, Some(upgrade), _) => {
@@ -393,10 +430,17 @@ impl Gateway {
                     .await
                     .map(|response| ("forwarded", response)),
                 // Each kind keeps what it needs until its one successful dial.
-                _ => Err(Refusal::UpstreamFailed { attempts: failures }),
+                _ => Err(Refusal::Store),
             };
         }
-        Err(Refusal::UpstreamFailed { attempts: failures })
+        Err(match last_failure {
+            Some(last) => Refusal::UpstreamFailed {
+                attempts: tried.attempts,
+                last,
+            },
+            // No attempt at all: GATEWAY_ATTEMPTS is at least 1, so this is never reached.
+            None => Refusal::NoEligible { next_return: None },
+        })
     }
 
     /// The user name of a request whose password is the worker token.
@@ -565,6 +609,8 @@ struct Held {
     target: Target,
     hold: Option<LeaseHold>,
     started: Instant,
+    /// Members tried for the request, this one included.
+    attempts: u32,
 }
 
 impl Held {
@@ -601,7 +647,9 @@ impl Held {
             }
             drop(entered);
         });
-        Response::new(empty())
+        let mut response = Response::new(empty());
+        status::served(response.headers_mut(), None);
+        response
     }
 
     /// Sends one `http://` request through the dialled member and answers its response,
@@ -672,7 +720,15 @@ impl Held {
                 gateway
                     .failed(&self.pool, &self.member, &why, self.hold)
                     .await;
-                return Err(Refusal::UpstreamFailed { attempts: 1 });
+                let kind = if why == "timed out" {
+                    FailureKind::TimedOut
+                } else {
+                    FailureKind::Unreachable
+                };
+                return Err(Refusal::UpstreamFailed {
+                    attempts: self.attempts,
+                    last: DialFailure::new(kind, format!("the proxy's answer: {why}")),
+                });
             }
         };
         let status = response.status();
@@ -689,7 +745,13 @@ impl Held {
                     self.hold,
                 )
                 .await;
-            return Err(Refusal::UpstreamFailed { attempts: 1 });
+            return Err(Refusal::UpstreamFailed {
+                attempts: self.attempts,
+                last: DialFailure::new(
+                    FailureKind::ProxyAnswer,
+                    "the proxy refused the member's credentials (407)",
+                ),
+            });
         }
         if matches!(
             status,
@@ -710,6 +772,9 @@ impl Held {
         for name in &HOP_BY_HOP {
             parts.headers.remove(name);
         }
+        // The gateway's own headers say who answered: an upstream's are not passed on.
+        parts.headers.remove(MARKER);
+        status::served(&mut parts.headers, Some(status.as_u16()));
         let body = Forwarded {
             inner: body,
             received: 0,

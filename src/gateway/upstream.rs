@@ -61,11 +61,61 @@ pub enum DialError {
     PrivateAddress,
     /// The connection, the TLS handshake or the proxy handshake failed; credential-free.
     #[error("{0}")]
-    Failed(String),
+    Failed(DialFailure),
+}
+
+/// A failed dial: what kind of failure, and a credential-free sentence saying what failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct DialFailure {
+    /// Which kind of failure, as `Proxy-Status` names it.
+    pub kind: FailureKind,
+    /// What failed, with no credential and no address in it.
+    pub message: String,
+}
+
+/// The kinds of failure a client is told apart (`Proxy-Status`'s `error`, RFC 9209).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The proxy refused the connection.
+    Refused,
+    /// The proxy did not connect, hand shake or answer in time.
+    TimedOut,
+    /// The proxy answered the tunnel's `CONNECT` with a refusal of its own (407, 5xx).
+    ProxyAnswer,
+    /// Any other failure to reach the destination through the proxy (TLS, SOCKS, a
+    /// broken connection).
+    Unreachable,
+}
+
+impl FailureKind {
+    /// The RFC 9209 error type.
+    pub fn proxy_status_error(self) -> &'static str {
+        match self {
+            Self::Refused => "connection_refused",
+            Self::TimedOut => "connection_timeout",
+            Self::ProxyAnswer => "proxy_internal_response",
+            Self::Unreachable => "destination_unavailable",
+        }
+    }
+}
+
+impl DialFailure {
+    /// A failure of `kind` saying `message`.
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
 }
 
 fn failed(what: &str, error: impl std::fmt::Display) -> DialError {
-    DialError::Failed(format!("{what}: {error}"))
+    failed_as(FailureKind::Unreachable, what, error)
+}
+
+fn failed_as(kind: FailureKind, what: &str, error: impl std::fmt::Display) -> DialError {
+    DialError::Failed(DialFailure::new(kind, format!("{what}: {error}")))
 }
 
 impl Upstream {
@@ -193,8 +243,15 @@ impl Dialer {
         }
         let tcp = match (tcp, last) {
             (Some(tcp), _) => tcp,
-            (None, Some(error)) => return Err(failed("connecting to the proxy", error.kind())),
-            (None, None) => return Err(DialError::Failed("no address".to_owned())),
+            (None, Some(error)) => {
+                let kind = match error.kind() {
+                    std::io::ErrorKind::ConnectionRefused => FailureKind::Refused,
+                    std::io::ErrorKind::TimedOut => FailureKind::TimedOut,
+                    _ => FailureKind::Unreachable,
+                };
+                return Err(failed_as(kind, "connecting to the proxy", error.kind()));
+            }
+            (None, None) => return Err(failed("resolving the proxy", "no address")),
         };
         let _ = tcp.set_nodelay(true);
         if upstream.scheme != Scheme::Https {
@@ -309,11 +366,16 @@ async fn connect_through(
                     at: 0,
                     inner: connection,
                 })),
-                Some(407) => Err(failed(
+                Some(407) => Err(failed_as(
+                    FailureKind::ProxyAnswer,
                     what,
                     "the proxy refused the member's credentials (407)",
                 )),
-                Some(code) => Err(failed(what, format!("the proxy answered {code}"))),
+                Some(code) => Err(failed_as(
+                    FailureKind::ProxyAnswer,
+                    what,
+                    format!("the proxy answered {code}"),
+                )),
                 None => Err(failed(what, "the proxy's answer is not HTTP")),
             };
         }
@@ -434,7 +496,10 @@ mod tests {
             });
             let target: Uri = "http://shop.example:443".parse().expect("a uri");
             match connect_through(Box::new(client), &target, None).await {
-                Err(DialError::Failed(message)) => assert!(message.contains(says), "{message}"),
+                Err(DialError::Failed(failure)) => {
+                    assert_eq!(failure.kind, FailureKind::ProxyAnswer);
+                    assert!(failure.message.contains(says), "{failure}");
+                }
                 Err(other) => panic!("{other}"),
                 Ok(_) => panic!("a tunnel through a refusing proxy"),
             }

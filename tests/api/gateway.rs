@@ -13,15 +13,15 @@ use crate::helpers::{Backend, TestApp, backend_config};
 use crate::proxies::{HttpProxy, Server, TestCa, closed_port, socks4, socks5, target};
 
 /// The worker token, which is the gateway's proxy password.
-const TOKEN: &str = "gateway-test-token";
+pub(crate) const TOKEN: &str = "gateway-test-token";
 
 /// `user:s3cret` as a Basic credential: what the members' proxies require.
-const MEMBER_BASIC: &str = "Basic dXNlcjpzM2NyZXQ=";
+pub(crate) const MEMBER_BASIC: &str = "Basic dXNlcjpzM2NyZXQ=";
 
 /// The page `/health` of the target answers.
-const HEALTHY: &str = "<title>target</title> all is well";
+pub(crate) const HEALTHY: &str = "<title>target</title> all is well";
 
-async fn spawn_on(
+pub(crate) async fn spawn_on(
     backend: Backend,
     tune: impl FnOnce(&mut proxy_allocator::config::Config),
 ) -> TestApp {
@@ -32,16 +32,16 @@ async fn spawn_on(
     TestApp::spawn_with(config).await
 }
 
-async fn spawn() -> TestApp {
+pub(crate) async fn spawn() -> TestApp {
     spawn_on(Backend::Embedded, |_| {}).await
 }
 
-fn gateway(app: &TestApp) -> SocketAddr {
+pub(crate) fn gateway(app: &TestApp) -> SocketAddr {
     app.gateway.expect("the gateway listens")
 }
 
 /// A pool whose members may be loopback proxies of every kind.
-async fn proxy_pool(app: &TestApp, pool: &str) {
+pub(crate) async fn proxy_pool(app: &TestApp, pool: &str) {
     app.create_pool(
         pool,
         json!({"rules": {"allow_private": true,
@@ -50,7 +50,7 @@ async fn proxy_pool(app: &TestApp, pool: &str) {
     .await;
 }
 
-async fn http_proxy() -> Server {
+pub(crate) async fn http_proxy() -> Server {
     HttpProxy {
         authorization: Some(MEMBER_BASIC),
         ..HttpProxy::default()
@@ -59,12 +59,12 @@ async fn http_proxy() -> Server {
     .await
 }
 
-fn member(scheme: &str, server: &Server) -> String {
+pub(crate) fn member(scheme: &str, server: &Server) -> String {
     format!("{scheme}://user:s3cret@127.0.0.1:{}", server.port())
 }
 
 /// curl through the gateway as `user` with the worker token; its exit code and output.
-async fn curl(app: &TestApp, user: &str, args: &[&str]) -> (i32, String) {
+pub(crate) async fn curl(app: &TestApp, user: &str, args: &[&str]) -> (i32, String) {
     let output = tokio::process::Command::new("curl")
         .args(["--silent", "--show-error", "--max-time", "20", "--proxy"])
         .arg(format!("http://{}", gateway(app)))
@@ -83,7 +83,11 @@ async fn curl(app: &TestApp, user: &str, args: &[&str]) -> (i32, String) {
 /// A proxy request written by hand (`CONNECT host:port` or an absolute-form GET) with
 /// `authorization` as `Proxy-Authorization`; the answer's status, lower-cased head and
 /// body as far as the gateway sends one.
-async fn raw(app: &TestApp, line: &str, authorization: Option<String>) -> (u16, String, String) {
+pub(crate) async fn raw(
+    app: &TestApp,
+    line: &str,
+    authorization: Option<String>,
+) -> (u16, String, String) {
     let mut stream = TcpStream::connect(gateway(app)).await.expect("connected");
     let mut request = format!("{line}\r\nHost: x\r\n");
     if let Some(value) = authorization {
@@ -116,7 +120,7 @@ async fn raw(app: &TestApp, line: &str, authorization: Option<String>) -> (u16, 
     }
 }
 
-fn basic(user: &str, password: &str) -> Option<String> {
+pub(crate) fn basic(user: &str, password: &str) -> Option<String> {
     use base64::Engine;
     Some(format!(
         "Basic {}",
@@ -125,7 +129,7 @@ fn basic(user: &str, password: &str) -> Option<String> {
 }
 
 /// Each member's `(id, assignments, consecutive_failures)`, sorted by id.
-async fn health(app: &TestApp, pool: &str) -> Vec<(String, u64, u64)> {
+pub(crate) async fn health(app: &TestApp, pool: &str) -> Vec<(String, u64, u64)> {
     let mut members: Vec<(String, u64, u64)> = app
         .members(pool)
         .await
@@ -142,7 +146,7 @@ async fn health(app: &TestApp, pool: &str) -> Vec<(String, u64, u64)> {
     members
 }
 
-fn error(code: &str, message: &str) -> Value {
+pub(crate) fn error(code: &str, message: &str) -> Value {
     json!({"error": {"code": code, "message": message}})
 }
 
@@ -505,7 +509,7 @@ async fn a_dead_member_is_reported_failed_and_the_next_pick_carries_the_request(
 }
 
 /// Dead members (closed ports) seeded into `web`, one per count, in that order.
-async fn dead_members(app: &TestApp, counts: &[u64]) -> Vec<String> {
+pub(crate) async fn dead_members(app: &TestApp, counts: &[u64]) -> Vec<String> {
     proxy_pool(app, "web").await;
     let mut dead = Vec::new();
     for count in counts {
@@ -518,7 +522,7 @@ async fn dead_members(app: &TestApp, counts: &[u64]) -> Vec<String> {
 
 /// A CONNECT through `web` that must fail: the 502's marker and its body, which says how
 /// many members were tried.
-async fn connect_fails_after(app: &TestApp, tried: usize) {
+pub(crate) async fn connect_fails_after(app: &TestApp, tried: usize) {
     let (status, head, body) =
         raw(app, "CONNECT 127.0.0.1:443 HTTP/1.1", basic("web", TOKEN)).await;
     assert_eq!(status, 502, "{head}");
@@ -536,7 +540,7 @@ async fn connect_fails_after(app: &TestApp, tried: usize) {
 }
 
 /// `(id, assignments, consecutive_failures)` of each of `members`, sorted by id.
-fn sorted(members: &[String], counts: &[(u64, u64)]) -> Vec<(String, u64, u64)> {
+pub(crate) fn sorted(members: &[String], counts: &[(u64, u64)]) -> Vec<(String, u64, u64)> {
     let mut expected: Vec<(String, u64, u64)> = members
         .iter()
         .zip(counts)

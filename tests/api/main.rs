@@ -21,6 +21,7 @@ mod done;
 mod due;
 mod exclude;
 mod gateway;
+mod gateway_answers;
 mod health;
 mod import;
 mod labels;
