@@ -1,9 +1,12 @@
-//! The README's sessions, replayed: every ```` ```console ```` block of `README.md`, top to
-//! bottom, in one shell, against the service started as the README says, and each command's
-//! output compared with what the README shows. A README that uses something before it
-//! introduces it fails here as well as one whose outputs went stale.
+//! The README's and the book's sessions, replayed: every ```` ```console ```` block of
+//! `README.md` and then of every page of the book (`docs/src/`, in the order of its
+//! `SUMMARY.md`), top to bottom, in one shell, against the service started as the pages say,
+//! and each command's output compared with what the page shows. The README and the pages
+//! are one walk: a page goes on from the state the ones before it left (the walkthrough's
+//! pools, its variables and files), so a page that uses something before it is introduced
+//! fails here as well as one whose outputs went stale. A failure names the file and line.
 //!
-//! The README's "Development" section is the manual of this test; in short:
+//! The book's "Development" page is the manual of this test; in short:
 //!
 //! - `$ ` starts a command, `> ` continues it (a here-document, a long pipeline); the lines
 //!   up to the next `$ ` are its output, standard output and error together. Every command
@@ -42,20 +45,20 @@ use std::time::{Duration, Instant};
 
 use process::ServiceProcess;
 
-/// The address the README's commands are written for.
+/// The address the pages' commands are written for.
 const README_ADDRESSES: [&str; 2] = ["127.0.0.1:8080", "localhost:8080"];
 
 /// Longest a single command may take.
 const STEP_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// One command of a block and the output the README shows for it.
+/// One command of a block and the output the page shows for it.
 #[derive(Debug)]
 struct Step {
-    /// 1-based line of README.md where the command starts.
+    /// 1-based line of the page where the command starts.
     line: usize,
     command: String,
     expected: String,
-    /// 0-based lines of README.md that hold the output, and their indentation.
+    /// 0-based lines of the page that hold the output, and their indentation.
     output_lines: std::ops::Range<usize>,
     indent: usize,
 }
@@ -63,7 +66,7 @@ struct Step {
 /// One ```` ```console ```` block.
 #[derive(Debug)]
 struct Block {
-    /// 1-based line of README.md of the opening fence.
+    /// 1-based line of the page of the opening fence.
     line: usize,
     /// What the `<!-- replay: ... -->` line right before the block says, if there is one.
     directive: Option<Directive>,
@@ -80,8 +83,9 @@ enum Directive {
     By(String),
 }
 
-/// The directive of `line`, when it is a `<!-- replay: ... -->` line.
-fn directive(line: &str, number: usize) -> Option<Directive> {
+/// The directive of `line` (line `number` of `file`), when it is a `<!-- replay: ... -->`
+/// line.
+fn directive(line: &str, file: &str, number: usize) -> Option<Directive> {
     let inner = line
         .trim()
         .strip_prefix("<!--")?
@@ -94,21 +98,21 @@ fn directive(line: &str, number: usize) -> Option<Directive> {
     }
     let rest = inner
         .strip_prefix("start")
-        .unwrap_or_else(|| panic!("README.md:{number}: unknown replay directive {inner:?}"));
+        .unwrap_or_else(|| panic!("{file}:{number}: unknown replay directive {inner:?}"));
     Some(Directive::Start(
         rest.split_whitespace()
             .map(|setting| {
                 let (name, value) = setting
                     .split_once('=')
-                    .unwrap_or_else(|| panic!("README.md:{number}: {setting:?} is not NAME=value"));
+                    .unwrap_or_else(|| panic!("{file}:{number}: {setting:?} is not NAME=value"));
                 (name.to_owned(), value.to_owned())
             })
             .collect(),
     ))
 }
 
-/// Every console block of `text`, with its commands and outputs.
-fn console_blocks(text: &str) -> Vec<Block> {
+/// Every console block of `text` (the page `file`), with its commands and outputs.
+fn console_blocks(text: &str, file: &str) -> Vec<Block> {
     let lines: Vec<&str> = text.lines().collect();
     let mut blocks = Vec::new();
     let mut at = 0;
@@ -121,7 +125,7 @@ fn console_blocks(text: &str) -> Vec<Block> {
         }
         let directive = at
             .checked_sub(1)
-            .and_then(|before| directive(lines[before], before + 1));
+            .and_then(|before| directive(lines[before], file, before + 1));
         let mut block = Block {
             line: at + 1,
             directive,
@@ -134,13 +138,13 @@ fn console_blocks(text: &str) -> Vec<Block> {
             body.push((at, lines[at].get(indent..).unwrap_or("")));
             at += 1;
         }
-        assert!(at < lines.len(), "README.md:{}: unclosed block", block.line);
+        assert!(at < lines.len(), "{file}:{}: unclosed block", block.line);
         at += 1;
         let mut body = body.into_iter().peekable();
         while let Some((index, line)) = body.next() {
             let number = index + 1;
             let Some(first) = line.strip_prefix("$ ") else {
-                panic!("README.md:{number}: output before any command: {line:?}");
+                panic!("{file}:{number}: output before any command: {line:?}");
             };
             let mut command = first.to_owned();
             let mut last = index;
@@ -302,18 +306,73 @@ fn require(tool: &str, install: &str) {
         .is_ok_and(|status| status.success());
     assert!(
         found,
-        "the README's sessions use {tool}, which is not on PATH: {install}"
+        "the pages' sessions use {tool}, which is not on PATH: {install}"
+    );
+}
+
+/// The crate's root, where the README is and the paths of the walk start.
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The book's table of contents, whose order the walk follows.
+const SUMMARY: &str = "docs/src/SUMMARY.md";
+
+/// The files of the walk, as paths from the crate's root: the README, then every page that
+/// `SUMMARY.md` links, in its order.
+fn walk() -> Vec<String> {
+    let summary = std::fs::read_to_string(Path::new(ROOT).join(SUMMARY))
+        .unwrap_or_else(|error| panic!("{SUMMARY}: {error}"));
+    let mut files = vec!["README.md".to_owned()];
+    for (number, line) in summary.lines().enumerate() {
+        let Some((_, rest)) = line.split_once("](") else {
+            continue;
+        };
+        let page = rest
+            .split_once(')')
+            .unwrap_or_else(|| panic!("{SUMMARY}:{}: an unclosed link", number + 1))
+            .0;
+        files.push(format!("docs/src/{page}"));
+    }
+    files
+}
+
+#[test]
+fn every_page_of_the_book_is_in_its_summary() {
+    let listed = walk();
+    let mut unlisted = Vec::new();
+    for entry in std::fs::read_dir(Path::new(ROOT).join("docs/src")).expect("docs/src") {
+        let name = entry.expect("an entry").file_name();
+        let name = name.to_string_lossy();
+        if name.ends_with(".md") && name != "SUMMARY.md" {
+            let path = format!("docs/src/{name}");
+            if !listed.contains(&path) {
+                unlisted.push(path);
+            }
+        }
+    }
+    assert!(
+        unlisted.is_empty(),
+        "pages not in {SUMMARY}, so neither built nor replayed: {unlisted:?}"
     );
 }
 
 #[test]
-fn every_console_session_of_the_readme_replays_as_printed() {
+fn every_console_session_of_the_readme_and_the_book_replays_as_printed() {
     require("curl", "apt-get install curl");
     require("jq", "apt-get install jq");
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md at the crate root");
-    let blocks = console_blocks(&readme);
-    assert!(!blocks.is_empty(), "no console block in README.md");
+    let files = walk();
+    let pages: Vec<(String, String, Vec<Block>)> = files
+        .into_iter()
+        .map(|file| {
+            let text = std::fs::read_to_string(Path::new(ROOT).join(&file))
+                .unwrap_or_else(|error| panic!("{file}: {error}"));
+            let blocks = console_blocks(&text, &file);
+            (file, text, blocks)
+        })
+        .collect();
+    assert!(
+        pages.iter().any(|(_, _, blocks)| !blocks.is_empty()),
+        "no console block in the README or the book"
+    );
 
     let scratch =
         Scratch(std::env::temp_dir().join(format!("pa-readme-{:016x}", rand::random::<u64>())));
@@ -329,87 +388,95 @@ fn every_console_session_of_the_readme_replays_as_printed() {
     let assert = snapbox::Assert::new()
         .redact_with(redactions())
         .normalize_paths(false);
-    // With README_REPLAY=overwrite, outputs that differ are written into README.md instead
+    // With README_REPLAY=overwrite, outputs that differ are written into their page instead
     // (what varies already replaced by its placeholder), for the author to read in the diff.
     let overwrite = std::env::var("README_REPLAY").is_ok_and(|mode| mode == "overwrite");
-    let mut rewrites: Vec<(std::ops::Range<usize>, usize, String)> = Vec::new();
-    for block in &blocks {
-        if let Some(Directive::By(path)) = &block.directive {
-            // Replayed there: that file must exist and read the README.
-            let test = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path))
-                .unwrap_or_else(|error| {
-                    panic!("README.md:{}: the test named, {path}: {error}", block.line)
-                });
+    let mut rewritten = Vec::new();
+    for (file, text, blocks) in &pages {
+        let mut rewrites: Vec<(std::ops::Range<usize>, usize, String)> = Vec::new();
+        for block in blocks {
+            if let Some(Directive::By(path)) = &block.directive {
+                // Replayed there: that file must exist and read this page.
+                let test =
+                    std::fs::read_to_string(Path::new(ROOT).join(path)).unwrap_or_else(|error| {
+                        panic!("{file}:{}: the test named, {path}: {error}", block.line)
+                    });
+                assert!(
+                    test.contains(file.as_str()),
+                    "{file}:{}: {path} does not read {file}",
+                    block.line
+                );
+                continue;
+            }
+            if let Some(Directive::Start(settings)) = &block.directive {
+                if let Some(mut running) = service.take() {
+                    running.terminate();
+                    running.wait_exit(Duration::from_secs(10));
+                }
+                let mut env: Vec<(&str, String)> = vec![("LISTEN_ADDR", address.clone())];
+                env.extend(settings.iter().map(|(k, v)| (k.as_str(), v.clone())));
+                let started = ServiceProcess::start_in(&scratch.0, &env);
+                address = started.base.trim_start_matches("http://").to_owned();
+                service = Some(started);
+            }
             assert!(
-                test.contains("README.md"),
-                "README.md:{}: {path} does not read README.md",
+                service.is_some(),
+                "{file}:{}: the first console block needs a `<!-- replay: start ... -->` line \
+                 before it",
                 block.line
             );
-            continue;
-        }
-        if let Some(Directive::Start(settings)) = &block.directive {
-            if let Some(mut running) = service.take() {
-                running.terminate();
-                running.wait_exit(Duration::from_secs(10));
-            }
-            let mut env: Vec<(&str, String)> = vec![("LISTEN_ADDR", address.clone())];
-            env.extend(settings.iter().map(|(k, v)| (k.as_str(), v.clone())));
-            let started = ServiceProcess::start_in(&scratch.0, &env);
-            address = started.base.trim_start_matches("http://").to_owned();
-            service = Some(started);
-        }
-        assert!(
-            service.is_some(),
-            "README.md:{}: the first console block needs a `<!-- replay: start ... -->` line \
-             before it",
-            block.line
-        );
-        let shell = shell
-            .get_or_insert_with(|| Shell::start(&scratch.0, bin_dir, &format!("http://{address}")));
-        for step in &block.steps {
-            let mut command = step.command.clone();
-            for written in README_ADDRESSES {
-                command = command.replace(written, &address);
-            }
-            let (output, status) = shell.run(&command).unwrap_or_else(|problem| {
-                panic!("README.md:{}: `{}`: {problem}", step.line, step.command)
+            let shell = shell.get_or_insert_with(|| {
+                Shell::start(&scratch.0, bin_dir, &format!("http://{address}"))
             });
-            let output = output.replace(&address, "127.0.0.1:8080");
-            assert!(
-                status == 0,
-                "README.md:{}: `{}` exited with {status}; output:\n{output}",
-                step.line,
-                step.command
-            );
-            let name = format!("the output of README.md:{} `{}`", step.line, step.command);
-            if let Err(mismatch) = assert.try_eq(
-                Some(&name),
-                snapbox::Data::text(output.clone()),
-                snapbox::Data::text(step.expected.clone()),
-            ) {
-                if !overwrite {
-                    panic!(
-                        "{mismatch}\n(README_REPLAY=overwrite cargo test --test readme writes \
-                         the outputs into README.md)"
-                    );
+            for step in &block.steps {
+                let mut command = step.command.clone();
+                for written in README_ADDRESSES {
+                    command = command.replace(written, &address);
                 }
-                let redacted = redactions().redact(&output);
-                rewrites.push((step.output_lines.clone(), step.indent, redacted));
+                let (output, status) = shell.run(&command).unwrap_or_else(|problem| {
+                    panic!("{file}:{}: `{}`: {problem}", step.line, step.command)
+                });
+                let output = output.replace(&address, "127.0.0.1:8080");
+                assert!(
+                    status == 0,
+                    "{file}:{}: `{}` exited with {status}; output:\n{output}",
+                    step.line,
+                    step.command
+                );
+                let name = format!("the output of {file}:{} `{}`", step.line, step.command);
+                if let Err(mismatch) = assert.try_eq(
+                    Some(&name),
+                    snapbox::Data::text(output.clone()),
+                    snapbox::Data::text(step.expected.clone()),
+                ) {
+                    if !overwrite {
+                        panic!(
+                            "{mismatch}\n(README_REPLAY=overwrite cargo test --test readme \
+                             writes the outputs into the pages)"
+                        );
+                    }
+                    let redacted = redactions().redact(&output);
+                    rewrites.push((step.output_lines.clone(), step.indent, redacted));
+                }
             }
         }
-    }
-    if !rewrites.is_empty() {
-        let mut lines: Vec<String> = readme.lines().map(str::to_owned).collect();
-        for (range, indent, output) in rewrites.into_iter().rev() {
-            let written = output
-                .lines()
-                .map(|line| format!("{}{line}", " ".repeat(indent)));
-            lines.splice(range, written);
+        if !rewrites.is_empty() {
+            let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+            for (range, indent, output) in rewrites.into_iter().rev() {
+                let written = output
+                    .lines()
+                    .map(|line| format!("{}{line}", " ".repeat(indent)));
+                lines.splice(range, written);
+            }
+            std::fs::write(Path::new(ROOT).join(file), lines.join("\n") + "\n")
+                .unwrap_or_else(|error| panic!("{file} written: {error}"));
+            rewritten.push(file.clone());
         }
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
-        std::fs::write(path, lines.join("\n") + "\n").expect("README.md written");
-        panic!("outputs were rewritten in README.md: read the diff before keeping it");
     }
+    assert!(
+        rewritten.is_empty(),
+        "outputs were rewritten in {rewritten:?}: read the diff before keeping it"
+    );
 }
 
 #[test]
@@ -441,7 +508,7 @@ fn blocks_commands_continuations_outputs_and_directives_are_read_as_documented()
                 ```console\n\
                 $ kill -TERM %1\n\
                 ```\n";
-    let blocks = console_blocks(text);
+    let blocks = console_blocks(text, "README.md");
     assert_eq!(blocks.len(), 3);
     assert_eq!(
         blocks[2].directive,

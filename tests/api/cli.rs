@@ -411,8 +411,9 @@ async fn a_command_whose_every_member_is_unknown_exits_4_and_says_nothing_was_ap
     );
 }
 
-/// With the token and the URL in the environment (as the README sets them), a usage error
-/// shows the command's own usage line, not `--admin-token` and `--url` as if required.
+/// With the token and the URL in the environment (as the book's operator commands set them),
+/// a usage error shows the command's own usage line, not `--admin-token` and `--url` as if
+/// required.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_errors_do_not_show_options_given_through_the_environment_as_required() {
     let run = run_with("http://127.0.0.1:9", &["members", "add", "web"], &[], b"").await;
@@ -429,7 +430,8 @@ async fn usage_errors_do_not_show_options_given_through_the_environment_as_requi
 }
 
 /// The operator options belong to `pools` and `members`: given before them, they are
-/// refused, with clap's pointer to where they go (the README says so too).
+/// refused, with clap's pointer to where they go (the book's getting started page says so
+/// too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_options_before_the_command_are_refused_with_a_pointer_to_their_place() {
     let run = run_with(

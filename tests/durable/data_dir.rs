@@ -1,6 +1,6 @@
 //! The embedded store in a data directory, as a real process: restarted after SIGTERM and
 //! after SIGKILL under load, started on logs cut short and on damaged logs, started twice
-//! on one directory, and the README's restart replayed as printed.
+//! on one directory, and the book's restart replayed as printed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -558,12 +558,12 @@ fn a_data_directory_with_a_redis_setting_refuses_to_start() {
     assert!(!dir.0.exists(), "the directory is not even created");
 }
 
-/// The commands of the first `console` block after `heading` in the README, each with the
-/// lines it prints.
-fn console_block(readme: &str, heading: &str) -> Vec<(String, Vec<String>)> {
-    let section = &readme[readme
+/// The commands of the first `console` block after `heading` in `page` (a page of the
+/// book), each with the lines it prints.
+fn console_block(page: &str, heading: &str) -> Vec<(String, Vec<String>)> {
+    let section = &page[page
         .find(heading)
-        .unwrap_or_else(|| panic!("{heading} in the README"))..];
+        .unwrap_or_else(|| panic!("{heading} in the page"))..];
     let start = section.find("```console\n").expect("a console block") + "```console\n".len();
     let block = &section[start..];
     let block = &block[..block.find("```").expect("the block's end")];
@@ -581,7 +581,7 @@ fn console_block(readme: &str, heading: &str) -> Vec<(String, Vec<String>)> {
     commands
 }
 
-/// Runs one README command in `cwd` with the walkthrough's variables (its first line,
+/// Runs one of the book's commands in `cwd` with the walkthrough's variables (its first line,
 /// pointed at `base`); the lines it printed.
 fn shell(cwd: &Path, variables: &str, base: &str, command: &str) -> Vec<String> {
     let variables = variables.replace("http://127.0.0.1:8080", base);
@@ -599,11 +599,19 @@ fn shell(cwd: &Path, variables: &str, base: &str, command: &str) -> Vec<String> 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readme_restart_after_the_walkthrough_replays_as_printed() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("the README");
-    let walkthrough = console_block(&readme, "## Operator walkthrough");
-    let restart = console_block(&readme, "### The embedded store on disk");
+async fn the_books_restart_after_the_walkthrough_replays_as_printed() {
+    let getting_started = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/src/getting-started.md"
+    ))
+    .expect("the book's getting started page");
+    let operating = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/src/operating.md"
+    ))
+    .expect("the book's operating page");
+    let walkthrough = console_block(&getting_started, "## Operator walkthrough");
+    let restart = console_block(&operating, "### The embedded store on disk");
     let (variables, none) = &walkthrough[0];
     assert!(
         variables.starts_with("T=") && none.is_empty(),
@@ -612,7 +620,7 @@ async fn the_readme_restart_after_the_walkthrough_replays_as_printed() {
 
     let cwd = DataDir(fresh_data_dir());
     std::fs::create_dir_all(&cwd.0).expect("a directory");
-    // The README's `DATA_DIR=./data`, relative to where its commands run.
+    // The book's `DATA_DIR=./data`, relative to where its commands run.
     let start = |line: &str| {
         let (assignments, rest) = line.split_once(" cargo run --release").expect("a start");
         assert_eq!(rest.trim(), "&", "{line}");

@@ -784,15 +784,16 @@ async fn a_non_loopback_listen_address_without_a_worker_token_exits_non_zero_say
             "never listened"
         );
     }
-    // The README shows the line as printed for 0.0.0.0:8080 (nothing is bound before it).
+    // The book's API page shows the line as printed for 0.0.0.0:8080 (nothing is bound
+    // before it).
     let (code, lines) = run_to_exit(&[("LISTEN_ADDR", "0.0.0.0:8080")]);
     assert_eq!((code, lines.len()), (Some(1), 1), "{lines:#?}");
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("the README");
-    let shown = readme
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/src/api.md"))
+        .expect("the book's API page");
+    let shown = page
         .lines()
         .find(|line| line.contains("\"refusing to start: "))
-        .expect("the README shows the refusal");
+        .expect("the API page shows the refusal");
     let without_time = |line: &str| {
         let mut value: Value = serde_json::from_str(line).expect("JSON");
         value["timestamp"] = Value::Null;

@@ -20,7 +20,7 @@ mod load;
 #[expect(
     dead_code,
     reason = "shared with the data directory suite, which also kills and watches starts \
-              fail, and with the README replay, which starts it in a directory"
+              fail, and with the book's replay, which starts it in a directory"
 )]
 #[path = "../api/process.rs"]
 mod process;

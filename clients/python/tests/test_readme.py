@@ -1,4 +1,4 @@
-"""The worker examples of the repository's README, run as written against the real service.
+"""The worker examples of the book's workers page, run as written against the real service.
 
 The examples send their requests with ``requests`` to sites the tests cannot reach, so
 ``requests`` is a stand-in here that records each call and answers as the test says; the
@@ -18,11 +18,14 @@ P1 = "http://p1.example.net:3128"
 P2 = "http://p2.example.net:3128"
 
 
+#: The book's page of the workers, as a path from the repository's root.
+WORKERS_PAGE = "docs/src/workers.md"
+
+
 def worker_examples() -> List[str]:
-    """The ``python`` blocks of the README's "Workers: Python" section, in order."""
-    text = (REPOSITORY / "README.md").read_text(encoding="utf-8")
-    workers = text.split("\n## Workers\n", 1)[1].split("\n## ", 1)[0]
-    section = workers.split("\n### Python\n", 1)[1].split("\n### ", 1)[0]
+    """The ``python`` blocks of the "Python" section of the book's workers page, in order."""
+    text = (REPOSITORY / WORKERS_PAGE).read_text(encoding="utf-8")
+    section = text.split("\n## Python\n", 1)[1].split("\n## ", 1)[0]
     blocks = [part.split("\n```", 1)[0] for part in section.split("```python\n")[1:]]
     if len(blocks) != 2:
         raise AssertionError("expected the worker loop and the lease example, found "
@@ -66,7 +69,7 @@ class StandInRequests(types.ModuleType):
 
 class ReadmeExamples(unittest.TestCase):
     def setUp(self) -> None:
-        # The README's worker runs against a service whose worker routes are open.
+        # The page's worker runs against a service whose worker routes are open.
         self.service = Service(worker_token=None)
         self.addCleanup(self.service.stop)
         self.service.admin("PUT", "/pools/web", {"health": {"max_consecutive_failures": 1}})
@@ -85,7 +88,7 @@ class ReadmeExamples(unittest.TestCase):
         source = source.replace("http://127.0.0.1:8080", self.service.base)
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):
-            exec(compile(source, "README.md", "exec"), self.namespace)
+            exec(compile(source, WORKERS_PAGE, "exec"), self.namespace)
         return printed.getvalue()
 
     def member(self, pool: str, proxy: str) -> Dict[str, Any]:
