@@ -212,6 +212,11 @@ pub struct Config {
     #[arg(long, env = "GATEWAY_ATTEMPTS", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10))]
     pub gateway_attempts: u32,
 
+    /// How long, in milliseconds, a tunnel's ticket (`x-proxy-allocator-ticket`) stays
+    /// valid for an outcome report after the tunnel closes.
+    #[arg(long, env = "GATEWAY_TICKET_TTL_MS", default_value_t = 600_000, value_parser = clap::value_parser!(u64).range(1_000..=86_400_000))]
+    pub gateway_ticket_ttl_ms: u64,
+
     /// Most client connections the gateway keeps open at once (each open tunnel also holds
     /// one connection to its upstream). Unset: a quarter of the open-file limit left after
     /// 128 files.

@@ -54,6 +54,7 @@ use tokio::time::Instant;
 use crate::domain::{Exclude, MemberId, OutcomeResult, PoolId, Scheme, Target};
 use crate::monitoring::{OTHER_POOL, PoolSnapshot};
 use crate::store::{AssignRequest, Assignment, Lease, Report, ReportSource, Store, StoreError};
+use crate::tickets::{Ticketed, Tickets};
 
 use self::status::Tried;
 use self::upstream::{Connection, DialError, DialFailure, Dialer, FailureKind, Upstream};
@@ -98,6 +99,7 @@ struct Inner {
     dialer: Dialer,
     snapshot: PoolSnapshot,
     tunnels: Tunnels,
+    tickets: Tickets,
     /// Each pool's `rules.allow_private` and when it was read.
     rules: Mutex<HashMap<PoolId, (Instant, bool)>>,
     /// Pools whose misconfiguration has been logged.
@@ -283,6 +285,7 @@ impl Gateway {
         settings: Settings,
         snapshot: PoolSnapshot,
         dialer: Dialer,
+        tickets: Tickets,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -292,6 +295,7 @@ impl Gateway {
                 dialer,
                 snapshot,
                 tunnels: Tunnels::default(),
+                tickets,
                 rules: Mutex::new(HashMap::new()),
                 misconfigured: Mutex::new(HashSet::new()),
             }),
@@ -621,7 +625,13 @@ impl Held {
         connection: Connection,
     ) -> Response<GatewayBody> {
         self.gateway.report_ok(&self.pool, &self.member);
+        let ticket = self.gateway.inner.tickets.issue(Ticketed {
+            pool: self.pool.clone(),
+            member: self.member.clone(),
+            target: self.target.clone(),
+        });
         let entered = self.gateway.inner.tunnels.enter();
+        let closing_ticket = ticket.clone();
         let idle = self.gateway.inner.settings.idle_timeout;
         tokio::spawn(async move {
             let relayed = match upgrade.await {
@@ -645,10 +655,15 @@ impl Held {
             if let Some(hold) = self.hold {
                 hold.release().await;
             }
+            self.gateway.inner.tickets.close(&closing_ticket);
             drop(entered);
         });
         let mut response = Response::new(empty());
         status::served(response.headers_mut(), None);
+        // Hex digits only: always a header value.
+        if let Ok(value) = HeaderValue::from_str(&ticket) {
+            response.headers_mut().insert(status::TICKET, value);
+        }
         response
     }
 

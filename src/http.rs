@@ -35,6 +35,7 @@ pub use self::import::{ImportReport, ImportRequest, ListPieces, WholeList, impor
 pub use self::members::MAX_MEMBERS_PER_CALL;
 use crate::monitoring::PoolSnapshot;
 use crate::store::Store;
+use crate::tickets::Tickets;
 
 /// What every handler can reach. Cloning is shallow.
 #[derive(Clone)]
@@ -47,6 +48,8 @@ pub struct AppState {
     pub snapshot: PoolSnapshot,
     /// The shortest `interval_ms` a pool's source may have (`SOURCE_MIN_INTERVAL_MS`).
     pub source_min_interval_ms: u64,
+    /// The gateway's tunnel tickets, which outcome reports may name.
+    pub tickets: Tickets,
 }
 
 /// Limits applied to requests.

@@ -52,6 +52,9 @@
 //!   dials (`gateway/upstream.rs`: CONNECT, SOCKS, TLS to `https` proxies), reports and
 //!   releases by itself, with the pool and options in the proxy user name
 //!   (`gateway/user.rs`).
+//! - [`tickets`]: the tickets of the gateway's tunnels, with which a client reports about
+//!   the member that served a tunnel without learning its credentials (shared by the
+//!   gateway, which issues them, and the outcomes route, which reads them).
 //! - [`monitoring`]: Prometheus metrics and the per-pool gauges.
 //! - [`telemetry`]: logging setup.
 
@@ -68,3 +71,4 @@ pub mod startup;
 pub mod store;
 pub mod sweep;
 pub mod telemetry;
+pub mod tickets;

@@ -20,6 +20,7 @@ use crate::monitoring::PoolSnapshot;
 use crate::store::{
     DataDirOptions, EmbeddedStore, OpenError, RedisStore, RedisStoreOptions, Store, StoreError,
 };
+use crate::tickets::Tickets;
 use crate::{checker, sources, sweep};
 
 /// Why the service could not start.
@@ -144,11 +145,13 @@ impl Application {
             usize::try_from(config.metrics_max_pools).unwrap_or(usize::MAX),
             config.metrics_pools.clone(),
         );
+        let tickets = Tickets::new(Duration::from_millis(config.gateway_ticket_ttl_ms));
         let state = AppState {
             store: Arc::clone(&store),
             tokens: Arc::new(tokens),
             snapshot: snapshot.clone(),
             source_min_interval_ms: config.source_min_interval_ms,
+            tickets: tickets.clone(),
         };
         let limits = Limits {
             body_bytes: config.body_limit_bytes,
@@ -208,6 +211,7 @@ impl Application {
                     config.gateway_settings(),
                     snapshot.clone(),
                     dialer,
+                    tickets,
                 );
                 Some((listener, gateway))
             }

@@ -12,6 +12,9 @@ pub const PROXY_STATUS: HeaderName = HeaderName::from_static("proxy-status");
 /// The member that served the request (or was tried last), its password masked.
 pub const SERVED_BY: HeaderName = HeaderName::from_static("x-proxy-allocator-proxy");
 
+/// The tunnel's ticket, for an outcome report about its member (see `crate::tickets`).
+pub const TICKET: HeaderName = HeaderName::from_static("x-proxy-allocator-ticket");
+
 /// How many members the request was tried through.
 pub const ATTEMPTS: HeaderName = HeaderName::from_static("x-proxy-allocator-attempts");
 

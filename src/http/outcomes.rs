@@ -1,7 +1,10 @@
 //! `POST /pools/{pool}/outcomes` (worker): what happened when a worker used a member.
 //!
 //! One report is `{"proxy", "result", "status"?}`; a batch is a JSON array of them,
-//! applied in order in one atomic step. Reports move members between eligible and cooling
+//! applied in order in one atomic step. Instead of `proxy`, a report may name the `ticket`
+//! of a gateway tunnel (its `x-proxy-allocator-ticket`): it is then about the member that
+//! served the tunnel, for the tunnel's target, and its answer never shows that member's
+//! credentials. Reports move members between eligible and cooling
 //! down under the pool's `health` rules; they never change assignment counts.
 
 use axum::extract::State;
@@ -15,14 +18,18 @@ use super::error::ApiError;
 use super::extract::{Json, JsonBody, PoolPath};
 use super::log::set_outcome;
 use super::members::{Rejected, check_count, named_member};
-use crate::domain::{MemberId, OutcomeResult, Target, Timestamp};
+use crate::domain::{OutcomeResult, Target, Timestamp};
 use crate::store::{Applied, Effect, Report, ReportSource};
 
 /// One report as a worker sends it.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OutcomeBody {
-    proxy: String,
+    #[serde(default)]
+    proxy: Option<String>,
+    /// A gateway tunnel's ticket, instead of `proxy`.
+    #[serde(default)]
+    ticket: Option<String>,
     result: OutcomeResult,
     /// The HTTP status the worker saw, if any: logged when the member trips.
     #[serde(default)]
@@ -44,7 +51,11 @@ pub enum OutcomesBody {
 
 #[derive(Serialize)]
 struct AppliedView<'a> {
-    proxy: &'a MemberId,
+    /// The member; for a ticket's report, with its credentials masked.
+    proxy: std::borrow::Cow<'a, str>,
+    /// The ticket the report named, if it named one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ticket: Option<&'a str>,
     result: OutcomeResult,
     effect: Effect,
     consecutive_failures: u64,
@@ -80,11 +91,36 @@ pub async fn report_outcomes(
     let batch = matches!(bodies.len(), 2..);
     let mut targets = Vec::with_capacity(bodies.len());
     for (at, body) in bodies.iter().enumerate() {
-        let field = if batch {
-            format!("[{at}].target")
-        } else {
-            "target".to_owned()
+        let field = |name: &str| {
+            if batch {
+                format!("[{at}].{name}")
+            } else {
+                name.to_owned()
+            }
         };
+        match (&body.proxy, &body.ticket) {
+            (Some(_), None) => {}
+            (None, Some(_)) if body.target.is_none() => {}
+            (None, Some(_)) => {
+                return Err(ApiError::InvalidRequest(format!(
+                    "{}: a ticket's report is about its tunnel's target",
+                    field("target")
+                )));
+            }
+            (Some(_), Some(_)) => {
+                return Err(ApiError::InvalidRequest(format!(
+                    "{}: a report names its proxy or a gateway ticket, not both",
+                    field("ticket")
+                )));
+            }
+            (None, None) => {
+                return Err(ApiError::InvalidRequest(format!(
+                    "{}: a report names its proxy (or a gateway ticket)",
+                    field("proxy")
+                )));
+            }
+        }
+        let field = field("target");
         let target = body
             .target
             .as_ref()
@@ -95,23 +131,40 @@ pub async fn report_outcomes(
     }
     let mut reports = Vec::with_capacity(bodies.len());
     let mut statuses = Vec::with_capacity(bodies.len());
+    // The ticket each report came from, if any, in step with `reports`.
+    let mut tickets = Vec::with_capacity(bodies.len());
     let mut rejected = Vec::new();
+    let mut unknown_tickets = Vec::new();
     for (body, target) in bodies.into_iter().zip(targets) {
         // Reports keep their order and repeats (each one counts), so the ids are parsed one
         // by one rather than as a de-duplicated list.
-        match named_member(&body.proxy) {
-            Ok(member) => {
-                reports.push(Report {
-                    member,
-                    result: body.result,
-                    detail: String::new(),
-                    latency_ms: None,
-                    target,
-                });
-                statuses.push(body.status);
-            }
-            Err(reason) => rejected.push(Rejected::new(body.proxy, reason)),
-        }
+        let (member, target, ticket) = match (body.proxy, body.ticket) {
+            (Some(proxy), _) => match named_member(&proxy) {
+                Ok(member) => (member, target, None),
+                Err(reason) => {
+                    rejected.push(Rejected::new(proxy, reason));
+                    continue;
+                }
+            },
+            (None, Some(ticket)) => match state.tickets.resolve(&pool, &ticket) {
+                Some(ticketed) => (ticketed.member, Some(ticketed.target), Some(ticket)),
+                None => {
+                    unknown_tickets.push(ticket);
+                    continue;
+                }
+            },
+            // Refused above.
+            (None, None) => continue,
+        };
+        reports.push(Report {
+            member,
+            result: body.result,
+            detail: String::new(),
+            latency_ms: None,
+            target,
+        });
+        statuses.push(body.status);
+        tickets.push(ticket);
     }
     let summary = state
         .store
@@ -143,16 +196,21 @@ pub async fn report_outcomes(
             "member cooling down after reported failures"
         );
     }
-    // Reports about known members, in order, each with its own target.
+    // Reports about known members, in order, each with its own target and ticket.
     let known = reports
         .iter()
-        .filter(|report| !summary.unknown.contains(&report.member));
+        .zip(&tickets)
+        .filter(|(report, _)| !summary.unknown.contains(&report.member));
     let applied: Vec<AppliedView<'_>> = summary
         .applied
         .iter()
         .zip(known)
-        .map(|(applied, report)| AppliedView {
-            proxy: &applied.member,
+        .map(|(applied, (report, ticket))| AppliedView {
+            proxy: match ticket {
+                Some(_) => applied.member.masked(),
+                None => std::borrow::Cow::Borrowed(applied.member.as_str()),
+            },
+            ticket: ticket.as_deref(),
             result: applied.result,
             effect: applied.effect,
             consecutive_failures: applied.streak,
@@ -160,10 +218,23 @@ pub async fn report_outcomes(
             banned_until: applied.banned_until,
         })
         .collect();
+    // Unknown members as named, except that a ticket's member (no longer in the pool) is
+    // listed by its ticket: its id, credentials and all, is never shown.
+    let mut unknown: Vec<&str> = Vec::new();
+    for (report, ticket) in reports.iter().zip(&tickets) {
+        if !summary.unknown.contains(&report.member) {
+            continue;
+        }
+        let name = ticket.as_deref().unwrap_or(report.member.as_str());
+        if !unknown.contains(&name) {
+            unknown.push(name);
+        }
+    }
+    unknown.extend(unknown_tickets.iter().map(String::as_str));
     let response = axum::Json(json!({
         "pool": pool,
         "outcomes": applied,
-        "unknown": summary.unknown,
+        "unknown": unknown,
         "rejected": rejected,
     }))
     .into_response();

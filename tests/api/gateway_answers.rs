@@ -10,7 +10,10 @@ use crate::gateway::{
     HEALTHY, TOKEN, basic, connect_fails_after, curl, dead_members, http_proxy, member, proxy_pool,
     raw, spawn, spawn_on,
 };
-use crate::helpers::Backend;
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::helpers::{Backend, TestApp, assert_error, read};
 use crate::proxies::{closed_port, target};
 
 /// The value of `name` in a lower-cased answer head, every line of it joined by `, `.
@@ -226,5 +229,126 @@ async fn a_member_id_cannot_inject_a_header_into_the_answer() {
         header(&head, "x-proxy-allocator-proxy"),
         masked(&added).to_ascii_lowercase()
     );
+    app.stop().await;
+}
+
+/// A tunnel through `web` to the target, opened and closed: its ticket.
+async fn ticket_of_a_closed_tunnel(app: &TestApp, port: u16) -> String {
+    let (status, head, _) = raw(
+        app,
+        &format!("CONNECT 127.0.0.1:{port} HTTP/1.1"),
+        basic("web", TOKEN),
+    )
+    .await;
+    assert_eq!(status, 200, "{head}");
+    let ticket = header(&head, "x-proxy-allocator-ticket");
+    assert_eq!(ticket.len(), 32, "{head}");
+    assert!(ticket.bytes().all(|b| b.is_ascii_hexdigit()), "{ticket}");
+    ticket
+}
+
+/// A report with the admin token (the gateway's service has a worker token).
+async fn report(app: &TestApp, pool: &str, body: Value) -> (StatusCode, Value) {
+    read(
+        app.admin(Method::POST, &format!("/pools/{pool}/outcomes"))
+            .json(&body)
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_reported_after_the_tunnel_closed_bans_its_member_for_the_tunnels_target() {
+    let app = spawn().await;
+    let site = target(None).await;
+    let live = http_proxy().await;
+    proxy_pool(&app, "web").await;
+    app.seed("web", &[&member("http", &live)], None).await;
+    let ticket = ticket_of_a_closed_tunnel(&app, site.port()).await;
+    let (status, body) = report(
+        &app,
+        "web",
+        json!({"ticket": ticket, "result": "blocked", "status": 403}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let banned_until = body["outcomes"][0]["banned_until"].clone();
+    assert!(banned_until.is_string(), "{body}");
+    assert_eq!(
+        body,
+        json!({"pool": "web", "outcomes": [{
+            "proxy": masked(&member("http", &live)), "ticket": ticket, "result": "blocked",
+            "effect": "banned", "consecutive_failures": 0, "target": "127.0.0.1",
+            "banned_until": banned_until}],
+            "unknown": [], "rejected": []})
+    );
+    let (status, listed) = app.get("/pools/web/members?target=127.0.0.1").await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    assert_eq!(listed["members"][0]["banned_until"], banned_until);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_unknown_or_other_pools_ticket_is_listed_unknown_never_an_error() {
+    let app = spawn_on(Backend::Embedded, |config| {
+        config.gateway_ticket_ttl_ms = 1_000;
+    })
+    .await;
+    let site = target(None).await;
+    let live = http_proxy().await;
+    proxy_pool(&app, "web").await;
+    proxy_pool(&app, "other").await;
+    app.seed("web", &[&member("http", &live)], None).await;
+    let ticket = ticket_of_a_closed_tunnel(&app, site.port()).await;
+    let made_up = "0123456789abcdef0123456789abcdef";
+    let (status, body) = report(&app, "other", json!({"ticket": ticket, "result": "ok"})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["unknown"], json!([ticket]));
+    let (status, body) = report(&app, "web", json!({"ticket": made_up, "result": "ok"})).await;
+    assert_eq!(
+        (status, &body["unknown"]),
+        (StatusCode::OK, &json!([made_up]))
+    );
+    // Valid after the tunnel closed, until the ticket ttl has passed since.
+    let (_, body) = report(&app, "web", json!({"ticket": ticket, "result": "ok"})).await;
+    assert_eq!(body["outcomes"][0]["effect"], json!("counted"), "{body}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (_, body) = report(&app, "web", json!({"ticket": ticket, "result": "ok"})).await;
+        if body["unknown"] == json!([ticket]) {
+            assert_eq!(body["outcomes"], json!([]));
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still valid: {body}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_report_names_its_proxy_or_a_ticket_and_a_tickets_target_is_the_tunnels() {
+    let app = spawn().await;
+    proxy_pool(&app, "web").await;
+    let ticket = "0123456789abcdef0123456789abcdef";
+    for (body, message) in [
+        (
+            json!({"proxy": "a", "ticket": ticket, "result": "ok"}),
+            "ticket: a report names its proxy or a gateway ticket, not both",
+        ),
+        (
+            json!({"ticket": ticket, "result": "blocked", "target": "example.com"}),
+            "target: a ticket's report is about its tunnel's target",
+        ),
+        (
+            json!({"result": "ok"}),
+            "proxy: a report names its proxy (or a gateway ticket)",
+        ),
+    ] {
+        let (status, answer) = report(&app, "web", body).await;
+        assert_error(status, &answer, StatusCode::BAD_REQUEST, "invalid_request");
+        assert_eq!(answer["error"]["message"], json!(message));
+    }
     app.stop().await;
 }
