@@ -212,6 +212,12 @@ pub struct Config {
     #[arg(long, env = "GATEWAY_ATTEMPTS", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10))]
     pub gateway_attempts: u32,
 
+    /// Largest request body, in bytes, the gateway keeps to send again through another
+    /// member on a retry of a plain-HTTP request; a larger body is streamed and never
+    /// retried.
+    #[arg(long, env = "GATEWAY_RETRY_BODY_MAX", default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(0..=(64 << 20)))]
+    pub gateway_retry_body_max: u64,
+
     /// How long, in milliseconds, a tunnel's ticket (`x-proxy-allocator-ticket`) stays
     /// valid for an outcome report after the tunnel closes.
     #[arg(long, env = "GATEWAY_TICKET_TTL_MS", default_value_t = 600_000, value_parser = clap::value_parser!(u64).range(1_000..=86_400_000))]
@@ -296,6 +302,7 @@ impl Config {
             attempts: self.gateway_attempts,
             connect_timeout: Duration::from_millis(self.gateway_connect_timeout_ms),
             idle_timeout: Duration::from_millis(self.gateway_idle_timeout_ms),
+            retry_body_max: usize::try_from(self.gateway_retry_body_max).unwrap_or(usize::MAX),
         }
     }
 

@@ -4,6 +4,7 @@
 mod candidate;
 pub mod count;
 mod exclude;
+mod gateway_rules;
 mod health;
 mod labels;
 mod lease;
@@ -25,6 +26,7 @@ pub use candidate::{
 };
 pub use count::{AssignCount, InvalidAssignCount};
 pub use exclude::{Exclude, InvalidExclude, MAX_EXCLUDED};
+pub use gateway_rules::{GatewayRules, InvalidGatewayRules};
 pub use health::{
     CHECK_BODY_WINDOW_BYTES, CheckConfig, CheckKind, HealthConfig, InvalidHealthConfig,
     OutcomeResult,

@@ -15,10 +15,13 @@
 //!   never reaches it, the member's own credentials do.
 //! - **Outcomes and retries.** A refused connection, a timeout or a proxy's refusal before
 //!   the tunnel is up (or before an `http://` response head arrives) is reported `failed`
-//!   through the same store operation as `POST /pools/{pool}/outcomes`, and, as long as
-//!   nothing was sent to the client (nor its request body to an upstream), the next pick
-//!   is tried, up to `GATEWAY_ATTEMPTS` members. A 403 or 429 on plain HTTP is `blocked`
-//!   with the target (a ban for that site only); anything else is `ok`.
+//!   through the same store operation as `POST /pools/{pool}/outcomes`, and the next
+//!   member not tried yet is tried, up to the pool's `gateway.attempts` (else
+//!   `GATEWAY_ATTEMPTS`) members. On plain HTTP the request's body is kept (up to
+//!   `GATEWAY_RETRY_BODY_MAX`) so that it can be sent again, and the pool's retry rules
+//!   (listed statuses, block patterns; see `forward.rs`) make a block go to another member
+//!   too. A 403 or 429 (or a block) is `blocked` with the target (a ban for that site
+//!   only); anything else is `ok`.
 //! - **Answers of its own**, in the API's error shape: 407 `proxy_auth_required`, 400
 //!   `invalid_request` (a malformed user name or request), 404 `pool_not_found`, 503
 //!   `no_eligible_proxy` with `Retry-After` and `x-proxy-allocator: no-eligible-proxy`
@@ -26,6 +29,7 @@
 //!   `member_not_a_proxy` / `private_address` when the pool holds members the gateway must
 //!   not dial (logged once per pool), 503 `store_unavailable`.
 
+mod forward;
 pub mod status;
 pub mod upstream;
 pub mod user;
@@ -42,20 +46,21 @@ use base64::Engine;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
-use hyper::body::{Frame, Incoming, SizeHint};
+use hyper::body::Incoming;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
-use hyper::{Method, Request, Response, StatusCode, Uri};
+use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use subtle::ConstantTimeEq;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::domain::{Exclude, MemberId, OutcomeResult, PoolId, Scheme, Target};
+use crate::domain::{Exclude, GatewayRules, MemberId, OutcomeResult, PoolId, Scheme, Target};
 use crate::monitoring::{OTHER_POOL, PoolSnapshot};
 use crate::store::{AssignRequest, Assignment, Lease, Report, ReportSource, Store, StoreError};
 use crate::tickets::{Ticketed, Tickets};
 
+use self::forward::{Forward, Outgoing};
 use self::status::Tried;
 use self::upstream::{Connection, DialError, DialFailure, Dialer, FailureKind, Upstream};
 use self::user::Selection;
@@ -65,11 +70,14 @@ use self::user::Selection;
 pub struct Settings {
     /// Most members one request tries.
     pub attempts: u32,
-    /// Longest a member may take to connect and complete its handshake (and, for
-    /// `http://` requests, to send its response head).
+    /// Longest a member may take to connect and complete its handshake (a target's answer
+    /// through it then has the pool's `gateway.response_timeout_ms` to start).
     pub connect_timeout: Duration,
     /// Longest a tunnel may pass no byte before it is closed.
     pub idle_timeout: Duration,
+    /// Largest request body kept to be sent again on a retry; a larger one is streamed and
+    /// never retried.
+    pub retry_body_max: usize,
 }
 
 /// The body of every gateway answer.
@@ -100,8 +108,9 @@ struct Inner {
     snapshot: PoolSnapshot,
     tunnels: Tunnels,
     tickets: Tickets,
-    /// Each pool's `rules.allow_private` and when it was read.
-    rules: Mutex<HashMap<PoolId, (Instant, bool)>>,
+    /// Each pool's routing (`rules.allow_private` and its gateway rules) and when it was
+    /// read.
+    routes: Mutex<HashMap<PoolId, (Instant, Route)>>,
     /// Pools whose misconfiguration has been logged.
     misconfigured: Mutex<HashSet<PoolId>>,
 }
@@ -296,7 +305,7 @@ impl Gateway {
                 snapshot,
                 tunnels: Tunnels::default(),
                 tickets,
-                rules: Mutex::new(HashMap::new()),
+                routes: Mutex::new(HashMap::new()),
                 misconfigured: Mutex::new(HashSet::new()),
             }),
         }
@@ -340,7 +349,8 @@ impl Gateway {
         let (kind, host, port) = destination(&request)?;
         let target = Target::parse("target", &host).map_err(|e| Refusal::Invalid(e.to_string()))?;
         let pool = selection.pool.clone();
-        let allow_private = self.allow_private(&pool).await?;
+        let route = self.route(&pool).await?;
+        let allow_private = route.allow_private;
         *label = self.inner.snapshot.label(&pool, true).to_owned();
         // Each attempt excludes the members tried before it, so that a retry never goes
         // back to a member that just failed (its count may well still be the lowest).
@@ -351,10 +361,16 @@ impl Gateway {
             exclude: Exclude::default(),
         };
         let mut upgrade = (kind == Kind::Tunnel).then(|| hyper::upgrade::on(&mut request));
-        let mut body = Some(request);
         let settings = self.inner.settings;
+        let mut outgoing = match kind {
+            Kind::Forward => Some(Outgoing::read(request, settings.retry_body_max).await),
+            Kind::Tunnel => None,
+        };
+        let attempts = route.rules.attempts.unwrap_or(settings.attempts);
         let mut last_failure = None;
-        for _ in 0..settings.attempts {
+        // A block's answer, kept while another member is tried: passed on if none can be.
+        let mut blocked: Option<Response<GatewayBody>> = None;
+        for attempt in 1..=attempts {
             let assignment = match &selection.session {
                 Some(session) => {
                     self.inner
@@ -369,6 +385,9 @@ impl Gateway {
                 Assignment::Assigned { member, .. } => (member, None),
                 Assignment::Leased { member, lease, .. } => (member, Some(lease)),
                 Assignment::Empty { next_return } => {
+                    if let Some(answer) = blocked {
+                        return Ok(("forwarded", answer));
+                    }
                     return Err(match last_failure {
                         Some(last) => Refusal::UpstreamFailed {
                             attempts: tried.attempts,
@@ -419,30 +438,50 @@ impl Gateway {
             let held = Held {
                 gateway: self.clone(),
                 pool: pool.clone(),
-                member,
+                member: member.clone(),
                 target: target.clone(),
                 hold,
                 started: Instant::now(),
-                attempts: tried.attempts,
             };
-            return match (kind, upgrade.take(), body.take()) {
-                (Kind::Tunnel, Some(upgrade), _) => {
-                    Ok(("tunnel", held.tunnel(upgrade, connection)))
-                }
-                (_, _, Some(request)) => held
-                    .forward(request, upstream, connection, &host, port)
-                    .await
-                    .map(|response| ("forwarded", response)),
-                // Each kind keeps what it needs until its one successful dial.
-                _ => Err(Refusal::Store),
+            if let Some(upgrade) = upgrade.take() {
+                return Ok(("tunnel", held.tunnel(upgrade, connection)));
+            }
+            let Some(outgoing) = outgoing.as_mut() else {
+                // Each kind keeps what it needs: a tunnel its upgrade, a forward its request.
+                return Err(Refusal::Store);
             };
+            let may_retry = attempt < attempts && outgoing.replayable();
+            let forwarded = held
+                .forward(
+                    outgoing,
+                    upstream,
+                    connection,
+                    &host,
+                    port,
+                    &route.rules,
+                    may_retry,
+                )
+                .await;
+            match forwarded {
+                Forward::Answered(answer) => return Ok(("forwarded", answer)),
+                Forward::Blocked(answer) => blocked = Some(answer),
+                Forward::Failed(failure) => last_failure = Some(failure),
+            }
+            // The request went to this member: sent again only when its body was kept.
+            if !outgoing.replayable() {
+                break;
+            }
+            assign.exclude.insert(member);
+        }
+        if let Some(answer) = blocked {
+            return Ok(("forwarded", answer));
         }
         Err(match last_failure {
             Some(last) => Refusal::UpstreamFailed {
                 attempts: tried.attempts,
                 last,
             },
-            // No attempt at all: GATEWAY_ATTEMPTS is at least 1, so this is never reached.
+            // No attempt at all: attempts are at least 1, so this is never reached.
             None => Refusal::NoEligible { next_return: None },
         })
     }
@@ -478,33 +517,47 @@ impl Gateway {
             .map_err(|_| Refusal::Invalid("proxy user name: not UTF-8".to_owned()))
     }
 
-    /// The pool's private-address rule, read from the store at most once a second.
-    async fn allow_private(&self, pool: &PoolId) -> Result<bool, Refusal> {
+    /// The pool's routing, read from the store at most once a second; its patterns are
+    /// compiled again only when its gateway rules changed.
+    async fn route(&self, pool: &PoolId) -> Result<Route, Refusal> {
         let now = Instant::now();
-        {
-            let rules = self
+        let known = {
+            let routes = self
                 .inner
-                .rules
+                .routes
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            if let Some((read, allow)) = rules.get(pool)
-                && now.duration_since(*read) < RULES_FRESH
-            {
-                return Ok(*allow);
+            match routes.get(pool) {
+                Some((read, route)) if now.duration_since(*read) < RULES_FRESH => {
+                    return Ok(route.clone());
+                }
+                Some((_, route)) => Some(route.clone()),
+                None => None,
             }
-        }
+        };
         let info = self.inner.store.pool(pool).await?;
-        let allow = info.config.rules.allow_private;
-        let mut rules = self
+        let gateway = info.config.gateway;
+        let route = match known {
+            Some(route) if route.source == gateway => Route {
+                allow_private: info.config.rules.allow_private,
+                ..route
+            },
+            _ => Route {
+                allow_private: info.config.rules.allow_private,
+                rules: Arc::new(forward::Rules::of(gateway.as_ref())),
+                source: gateway,
+            },
+        };
+        let mut routes = self
             .inner
-            .rules
+            .routes
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if rules.len() >= MAX_REMEMBERED_POOLS {
-            rules.clear();
+        if routes.len() >= MAX_REMEMBERED_POOLS {
+            routes.clear();
         }
-        rules.insert(pool.clone(), (now, allow));
-        Ok(allow)
+        routes.insert(pool.clone(), (now, route.clone()));
+        Ok(route)
     }
 
     /// Logs, once per pool, that it holds a member the gateway must not dial.
@@ -605,6 +658,17 @@ fn destination(request: &Request<Incoming>) -> Result<(Kind, String, u16), Refus
     }
 }
 
+/// How the gateway routes a pool's requests, as last read.
+#[derive(Debug, Clone)]
+struct Route {
+    /// `rules.allow_private`.
+    allow_private: bool,
+    /// The pool's gateway rules, compiled.
+    rules: Arc<forward::Rules>,
+    /// The gateway rules as configured, to tell whether they changed.
+    source: Option<GatewayRules>,
+}
+
 /// A member picked and dialled for one request: what its end needs.
 struct Held {
     gateway: Gateway,
@@ -613,8 +677,6 @@ struct Held {
     target: Target,
     hold: Option<LeaseHold>,
     started: Instant,
-    /// Members tried for the request, this one included.
-    attempts: u32,
 }
 
 impl Held {
@@ -665,204 +727,6 @@ impl Held {
             response.headers_mut().insert(status::TICKET, value);
         }
         response
-    }
-
-    /// Sends one `http://` request through the dialled member and answers its response,
-    /// whose body holds the lease until it is sent.
-    async fn forward(
-        self,
-        request: Request<Incoming>,
-        upstream: Upstream,
-        connection: Connection,
-        host: &str,
-        port: u16,
-    ) -> Result<Response<GatewayBody>, Refusal> {
-        let (mut parts, body) = request.into_parts();
-        for name in &HOP_BY_HOP {
-            parts.headers.remove(name);
-        }
-        parts.version = hyper::Version::HTTP_11;
-        match upstream.scheme() {
-            Scheme::Http | Scheme::Https => {
-                if let Some(authorization) = upstream.authorization() {
-                    parts
-                        .headers
-                        .insert(header::PROXY_AUTHORIZATION, authorization);
-                }
-            }
-            _ => {
-                // Through a tunnel the request goes to the target itself, in origin form.
-                if !parts.headers.contains_key(header::HOST) {
-                    let authority = if port == 80 {
-                        host.to_owned()
-                    } else {
-                        format!("{host}:{port}")
-                    };
-                    if let Ok(value) = HeaderValue::from_str(&authority) {
-                        parts.headers.insert(header::HOST, value);
-                    }
-                }
-                let path = parts
-                    .uri
-                    .path_and_query()
-                    .map_or("/", hyper::http::uri::PathAndQuery::as_str);
-                parts.uri = Uri::try_from(path).unwrap_or_else(|_| Uri::from_static("/"));
-            }
-        }
-        let gateway = self.gateway.clone();
-        let exchange = async {
-            // Header names go out capitalised (`Proxy-Authorization`), as browsers and curl
-            // write them: some upstream proxies read their credentials in that spelling only.
-            let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
-                .title_case_headers(true)
-                .handshake(TokioIo::new(connection))
-                .await?;
-            tokio::spawn(connection);
-            let response = sender
-                .send_request(Request::from_parts(parts, body))
-                .await?;
-            Ok::<_, hyper::Error>((sender, response))
-        };
-        let timeout = gateway.inner.settings.connect_timeout;
-        let (sender, response) = match tokio::time::timeout(timeout, exchange).await {
-            Ok(Ok(exchanged)) => exchanged,
-            failure => {
-                let why = match failure {
-                    Ok(Err(error)) => error.to_string(),
-                    _ => "timed out".to_owned(),
-                };
-                // The request (and its body) went to this member: it cannot be tried again.
-                gateway
-                    .failed(&self.pool, &self.member, &why, self.hold)
-                    .await;
-                let kind = if why == "timed out" {
-                    FailureKind::TimedOut
-                } else {
-                    FailureKind::Unreachable
-                };
-                return Err(Refusal::UpstreamFailed {
-                    attempts: self.attempts,
-                    last: DialFailure::new(kind, format!("the proxy's answer: {why}")),
-                });
-            }
-        };
-        let status = response.status();
-        if status == StatusCode::PROXY_AUTHENTICATION_REQUIRED
-            && matches!(upstream.scheme(), Scheme::Http | Scheme::Https)
-        {
-            // The member's proxy refused its own credentials: a proxy failure, not an
-            // answer of the target.
-            gateway
-                .failed(
-                    &self.pool,
-                    &self.member,
-                    "the proxy answered 407",
-                    self.hold,
-                )
-                .await;
-            return Err(Refusal::UpstreamFailed {
-                attempts: self.attempts,
-                last: DialFailure::new(
-                    FailureKind::ProxyAnswer,
-                    "the proxy refused the member's credentials (407)",
-                ),
-            });
-        }
-        if matches!(
-            status,
-            StatusCode::FORBIDDEN | StatusCode::TOO_MANY_REQUESTS
-        ) {
-            gateway
-                .report(
-                    &self.pool,
-                    &self.member,
-                    OutcomeResult::Blocked,
-                    Some(self.target.clone()),
-                )
-                .await;
-        } else {
-            gateway.report_ok(&self.pool, &self.member);
-        }
-        let (mut parts, body) = response.into_parts();
-        for name in &HOP_BY_HOP {
-            parts.headers.remove(name);
-        }
-        // The gateway's own headers say who answered: an upstream's are not passed on.
-        parts.headers.remove(MARKER);
-        status::served(&mut parts.headers, Some(status.as_u16()));
-        let body = Forwarded {
-            inner: body,
-            received: 0,
-            status: status.as_u16(),
-            held: Some(self),
-            _sender: sender,
-        };
-        Ok(Response::from_parts(parts, body.boxed_unsync()))
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// An upstream's response body, which holds its member's lease (and its connection)
-    /// until it has been sent or dropped, and then logs the request's line.
-    struct Forwarded {
-        #[pin]
-        inner: Incoming,
-        received: u64,
-        status: u16,
-        held: Option<Held>,
-        _sender: hyper::client::conn::http1::SendRequest<Incoming>,
-    }
-
-    impl PinnedDrop for Forwarded {
-        fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            if let Some(held) = this.held.take() {
-                metrics::counter!("pa_gateway_bytes_total", "direction" => "received")
-                    .increment(*this.received);
-                tracing::info!(
-                    pool = held.pool.as_str(),
-                    proxy = %held.member.masked(),
-                    target = held.target.as_str(),
-                    status = *this.status,
-                    received = *this.received,
-                    duration_ms = u64::try_from(held.started.elapsed().as_millis()).unwrap_or(u64::MAX),
-                    "gateway request forwarded"
-                );
-                // Dropping the hold releases the lease.
-                drop(held.hold);
-            }
-        }
-    }
-}
-
-impl hyper::body::Body for Forwarded {
-    type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.project();
-        match this.inner.poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    *this.received += data.len() as u64;
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Poll::Ready(Some(Err(error))) => Poll::Ready(Some(Err(Box::new(error)))),
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 

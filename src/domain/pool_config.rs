@@ -4,7 +4,7 @@ use std::num::NonZeroU64;
 
 use serde::{Deserialize, Serialize};
 
-use super::{HealthConfig, LeaseTtl, Pacing, PruneConfig, SessionTtl, Source};
+use super::{GatewayRules, HealthConfig, LeaseTtl, Pacing, PruneConfig, SessionTtl, Source};
 
 /// How assign chooses among a pool's eligible members. A pool's policy can only change
 /// while it has no members: the two policies keep different state, and a member's state
@@ -132,6 +132,10 @@ pub struct PoolConfig {
     /// for another ttl (1,000 ms to 24 h; 600,000 by default).
     #[serde(default)]
     pub session_ttl_ms: SessionTtl,
+    /// How the gateway retries this pool's requests (`null`, the default: the service's
+    /// `GATEWAY_ATTEMPTS` and no retry rules; shown only when set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<GatewayRules>,
 }
 
 #[cfg(test)]

@@ -86,6 +86,9 @@ pub enum FailureKind {
     /// Any other failure to reach the destination through the proxy (TLS, SOCKS, a
     /// broken connection).
     Unreachable,
+    /// The target's answer (through the proxy) did not start within the pool's
+    /// `response_timeout_ms`.
+    ResponseTimedOut,
 }
 
 impl FailureKind {
@@ -96,6 +99,7 @@ impl FailureKind {
             Self::TimedOut => "connection_timeout",
             Self::ProxyAnswer => "proxy_internal_response",
             Self::Unreachable => "destination_unavailable",
+            Self::ResponseTimedOut => "http_response_timeout",
         }
     }
 }

@@ -22,6 +22,7 @@ mod due;
 mod exclude;
 mod gateway;
 mod gateway_answers;
+mod gateway_retries;
 mod health;
 mod import;
 mod labels;

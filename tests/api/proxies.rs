@@ -235,13 +235,35 @@ async fn relay(mut client: Box<dyn Io>, target: &str, first: &[u8]) -> std::io::
 }
 
 /// The target (HTTPS with `tls`, plain HTTP without): `/health` answers 200 with a page naming the target, `/blocked` 200
-/// with a block page, `/limited` 429, anything else 404. It records each request line and `User-Agent`.
+/// with a block page, `/limited` 429, `/echo` the request's body, anything else 404. It records each request line and `User-Agent`.
 pub async fn target(tls: Option<TlsAcceptor>) -> Server {
     Server::start(tls, |mut io, seen| async move {
-        let (head, _) = read_head(&mut io).await?;
+        let (head, mut rest) = read_head(&mut io).await?;
         let line = head.lines().next().unwrap_or_default().to_owned();
         let agent = header(&head, "user-agent").unwrap_or("-").to_owned();
         seen.lock().expect("lock").push(format!("{line} | {agent}"));
+        if line.split(' ').nth(1) == Some("/echo") {
+            // The request's body back, byte for byte.
+            let length: usize = header(&head, "content-length")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            let mut chunk = [0u8; 4096];
+            while rest.len() < length {
+                let n = io.read(&mut chunk).await?;
+                if n == 0 {
+                    break;
+                }
+                rest.extend_from_slice(&chunk[..n]);
+            }
+            let mut answer = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                rest.len()
+            )
+            .into_bytes();
+            answer.extend_from_slice(&rest);
+            io.write_all(&answer).await?;
+            return io.shutdown().await;
+        }
         let (status, body) = match line.split(' ').nth(1) {
             Some("/health") => ("200 OK", "<title>target</title> all is well"),
             Some("/blocked") => ("200 OK", "<title>Access denied</title>"),
@@ -270,6 +292,9 @@ pub struct HttpProxy {
     /// Read `Proxy-Authorization` only in that capitalisation, as some real proxies do
     /// (pproxy's HTTP listener ignores `proxy-authorization`).
     pub case_sensitive: bool,
+    /// An answer this proxy gives plain-HTTP requests itself, as a site does that blocks
+    /// the proxy's exit address (a whole HTTP/1.1 response).
+    pub answer: Option<&'static str>,
 }
 
 impl HttpProxy {
@@ -304,6 +329,10 @@ impl HttpProxy {
                 tokio::time::sleep(this.delay).await;
                 let mut words = line.split(' ');
                 let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+                if let (Some(answer), false) = (this.answer, method == "CONNECT") {
+                    io.write_all(answer.as_bytes()).await?;
+                    return io.shutdown().await;
+                }
                 if method == "CONNECT" {
                     io.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
                         .await?;
