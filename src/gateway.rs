@@ -57,7 +57,9 @@ use tokio::time::Instant;
 
 use crate::domain::{Exclude, GatewayRules, MemberId, OutcomeResult, PoolId, Scheme, Target};
 use crate::monitoring::{OTHER_POOL, PoolSnapshot};
-use crate::store::{AssignRequest, Assignment, Lease, Report, ReportSource, Store, StoreError};
+use crate::store::{
+    AssignRequest, Assignment, Lease, Report, ReportSource, SessionRequest, Store, StoreError,
+};
 use crate::tickets::{Ticketed, Tickets};
 
 use self::forward::{Forward, Outgoing};
@@ -347,101 +349,26 @@ impl Gateway {
         let user = self.authenticate(request.headers())?;
         let selection = Selection::parse(&user).map_err(|e| Refusal::Invalid(e.to_string()))?;
         let (kind, host, port) = destination(&request)?;
-        let target = Target::parse("target", &host).map_err(|e| Refusal::Invalid(e.to_string()))?;
-        let pool = selection.pool.clone();
-        let route = self.route(&pool).await?;
-        let allow_private = route.allow_private;
-        *label = self.inner.snapshot.label(&pool, true).to_owned();
-        // Each attempt excludes the members tried before it, so that a retry never goes
-        // back to a member that just failed (its count may well still be the lowest).
-        let mut assign = AssignRequest {
-            ttl: selection.ttl,
-            labels: selection.labels,
-            target: Some(target.clone()),
-            exclude: Exclude::default(),
-        };
+        let mut attempts = self.attempts(selection, kind, &host, port, label).await?;
         let mut upgrade = (kind == Kind::Tunnel).then(|| hyper::upgrade::on(&mut request));
-        let settings = self.inner.settings;
         let mut outgoing = match kind {
-            Kind::Forward => Some(Outgoing::read(request, settings.retry_body_max).await),
+            Kind::Forward => {
+                Some(Outgoing::read(request, self.inner.settings.retry_body_max).await)
+            }
             Kind::Tunnel => None,
         };
-        let attempts = route.rules.attempts.unwrap_or(settings.attempts);
-        let mut last_failure = None;
         // A block's answer, kept while another member is tried: passed on if none can be.
         let mut blocked: Option<Response<GatewayBody>> = None;
-        for attempt in 1..=attempts {
-            let assignment = match &selection.session {
-                Some(session) => {
-                    self.inner
-                        .store
-                        .assign_in_session(&pool, &assign, session)
-                        .await?
-                        .assignment
+        for attempt in 1..=attempts.most {
+            let (held, upstream, connection) = match attempts.next(tried).await? {
+                Attempt::Dialled(dialled) => *dialled,
+                Attempt::DialFailed => continue,
+                Attempt::Exhausted(next_return) => {
+                    return match blocked {
+                        Some(answer) => Ok(("forwarded", answer)),
+                        None => Err(attempts.give_up(tried, next_return)),
+                    };
                 }
-                None => self.inner.store.assign(&pool, &assign).await?,
-            };
-            let (member, lease) = match assignment {
-                Assignment::Assigned { member, .. } => (member, None),
-                Assignment::Leased { member, lease, .. } => (member, Some(lease)),
-                Assignment::Empty { next_return } => {
-                    if let Some(answer) = blocked {
-                        return Ok(("forwarded", answer));
-                    }
-                    return Err(match last_failure {
-                        Some(last) => Refusal::UpstreamFailed {
-                            attempts: tried.attempts,
-                            last,
-                        },
-                        None => Refusal::NoEligible { next_return },
-                    });
-                }
-            };
-            tried.attempt(&member);
-            let hold = lease.map(|lease| LeaseHold::start(&self.inner.store, &pool, lease));
-            let Some(upstream) = Upstream::parse(&member) else {
-                self.misconfigured(&pool, &member, "is not a proxy address");
-                return Err(Refusal::NotAProxy);
-            };
-            let dialer = &self.inner.dialer;
-            let dial = async {
-                match (kind, upstream.scheme()) {
-                    (Kind::Forward, Scheme::Http | Scheme::Https) => {
-                        dialer.connect_proxy(&upstream, allow_private).await
-                    }
-                    _ => dialer.tunnel(&upstream, &host, port, allow_private).await,
-                }
-            };
-            let connection = match tokio::time::timeout(settings.connect_timeout, dial).await {
-                Ok(Ok(connection)) => connection,
-                Ok(Err(DialError::PrivateAddress)) => {
-                    self.misconfigured(&pool, &member, "has a non-public address");
-                    return Err(Refusal::PrivateAddress);
-                }
-                Ok(Err(DialError::Failed(failure))) => {
-                    self.failed(&pool, &member, &failure.message, hold).await;
-                    last_failure = Some(failure);
-                    assign.exclude.insert(member);
-                    continue;
-                }
-                Err(_) => {
-                    let failure = DialFailure::new(
-                        FailureKind::TimedOut,
-                        "the proxy did not complete its handshake in time",
-                    );
-                    self.failed(&pool, &member, &failure.message, hold).await;
-                    last_failure = Some(failure);
-                    assign.exclude.insert(member);
-                    continue;
-                }
-            };
-            let held = Held {
-                gateway: self.clone(),
-                pool: pool.clone(),
-                member: member.clone(),
-                target: target.clone(),
-                hold,
-                started: Instant::now(),
             };
             if let Some(upgrade) = upgrade.take() {
                 return Ok(("tunnel", held.tunnel(upgrade, connection)));
@@ -450,39 +377,60 @@ impl Gateway {
                 // Each kind keeps what it needs: a tunnel its upgrade, a forward its request.
                 return Err(Refusal::Store);
             };
-            let may_retry = attempt < attempts && outgoing.replayable();
+            let member = held.member.clone();
+            let may_retry = attempt < attempts.most && outgoing.replayable();
+            let rules = Arc::clone(&attempts.route.rules);
             let forwarded = held
-                .forward(
-                    outgoing,
-                    upstream,
-                    connection,
-                    &host,
-                    port,
-                    &route.rules,
-                    may_retry,
-                )
+                .forward(outgoing, upstream, connection, &host, port, &rules, may_retry)
                 .await;
             match forwarded {
                 Forward::Answered(answer) => return Ok(("forwarded", answer)),
                 Forward::Blocked(answer) => blocked = Some(answer),
-                Forward::Failed(failure) => last_failure = Some(failure),
+                Forward::Failed(failure) => attempts.last_failure = Some(failure),
             }
             // The request went to this member: sent again only when its body was kept.
             if !outgoing.replayable() {
                 break;
             }
-            assign.exclude.insert(member);
+            attempts.assign.exclude.insert(member);
         }
-        if let Some(answer) = blocked {
-            return Ok(("forwarded", answer));
+        match blocked {
+            Some(answer) => Ok(("forwarded", answer)),
+            None => Err(attempts.give_up(tried, None)),
         }
-        Err(match last_failure {
-            Some(last) => Refusal::UpstreamFailed {
-                attempts: tried.attempts,
-                last,
+    }
+
+    /// The tries of one request to `host:port` in the pool `selection` names (whose metric
+    /// label goes into `label`).
+    async fn attempts<'a>(
+        &self,
+        selection: Selection,
+        kind: Kind,
+        host: &'a str,
+        port: u16,
+        label: &mut String,
+    ) -> Result<Attempts<'a>, Refusal> {
+        let target = Target::parse("target", host).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        let pool = selection.pool.clone();
+        let route = self.route(&pool).await?;
+        *label = self.inner.snapshot.label(&pool, true).to_owned();
+        Ok(Attempts {
+            gateway: self.clone(),
+            most: route.rules.attempts.unwrap_or(self.inner.settings.attempts),
+            assign: AssignRequest {
+                ttl: selection.ttl,
+                labels: selection.labels,
+                target: Some(target.clone()),
+                exclude: Exclude::default(),
             },
-            // No attempt at all: attempts are at least 1, so this is never reached.
-            None => Refusal::NoEligible { next_return: None },
+            session: selection.session,
+            pool,
+            target,
+            route,
+            kind,
+            host,
+            port,
+            last_failure: None,
         })
     }
 
@@ -655,6 +603,117 @@ fn destination(request: &Request<Incoming>) -> Result<(Kind, String, u16), Refus
             "this port is a proxy: send absolute-form http:// requests or CONNECT host:port"
                 .to_owned(),
         )),
+    }
+}
+
+/// One request's tries of its pool's members: each attempt picks a member not tried yet
+/// (the members tried before are excluded, so a retry never goes back to a member that just
+/// failed, whose count may well still be the lowest) and dials it.
+struct Attempts<'a> {
+    gateway: Gateway,
+    /// Most attempts: the pool's `gateway.attempts`, else `GATEWAY_ATTEMPTS`.
+    most: u32,
+    assign: AssignRequest,
+    session: Option<SessionRequest>,
+    pool: PoolId,
+    target: Target,
+    route: Route,
+    kind: Kind,
+    host: &'a str,
+    port: u16,
+    /// Why the last attempt that failed did.
+    last_failure: Option<DialFailure>,
+}
+
+/// How one attempt ended.
+enum Attempt {
+    /// A member was picked and dialled (boxed: the other outcomes are a word or two).
+    Dialled(Box<(Held, Upstream, Connection)>),
+    /// The member picked could not be dialled (reported, and excluded from the next).
+    DialFailed,
+    /// No member is left to try; when one comes back by itself, in how long.
+    Exhausted(Option<Duration>),
+}
+
+impl Attempts<'_> {
+    /// Picks the next member and dials it.
+    async fn next(&mut self, tried: &mut Tried) -> Result<Attempt, Refusal> {
+        let gateway = &self.gateway;
+        let store = &gateway.inner.store;
+        let assignment = match &self.session {
+            Some(session) => {
+                store
+                    .assign_in_session(&self.pool, &self.assign, session)
+                    .await?
+                    .assignment
+            }
+            None => store.assign(&self.pool, &self.assign).await?,
+        };
+        let (member, lease) = match assignment {
+            Assignment::Assigned { member, .. } => (member, None),
+            Assignment::Leased { member, lease, .. } => (member, Some(lease)),
+            Assignment::Empty { next_return } => return Ok(Attempt::Exhausted(next_return)),
+        };
+        tried.attempt(&member);
+        let hold = lease.map(|lease| LeaseHold::start(store, &self.pool, lease));
+        let Some(upstream) = Upstream::parse(&member) else {
+            gateway.misconfigured(&self.pool, &member, "is not a proxy address");
+            return Err(Refusal::NotAProxy);
+        };
+        let allow_private = self.route.allow_private;
+        let dialer = &gateway.inner.dialer;
+        let dial = async {
+            match (self.kind, upstream.scheme()) {
+                (Kind::Forward, Scheme::Http | Scheme::Https) => {
+                    dialer.connect_proxy(&upstream, allow_private).await
+                }
+                _ => {
+                    dialer
+                        .tunnel(&upstream, self.host, self.port, allow_private)
+                        .await
+                }
+            }
+        };
+        let timeout = gateway.inner.settings.connect_timeout;
+        let failure = match tokio::time::timeout(timeout, dial).await {
+            Ok(Ok(connection)) => {
+                let held = Held {
+                    gateway: gateway.clone(),
+                    pool: self.pool.clone(),
+                    member,
+                    target: self.target.clone(),
+                    hold,
+                    started: Instant::now(),
+                };
+                return Ok(Attempt::Dialled(Box::new((held, upstream, connection))));
+            }
+            Ok(Err(DialError::PrivateAddress)) => {
+                gateway.misconfigured(&self.pool, &member, "has a non-public address");
+                return Err(Refusal::PrivateAddress);
+            }
+            Ok(Err(DialError::Failed(failure))) => failure,
+            Err(_) => DialFailure::new(
+                FailureKind::TimedOut,
+                "the proxy did not complete its handshake in time",
+            ),
+        };
+        gateway
+            .failed(&self.pool, &member, &failure.message, hold)
+            .await;
+        self.last_failure = Some(failure);
+        self.assign.exclude.insert(member);
+        Ok(Attempt::DialFailed)
+    }
+
+    /// Why the request could not be served: every attempt failed, or nothing was eligible.
+    fn give_up(self, tried: &Tried, next_return: Option<Duration>) -> Refusal {
+        match self.last_failure {
+            Some(last) => Refusal::UpstreamFailed {
+                attempts: tried.attempts,
+                last,
+            },
+            None => Refusal::NoEligible { next_return },
+        }
     }
 }
 
