@@ -159,6 +159,13 @@ pub fn routes() -> Vec<Route> {
         route("/pools/{pool}", Method::PUT, Admin, Json, pools::put_pool),
         route(
             "/pools/{pool}",
+            Method::PATCH,
+            Admin,
+            Json,
+            pools::patch_pool,
+        ),
+        route(
+            "/pools/{pool}",
             Method::GET,
             Admin,
             Ignored,
