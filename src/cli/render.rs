@@ -193,6 +193,14 @@ pub fn created(pool: &PoolId, created: bool, answer: &Value) -> String {
     )
 }
 
+/// `pools set`: the pool's whole configuration after the change.
+pub fn changed(pool: &PoolId, answer: &Value) -> String {
+    format!(
+        "changed pool {pool}\n{}",
+        key_values(&ordered(&answer["config"], &CONFIG_ORDER))
+    )
+}
+
 /// `members list`: one line per member.
 pub fn members(members: &[Value]) -> String {
     if members.is_empty() {
