@@ -806,7 +806,8 @@ async fn members_import_against_the_service_dry_runs_then_imports() {
              duplicates  1\n\
              rejected    1 (private_address 1)\n\
              LINE  REASON           INPUT\n\
-             \x20  4  private_address  10.0.0.5:80\n"
+             \x20  4  private_address  10.0.0.5:80\n\
+             hint (private_address): set rules.allow_private to accept private and loopback addresses\n"
         )
     );
     assert_eq!(app.counts("web").await, []);
@@ -1102,5 +1103,38 @@ async fn pools_set_refuses_what_the_service_refuses_and_never_creates_a_pool() {
     );
     let (status, _) = app.get("/pools/never").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_add_of_a_refused_address_says_which_rule_to_change_once_per_reason() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    app.create_pool("local", json!({})).await;
+    let args = [
+        "members",
+        "add",
+        "local",
+        "127.0.0.1:8101",
+        "127.0.0.1:8102",
+        "not a proxy",
+        "socks5://8.8.8.8:1080",
+    ];
+    assert_eq!(
+        run(&app, &args).await,
+        Run {
+            code: 4,
+            stdout: "MEMBER                 RESULT\n\
+                     127.0.0.1:8101         rejected: private_address\n\
+                     127.0.0.1:8102         rejected: private_address\n\
+                     not a proxy            rejected: invalid_characters\n\
+                     socks5://8.8.8.8:1080  rejected: scheme_not_allowed\n\
+                     0 added, 0 existing, 4 rejected\n\
+                     hint (private_address): set rules.allow_private to accept private and loopback addresses\n\
+                     hint (scheme_not_allowed): add the scheme to rules.schemes to accept it\n\
+                     new members start at 0 assignments\n"
+                .to_owned(),
+            stderr: "error: 4 rejected of the members named; nothing was applied\n".to_owned(),
+        }
+    );
     app.stop().await;
 }
