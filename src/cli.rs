@@ -103,8 +103,8 @@ fn plain_usage_below(mut command: clap::Command) -> clap::Command {
 pub enum Command {
     /// Run the service (what runs when no subcommand is given).
     Serve(Box<Config>),
-    /// List, show, create and delete the pools of a running service, and show a pool's
-    /// sources.
+    /// List, show, create, change and delete the pools of a running service, and show a
+    /// pool's sources.
     Pools(PoolsArgs),
     /// Add, import, list, disable and enable the members of a pool of a running service.
     Members(MembersArgs),
@@ -244,6 +244,10 @@ pub enum PoolsCommand {
         /// Let the sources be on private addresses (`rules.allow_private_sources`).
         #[arg(long, requires = "sources")]
         allow_private_sources: bool,
+        /// Accept members on private and loopback addresses, such as a local proxy on
+        /// 127.0.0.1 (`rules.allow_private`).
+        #[arg(long)]
+        allow_private: bool,
         /// Remove members whose last N active checks all failed (`prune.after_failed_checks`).
         #[arg(long, value_name = "N")]
         prune_after_failed_checks: Option<u64>,
@@ -254,6 +258,36 @@ pub enum PoolsCommand {
         /// Prune members added by hand after failed checks too (`prune.manual`).
         #[arg(long)]
         prune_manual: bool,
+    },
+    /// Change some settings of an existing pool, keeping every other one (a merge patch;
+    /// `create` replaces the whole configuration).
+    Set {
+        /// The pool.
+        #[arg(value_parser = PoolId::parse)]
+        pool: PoolId,
+        /// How assign chooses a member (only while the pool has no members).
+        #[arg(long, value_parser = PossibleValuesParser::new(["least-used", "least-in-flight"]))]
+        policy: Option<String>,
+        /// How returning members are given their count.
+        #[arg(long, value_parser = PossibleValuesParser::new(["minimum", "history", "zero"]))]
+        restore: Option<String>,
+        /// Starting count of new members.
+        #[arg(long)]
+        start_assignments: Option<u64>,
+        /// Lease ttl of least-in-flight pools, in milliseconds.
+        #[arg(long)]
+        lease_ttl_ms: Option<u64>,
+        /// Most live leases per member (least-in-flight pools).
+        #[arg(long)]
+        max_in_flight: Option<u64>,
+        /// Accept members on private and loopback addresses (`rules.allow_private`);
+        /// `--allow-private=false` refuses them again.
+        #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        allow_private: Option<bool>,
+        /// Put a setting back to its default (repeatable): a field of the configuration,
+        /// dotted for a nested one (`start_assignments`, `rules.max_members`, `pacing`).
+        #[arg(long = "default", value_name = "FIELD")]
+        defaults: Vec<String>,
     },
     /// A pool's sources: each one's schedule and last fetch.
     Sources {
@@ -524,6 +558,7 @@ async fn run_pools(remote: &Remote, command: PoolsCommand) -> Result<(), Failure
             source_interval_ms,
             source_format,
             allow_private_sources,
+            allow_private,
             prune_after_failed_checks,
             prune_absent_from_source_fetches,
             prune_manual,
@@ -542,8 +577,17 @@ async fn run_pools(remote: &Remote, command: PoolsCommand) -> Result<(), Failure
                     .collect();
                 config.insert("sources".to_owned(), Value::from(sources));
             }
-            if allow_private_sources {
-                config.insert("rules".to_owned(), json!({"allow_private_sources": true}));
+            if allow_private_sources || allow_private {
+                let mut rules = serde_json::Map::new();
+                for (name, set) in [
+                    ("allow_private_sources", allow_private_sources),
+                    ("allow_private", allow_private),
+                ] {
+                    if set {
+                        rules.insert(name.to_owned(), json!(true));
+                    }
+                }
+                config.insert("rules".to_owned(), Value::Object(rules));
             }
             if prune_after_failed_checks.is_some()
                 || prune_absent_from_source_fetches.is_some()
@@ -582,6 +626,52 @@ async fn run_pools(remote: &Remote, command: PoolsCommand) -> Result<(), Failure
             let text = render::created(&pool, created, &answer);
             answer["created"] = json!(created);
             print(remote, &answer, Report::done(text))
+        }
+        PoolsCommand::Set {
+            pool,
+            policy,
+            restore,
+            start_assignments,
+            lease_ttl_ms,
+            max_in_flight,
+            allow_private,
+            defaults,
+        } => {
+            let mut patch = json!({});
+            for field in &defaults {
+                put_at(&mut patch, field, Value::Null)?;
+            }
+            let fields = [
+                ("policy", policy.map(Value::from)),
+                ("restore", restore.map(Value::from)),
+                ("start_assignments", start_assignments.map(Value::from)),
+                ("lease_ttl_ms", lease_ttl_ms.map(Value::from)),
+                ("max_in_flight", max_in_flight.map(Value::from)),
+                ("rules.allow_private", allow_private.map(Value::from)),
+            ];
+            for (field, value) in fields {
+                if let Some(value) = value {
+                    put_at(&mut patch, field, value)?;
+                }
+            }
+            if patch.as_object().is_some_and(serde_json::Map::is_empty) {
+                return Err(Failure::Usage(
+                    "name at least one setting to change (see pools set --help)".to_owned(),
+                ));
+            }
+            let (_, answer) = service
+                .send(
+                    reqwest::Method::PATCH,
+                    &format!("/pools/{pool}"),
+                    Body::MergePatch(patch),
+                )
+                .await?;
+            let answer = answer.unwrap_or(Value::Null);
+            print(
+                remote,
+                &answer,
+                Report::done(render::changed(&pool, &answer)),
+            )
         }
         PoolsCommand::Sources { pool } => {
             let answer = service.get(&format!("/pools/{pool}/sources")).await?;
@@ -708,6 +798,31 @@ async fn run_members(remote: &Remote, command: MembersCommand) -> Result<(), Fai
             print(remote, &answer, render::enabled(&answer))
         }
     }
+}
+
+/// Sets the dotted `field` of a merge patch to `value`, making the objects on its way; a
+/// field given twice (as a value and as `--default`) is a usage error rather than a guess.
+fn put_at(patch: &mut Value, field: &str, value: Value) -> Result<(), Failure> {
+    let refused = || Failure::Usage(format!("{field} is named twice, or inside another setting"));
+    let mut names = field.split('.').peekable();
+    let mut at = patch;
+    while let Some(name) = names.next() {
+        if name.is_empty() {
+            return Err(Failure::Usage(format!("{field} is not a setting's name")));
+        }
+        let Value::Object(fields) = at else {
+            return Err(refused());
+        };
+        if names.peek().is_none() {
+            if fields.contains_key(name) {
+                return Err(refused());
+            }
+            fields.insert(name.to_owned(), value);
+            return Ok(());
+        }
+        at = fields.entry(name.to_owned()).or_insert_with(|| json!({}));
+    }
+    Ok(())
 }
 
 /// The bytes of a list: a file, or standard input for `-`.

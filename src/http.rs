@@ -70,7 +70,7 @@ pub struct Limits {
 /// route by `tests/api/auth.rs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
-    /// No token needed: probes, metrics, the contract and the dashboard page.
+    /// No token needed: probes, metrics, the contract, the index and the dashboard page.
     Open,
     /// The worker token when one is configured (the admin token is accepted too); open
     /// when none is, which the service allows on a loopback address only (or with
@@ -157,9 +157,17 @@ pub fn routes() -> Vec<Route> {
         probe_route("/readyz", probes::readyz),
         probe_route("/metrics", probes::metrics),
         route("/openapi.yaml", Method::GET, Open, Ignored, probes::openapi),
+        route("/", Method::GET, Open, Ignored, ui::index),
         route("/ui", Method::GET, Open, Ignored, ui::page),
         route("/pools", Method::GET, Admin, Ignored, pools::list_pools),
         route("/pools/{pool}", Method::PUT, Admin, Json, pools::put_pool),
+        route(
+            "/pools/{pool}",
+            Method::PATCH,
+            Admin,
+            Json,
+            pools::patch_pool,
+        ),
         route(
             "/pools/{pool}",
             Method::GET,

@@ -138,6 +138,14 @@ impl Application {
         if let Some(addr) = config.gateway_listen {
             gateway_token_check(addr, worker_token.as_ref())?;
         }
+        // One token for both roles makes every worker an administrator: allowed (a test
+        // bench may want it), but said.
+        if worker_token.as_deref() == Some(admin_token.as_str()) {
+            tracing::warn!(
+                "ADMIN_TOKEN equals WORKER_TOKEN: every worker can also manage pools and \
+                 members; give the workers a token of their own"
+            );
+        }
         let tokens = Tokens::new(admin_token, worker_token.clone());
         let open_files = open_file_limit();
         crate::monitoring::prometheus();
@@ -265,11 +273,16 @@ impl Application {
         let drain = self.config.shutdown_timeout();
         let graceful = GracefulShutdown::new();
         let api_limits = self.api.limits();
+        let dashboard = dashboard_url(self.local_addr());
         tracing::info!(
             addr = %self.local_addr(),
             max_connections = api_limits.max_connections,
+            %dashboard,
             "listening"
         );
+        if crate::telemetry::is_text() {
+            tracing::info!("the dashboard is at {dashboard} (it asks for the admin token)");
+        }
         if let (Some(addr), Some(probes)) = (self.probe_addr(), &self.probes) {
             tracing::info!(
                 %addr,
@@ -552,12 +565,32 @@ fn admin_token(config: &Config) -> Result<String, StartupError> {
     }
     let token = random_token();
     // Logged once, on purpose: without it nobody could use the admin routes, and leaving
-    // them open by accident would be worse.
-    tracing::warn!(
-        admin_token = token.as_str(),
-        "no ADMIN_TOKEN or ADMIN_TOKEN_FILE: generated an admin token for this process"
-    );
+    // them open by accident would be worse. In text the token is in the sentence, where a
+    // person at the terminal finds it; in JSON it stays the field it always was.
+    if crate::telemetry::is_text() {
+        tracing::warn!(
+            "no ADMIN_TOKEN or ADMIN_TOKEN_FILE: generated the admin token {token} for this \
+             process; paste it into the dashboard or pass it to the operator commands as \
+             ADMIN_TOKEN (it changes at every start unless you set one)"
+        );
+    } else {
+        tracing::warn!(
+            admin_token = token.as_str(),
+            "no ADMIN_TOKEN or ADMIN_TOKEN_FILE: generated an admin token for this process"
+        );
+    }
     Ok(token)
+}
+
+/// Where a browser on this machine finds the dashboard of the API port bound at `addr`: an
+/// unspecified address (`0.0.0.0`, `::`) is reached on loopback.
+fn dashboard_url(addr: SocketAddr) -> String {
+    let ip = match addr.ip() {
+        ip if !ip.is_unspecified() => ip,
+        std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+    };
+    format!("http://{}/ui", SocketAddr::new(ip, addr.port()))
 }
 
 /// 32 random bytes as hex.

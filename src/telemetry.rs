@@ -166,6 +166,18 @@ fn filter() -> EnvFilter {
     EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"))
 }
 
+/// Whether the service logs in the text format, for a person at a terminal; set once by
+/// [`init`]. Off until then (tests, and the JSON format), so that a line written only for
+/// readers of text never reaches a log pipeline.
+static TEXT_FORMAT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether log lines go out in the text format: startup then says in plain words what a
+/// person needs first (where the dashboard is, the generated admin token), which the JSON
+/// format carries in fields.
+pub fn is_text() -> bool {
+    TEXT_FORMAT.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Installs the global subscriber for the service, writing to standard output through the
 /// shared buffer.
 pub fn init(format: LogFormat) -> LogGuard {
@@ -174,6 +186,7 @@ pub fn init(format: LogFormat) -> LogGuard {
         LogFormat::Text => false,
         LogFormat::Auto => !std::io::stdout().is_terminal(),
     };
+    TEXT_FORMAT.store(!json, std::sync::atomic::Ordering::Relaxed);
     let out = BufferedStdout::new();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter())

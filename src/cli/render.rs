@@ -193,6 +193,14 @@ pub fn created(pool: &PoolId, created: bool, answer: &Value) -> String {
     )
 }
 
+/// `pools set`: the pool's whole configuration after the change.
+pub fn changed(pool: &PoolId, answer: &Value) -> String {
+    format!(
+        "changed pool {pool}\n{}",
+        key_values(&ordered(&answer["config"], &CONFIG_ORDER))
+    )
+}
+
 /// `members list`: one line per member.
 pub fn members(members: &[Value]) -> String {
     if members.is_empty() {
@@ -351,9 +359,10 @@ fn member_report(
     }
     summary.push(format!("{rejected_count} rejected"));
     let text = format!(
-        "{}{}\n",
+        "{}{}\n{}",
         table(&["MEMBER", "RESULT"], &rows),
-        summary.join(", ")
+        summary.join(", "),
+        hints(&answer["rejected"])
     );
     let mut missed = Vec::new();
     if !unknown.is_empty() {
@@ -449,7 +458,25 @@ pub fn enabled(answer: &Value) -> Report {
     report
 }
 
-/// `members import`: the counts, rejections per reason, and the first rejected lines.
+/// One line per reason among rejected `entries` that carries a hint (what to change in the
+/// pool's rules to accept it), in the order the reasons first appear: said once, not on
+/// every line it applies to.
+fn hints(entries: &Value) -> String {
+    let mut said = Vec::new();
+    let mut text = String::new();
+    for entry in entries.as_array().into_iter().flatten() {
+        if let (Some(reason), Some(hint)) = (entry["reason"].as_str(), entry["hint"].as_str())
+            && !said.contains(&reason)
+        {
+            said.push(reason);
+            text.push_str(&format!("hint ({reason}): {hint}\n"));
+        }
+    }
+    text
+}
+
+/// `members import`: the counts, rejections per reason, the first rejected lines, and what
+/// to change to accept them.
 pub fn imported(answer: &Value, dry_run: bool) -> Report {
     let mut text = String::new();
     if dry_run {
@@ -490,6 +517,7 @@ pub fn imported(answer: &Value, dry_run: bool) -> Report {
             .map(|e| vec![cell(&e["line"]), cell(&e["reason"]), cell(&e["input"])])
             .collect();
         text.push_str(&table(&["LINE", "REASON", "INPUT"], &rows));
+        text.push_str(&hints(&answer["examples"]));
     }
     // Lists are expected to hold lines the pool's rules refuse: that is the import's job,
     // not a failure of the command.

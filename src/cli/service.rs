@@ -23,6 +23,8 @@ pub enum Body {
     None,
     /// A JSON document.
     Json(Value),
+    /// A JSON merge patch (RFC 7396), sent as `application/merge-patch+json`.
+    MergePatch(Value),
     /// A text list (`text/plain`).
     Text(Vec<u8>),
 }
@@ -126,6 +128,12 @@ impl Service {
             Body::None => request,
             Body::Json(value) => request
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(value.to_string()),
+            Body::MergePatch(value) => request
+                .header(
+                    reqwest::header::CONTENT_TYPE,
+                    "application/merge-patch+json",
+                )
                 .body(value.to_string()),
             // A text list is an import (see IMPORT_TIMEOUT).
             Body::Text(bytes) => request

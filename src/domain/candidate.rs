@@ -109,6 +109,23 @@ impl Rejection {
             Self::PoolFull => "pool_full",
         }
     }
+
+    /// What to change for the candidate to be accepted, for the operator who reads the
+    /// answer: the rule that refused it. `None` when no setting would accept it (it is not
+    /// a proxy address, or too long for an id).
+    pub fn hint(self) -> Option<&'static str> {
+        match self {
+            Self::Unparsable | Self::TooLong => None,
+            Self::SchemeNotAllowed => Some("add the scheme to rules.schemes to accept it"),
+            Self::PortNotAllowed => Some("change rules.ports (allow, deny) to accept the port"),
+            Self::PrivateAddress => {
+                Some("set rules.allow_private to accept private and loopback addresses")
+            }
+            Self::HostnameNotAllowed => Some("set rules.allow_hostnames to accept host names"),
+            Self::CredentialsNotAllowed => Some("set rules.allow_credentials to accept user:pass@"),
+            Self::PoolFull => Some("raise rules.max_members, or remove members first"),
+        }
+    }
 }
 
 /// Where a candidate proxy listens: an IP literal or a host name (never resolved).

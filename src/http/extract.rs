@@ -200,6 +200,19 @@ fn has_non_integer_number(bytes: &[u8]) -> bool {
 /// The body read as a `serde_json::Value` first: its shape checked, its whole numbers
 /// rewritten, then read into the type.
 fn parse_json_in_full<T: JsonBody>(bytes: &[u8], limit: usize) -> Result<T, ApiError> {
+    let value = json_document(bytes, limit, T::BATCH)?;
+    from_document(value)
+}
+
+/// Reads a document built from a body (by [`parse_json_in_full`], or a merge patch applied
+/// to a stored configuration) into the type, refused as a body of the wrong shape is.
+pub fn from_document<T: JsonBody>(value: serde_json::Value) -> Result<T, ApiError> {
+    T::deserialize(value).map_err(|error| ApiError::InvalidJson(error.to_string()))
+}
+
+/// The body as a JSON document: an object, or with `batch` an array of them too, whole
+/// numbers rewritten as integers.
+fn json_document(bytes: &[u8], limit: usize, batch: bool) -> Result<serde_json::Value, ApiError> {
     let axum::Json(mut value) = axum::Json::<serde_json::Value>::from_bytes(bytes)
         .map_err(|rejection| json_rejection(rejection, limit))?;
     // Every JSON body is an object, or where the type says so an array of them: serde
@@ -207,13 +220,11 @@ fn parse_json_in_full<T: JsonBody>(bytes: &[u8], limit: usize) -> Result<T, ApiE
     // assign with no fields).
     let shaped = match &value {
         serde_json::Value::Object(_) => true,
-        serde_json::Value::Array(items) => {
-            T::BATCH && items.iter().all(serde_json::Value::is_object)
-        }
+        serde_json::Value::Array(items) => batch && items.iter().all(serde_json::Value::is_object),
         _ => false,
     };
     if !shaped {
-        let expected = if T::BATCH {
+        let expected = if batch {
             "the body must be a JSON object or an array of them"
         } else {
             "the body must be a JSON object"
@@ -221,7 +232,7 @@ fn parse_json_in_full<T: JsonBody>(bytes: &[u8], limit: usize) -> Result<T, ApiE
         return Err(ApiError::InvalidJson(expected.to_owned()));
     }
     whole_numbers_as_integers(&mut value);
-    T::deserialize(value).map_err(|error| ApiError::InvalidJson(error.to_string()))
+    Ok(value)
 }
 
 /// JSON has one number type: `3.0` is as much an integer as `3` (JSON Schema says so too),
@@ -388,6 +399,61 @@ impl<S: Send + Sync, T: JsonBody + Default + Send> FromRequest<S> for JsonOrDefa
     }
 }
 
+/// The content types a merge patch may come as: RFC 7396's own, and plain JSON for clients
+/// that cannot set another (a merge patch is a JSON object either way).
+const MERGE_PATCH: &str = "application/merge-patch+json or application/json";
+
+/// A JSON merge patch (RFC 7396): an object, whole numbers rewritten as in every other
+/// body. Other `+json` types are refused, unlike on the other body
+/// routes: a JSON Patch (`application/json-patch+json`) is an array of operations, and
+/// read as a merge patch it would mean something else entirely.
+#[derive(Debug, Clone)]
+pub struct MergePatch(pub serde_json::Map<String, serde_json::Value>);
+
+impl<S: Send + Sync> FromRequest<S> for MergePatch {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
+        let accepted = content_type(req.headers()).is_some_and(|essence| {
+            essence == "application/merge-patch+json" || essence == "application/json"
+        });
+        if !accepted {
+            return Err(ApiError::UnsupportedMediaType(MERGE_PATCH));
+        }
+        let (bytes, limit) = read_body(req).await?;
+        // Only an object gets through: a patch that is not one would replace the whole
+        // configuration (RFC 7396), which is what `PUT` is for.
+        match json_document(&bytes, limit, false)? {
+            serde_json::Value::Object(patch) => Ok(Self(patch)),
+            _ => Err(ApiError::InvalidJson(
+                "the body must be a JSON object".to_owned(),
+            )),
+        }
+    }
+}
+
+/// Applies a JSON merge patch (RFC 7396) to `target`: objects merge key by key, at every
+/// depth; `null` removes the key; any other value replaces what was there.
+pub fn merge_patch(target: &mut serde_json::Value, patch: serde_json::Value) {
+    use serde_json::Value;
+    let Value::Object(patch) = patch else {
+        *target = patch;
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(serde_json::Map::new());
+    }
+    if let Value::Object(fields) = target {
+        for (key, value) in patch {
+            if value.is_null() {
+                fields.remove(&key);
+            } else {
+                merge_patch(fields.entry(key).or_insert(Value::Null), value);
+            }
+        }
+    }
+}
+
 /// Query parameters, rejected with the API's error shape.
 #[derive(Debug, Clone)]
 pub struct Query<T>(pub T);
@@ -436,7 +502,57 @@ mod tests {
     use serde::Deserialize;
     use serde_json::json;
 
-    use super::{JsonBody, has_non_integer_number, parse_json, parse_json_in_full};
+    use super::{JsonBody, has_non_integer_number, merge_patch, parse_json, parse_json_in_full};
+
+    #[test]
+    fn a_merge_patch_gives_the_results_of_the_rfc_7396_examples() {
+        // RFC 7396, appendix A (the cases with an object at the top).
+        for (target, patch, result) in [
+            (json!({"a": "b"}), json!({"a": "c"}), json!({"a": "c"})),
+            (
+                json!({"a": "b"}),
+                json!({"b": "c"}),
+                json!({"a": "b", "b": "c"}),
+            ),
+            (json!({"a": "b"}), json!({"a": null}), json!({})),
+            (
+                json!({"a": "b", "b": "c"}),
+                json!({"a": null}),
+                json!({"b": "c"}),
+            ),
+            (json!({"a": ["b"]}), json!({"a": "c"}), json!({"a": "c"})),
+            (json!({"a": "c"}), json!({"a": ["b"]}), json!({"a": ["b"]})),
+            (
+                json!({"a": {"b": "c"}}),
+                json!({"a": {"b": "d", "c": null}}),
+                json!({"a": {"b": "d"}}),
+            ),
+            (
+                json!({"a": [{"b": "c"}]}),
+                json!({"a": [1]}),
+                json!({"a": [1]}),
+            ),
+            (
+                json!({"e": null}),
+                json!({"a": 1}),
+                json!({"e": null, "a": 1}),
+            ),
+            (
+                json!([1, 2]),
+                json!({"a": "b", "c": null}),
+                json!({"a": "b"}),
+            ),
+            (
+                json!({}),
+                json!({"a": {"bb": {"ccc": null}}}),
+                json!({"a": {"bb": {}}}),
+            ),
+        ] {
+            let mut merged = target.clone();
+            merge_patch(&mut merged, patch.clone());
+            assert_eq!(merged, result, "{target} patched with {patch}");
+        }
+    }
 
     /// A body with an integer field and a field handed over as JSON, as assign's are.
     #[derive(Debug, Default, Deserialize)]

@@ -86,6 +86,21 @@ pub struct Example {
     pub input: String,
     /// The reason code.
     pub reason: &'static str,
+    /// What to change in the pool's rules to accept the line, when a rule refused it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hint: Option<&'static str>,
+}
+
+impl Example {
+    /// Line `line`, written `input`, refused for `reason`; the input's credentials masked.
+    pub fn new(line: usize, input: &str, reason: Rejection) -> Self {
+        Self {
+            line,
+            input: mask_credentials(input),
+            reason: reason.code(),
+            hint: reason.hint(),
+        }
+    }
 }
 
 /// Accepted members in list order, each with the line it first appeared on and that line.
@@ -188,11 +203,7 @@ impl Plan {
     fn reject(&mut self, line: usize, input: &str, reason: Rejection) {
         *self.rejected.entry(reason.code()).or_default() += 1;
         if self.examples.len() < MAX_EXAMPLES {
-            self.examples.push(Example {
-                line,
-                input: mask_credentials(input),
-                reason: reason.code(),
-            });
+            self.examples.push(Example::new(line, input, reason));
         }
     }
 
@@ -259,11 +270,8 @@ impl Writer<'_> {
             if full.next_if(|refused| *refused == member).is_some() {
                 self.full += 1;
                 if self.full_examples.len() < MAX_EXAMPLES {
-                    self.full_examples.push(Example {
-                        line: *line,
-                        input: mask_credentials(input),
-                        reason: Rejection::PoolFull.code(),
-                    });
+                    self.full_examples
+                        .push(Example::new(*line, input, Rejection::PoolFull));
                 }
             }
         }
@@ -562,17 +570,20 @@ mod tests {
                 Example {
                     line: 6,
                     input: "10.0.0.5:80".to_owned(),
-                    reason: "private_address"
+                    reason: "private_address",
+                    hint: Some("set rules.allow_private to accept private and loopback addresses"),
                 },
                 Example {
                     line: 7,
                     input: "u:***@127.0.0.1:6379".to_owned(),
-                    reason: "private_address"
+                    reason: "private_address",
+                    hint: Some("set rules.allow_private to accept private and loopback addresses"),
                 },
                 Example {
                     line: 8,
                     input: "\u{fffd}\u{fffd}1.2.3.4:80".to_owned(),
-                    reason: "unparsable"
+                    reason: "unparsable",
+                    hint: None,
                 },
             ]
         );

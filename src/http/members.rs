@@ -37,12 +37,29 @@ pub const MAX_PAGE: usize = 1_000;
 pub struct Rejected {
     member: String,
     reason: &'static str,
+    /// What to change in the pool's rules to accept it, when a rule refused it (left out
+    /// otherwise, so that the entries of an id refused for its spelling keep their shape).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hint: Option<&'static str>,
 }
 
 impl Rejected {
     /// `member` was refused for `reason` (a stable snake_case code).
     pub fn new(member: String, reason: &'static str) -> Self {
-        Self { member, reason }
+        Self {
+            member,
+            reason,
+            hint: None,
+        }
+    }
+
+    /// `member` was refused by the candidate parser or the pool's rules.
+    fn by_rules(member: String, rejection: Rejection) -> Self {
+        Self {
+            member,
+            reason: rejection.code(),
+            hint: rejection.hint(),
+        }
     }
 }
 
@@ -66,7 +83,7 @@ fn parse_members<T>(
     let mut members = Vec::with_capacity(raw.len());
     let mut rejected = Vec::new();
     for (text, along) in raw {
-        let reason = match MemberId::parse(&text) {
+        let refused = match MemberId::parse(&text) {
             Ok(member) => match admit(member) {
                 Ok(member) => {
                     if seen.insert(member.clone()) {
@@ -74,11 +91,11 @@ fn parse_members<T>(
                     }
                     continue;
                 }
-                Err(rejection) => rejection.code(),
+                Err(rejection) => Rejected::by_rules(text, rejection),
             },
-            Err(invalid) => invalid.code(),
+            Err(invalid) => Rejected::new(text, invalid.code()),
         };
-        rejected.push(Rejected::new(text, reason));
+        rejected.push(refused);
     }
     (members, rejected)
 }
@@ -192,10 +209,12 @@ pub async fn add_members(
         ..Seed::new(members.into_iter().map(|(member, _)| member).collect())
     };
     let report = state.store.add_members(&pool, &seed).await?;
-    rejected.extend(report.full.into_iter().map(|member| Rejected {
-        member: member.as_str().to_owned(),
-        reason: Rejection::PoolFull.code(),
-    }));
+    rejected.extend(
+        report
+            .full
+            .into_iter()
+            .map(|member| Rejected::by_rules(member.as_str().to_owned(), Rejection::PoolFull)),
+    );
     Ok(axum::Json(json!({
         "pool": pool,
         "added": report.added,

@@ -1,15 +1,18 @@
-//! Pool routes: `GET /pools`, `PUT`, `GET` and `DELETE /pools/{pool}` (all admin).
+//! Pool routes: `GET /pools`, `PUT`, `PATCH`, `GET` and `DELETE /pools/{pool}` (all
+//! admin).
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::AppState;
 use super::auth::Admin;
 use super::error::ApiError;
-use super::extract::{JsonBody, JsonOrDefault, PoolPath, Query};
+use super::extract::{
+    JsonBody, JsonOrDefault, MergePatch, PoolPath, Query, from_document, merge_patch,
+};
 use crate::domain::{Policy, PoolConfig, PoolId};
 use crate::store::{PoolInfo, PutPool};
 
@@ -22,6 +25,43 @@ pub async fn put_pool(
     PoolPath(pool): PoolPath,
     JsonOrDefault(config): JsonOrDefault<PoolConfig>,
 ) -> Result<Response, ApiError> {
+    check(&state, &config)?;
+    let status = match state.store.put_pool(&pool, &config).await? {
+        PutPool::Created => StatusCode::CREATED,
+        PutPool::Updated => StatusCode::OK,
+    };
+    Ok(echo(status, &pool, &config))
+}
+
+/// Changes only the fields the merge patch (RFC 7396) gives; `null` puts a field back to
+/// its default. The result is read and checked as a `PUT` body is, and refused whole
+/// (nothing changes) when `PUT` would refuse it. 404 when the pool does not exist: a patch
+/// never creates one.
+///
+/// The read and the write are two store calls: a `PUT` or `PATCH` landing between them is
+/// overwritten by this one, as one `PUT` overwrites another.
+pub async fn patch_pool(
+    _: Admin,
+    State(state): State<AppState>,
+    PoolPath(pool): PoolPath,
+    MergePatch(patch): MergePatch,
+) -> Result<Response, ApiError> {
+    let current = state.store.pool(&pool).await?.config;
+    // The stored configuration with its defaults filled in: a key the patch removes is
+    // then filled in again by its default when the result is read. Infallible: a
+    // configuration holds no map with keys other than strings, and no serializer of its
+    // parts fails (the `PUT` echo writes the same value).
+    let mut document =
+        serde_json::to_value(&current).expect("a pool configuration serialises to JSON");
+    merge_patch(&mut document, Value::Object(patch));
+    let config: PoolConfig = from_document(document)?;
+    check(&state, &config)?;
+    state.store.put_pool(&pool, &config).await?;
+    Ok(echo(StatusCode::OK, &pool, &config))
+}
+
+/// What `PUT` and `PATCH` refuse in a configuration that reads well.
+fn check(state: &AppState, config: &PoolConfig) -> Result<(), ApiError> {
     // A cap on a pool that gives no leases would promise exclusivity it cannot keep.
     if config.policy == Policy::LeastUsed && config.max_in_flight.is_some() {
         return Err(ApiError::InvalidRequest(
@@ -42,15 +82,16 @@ pub async fn put_pool(
             source.interval_ms
         )));
     }
-    let status = match state.store.put_pool(&pool, &config).await? {
-        PutPool::Created => StatusCode::CREATED,
-        PutPool::Updated => StatusCode::OK,
-    };
-    Ok((
+    Ok(())
+}
+
+/// The answer of `PUT` and `PATCH`: the pool and its configuration, defaults filled in.
+fn echo(status: StatusCode, pool: &PoolId, config: &PoolConfig) -> Response {
+    (
         status,
         axum::Json(json!({ "pool": pool, "config": config })),
     )
-        .into_response())
+        .into_response()
 }
 
 /// One pool: configuration and numbers.

@@ -1,13 +1,16 @@
 //! The operator dashboard: `GET /ui`, one page embedded in the binary (HTML, CSS and script
-//! inline, nothing fetched from elsewhere), so it works on a machine with no internet.
+//! inline, nothing fetched from elsewhere), so it works on a machine with no internet; and
+//! `GET /`, which points whoever arrives there at it.
 //!
 //! The route is open: the page holds no data. Its script asks the admin API for everything,
 //! with the admin token the operator pastes into the page, which keeps it in the browser's
 //! session storage and sends it as a bearer token, never in a URL.
 
+use axum::http::HeaderMap;
+use axum::http::StatusCode;
 use axum::http::header::{
-    CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, REFERRER_POLICY, X_CONTENT_TYPE_OPTIONS,
-    X_FRAME_OPTIONS,
+    ACCEPT, CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, LOCATION, REFERRER_POLICY, VARY,
+    X_CONTENT_TYPE_OPTIONS, X_FRAME_OPTIONS,
 };
 use axum::response::{IntoResponse, Response};
 
@@ -44,6 +47,33 @@ pub async fn page() -> Response {
             (CACHE_CONTROL, "no-store".to_owned()),
         ],
         PAGE.replace(NONCE_SLOT, &nonce),
+    )
+        .into_response()
+}
+
+/// `GET /`: a browser (a request that accepts HTML) is sent on to the dashboard; anything
+/// else gets a small JSON index of where to go, so that a first `curl` of the address says
+/// more than `not_found`.
+pub async fn index(headers: HeaderMap) -> Response {
+    let wants_html = headers
+        .get_all(ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .any(|value| value.to_ascii_lowercase().contains("text/html"));
+    // The answer depends on Accept: a cache must not hand one kind of client the other's.
+    if wants_html {
+        return (StatusCode::SEE_OTHER, [(LOCATION, "/ui"), (VARY, "accept")]).into_response();
+    }
+    (
+        [(VARY, "accept")],
+        axum::Json(serde_json::json!({
+            "service": "proxy-allocator",
+            "links": {
+                "dashboard": "/ui",
+                "openapi": "/openapi.yaml",
+                "livez": "/livez",
+            },
+        })),
     )
         .into_response()
 }

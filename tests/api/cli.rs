@@ -806,7 +806,8 @@ async fn members_import_against_the_service_dry_runs_then_imports() {
              duplicates  1\n\
              rejected    1 (private_address 1)\n\
              LINE  REASON           INPUT\n\
-             \x20  4  private_address  10.0.0.5:80\n"
+             \x20  4  private_address  10.0.0.5:80\n\
+             hint (private_address): set rules.allow_private to accept private and loopback addresses\n"
         )
     );
     assert_eq!(app.counts("web").await, []);
@@ -956,6 +957,184 @@ async fn pools_create_takes_sources_and_prune_flags_and_pools_sources_shows_the_
                 "-"
             ],
         ]
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_create_with_allow_private_takes_a_local_proxy() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    let created = run(&app, &["pools", "create", "local", "--allow-private"]).await;
+    assert_eq!((created.code, created.stderr.as_str()), (0, ""));
+    assert!(
+        created
+            .stdout
+            .contains("\nrules.allow_private              true\n"),
+        "{}",
+        created.stdout
+    );
+    assert_eq!(
+        run(&app, &["members", "add", "local", "127.0.0.1:8101"]).await,
+        Run::ok(
+            "MEMBER                 RESULT\n\
+             http://127.0.0.1:8101  added\n\
+             1 added, 0 existing, 0 rejected\n\
+             new members start at 0 assignments\n"
+        )
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_set_changes_only_the_settings_it_names_and_prints_the_whole_configuration() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    app.create_pool(
+        "web",
+        json!({"restore": "history", "start_assignments": 4, "rules": {"max_members": 9, "ports": {"deny": [25]}}}),
+    )
+    .await;
+    assert_eq!(
+        run(&app, &["pools", "set", "web", "--allow-private"]).await,
+        Run::ok(
+            "changed pool web\n\
+             policy                           least-used\n\
+             restore                          history\n\
+             start_assignments                4\n\
+             lease_ttl_ms                     30000\n\
+             max_in_flight                    -\n\
+             health.backoff                   2\n\
+             health.check                     -\n\
+             health.cooldown_ms               60000\n\
+             health.jitter_percent            10\n\
+             health.max_consecutive_failures  3\n\
+             health.max_cooldown_ms           3600000\n\
+             health.target_ban_ms             600000\n\
+             rules.allow_credentials          true\n\
+             rules.allow_hostnames            true\n\
+             rules.allow_private              true\n\
+             rules.max_members                9\n\
+             rules.opaque_ids                 true\n\
+             rules.ports.allow                [[1,65535]]\n\
+             rules.ports.deny                 [25]\n\
+             rules.schemes                    [\"http\",\"https\"]\n\
+             session_ttl_ms                   600000\n"
+        )
+    );
+    let set = run(
+        &app,
+        &[
+            "pools",
+            "set",
+            "web",
+            "--allow-private=false",
+            "--default",
+            "rules.max_members",
+            "--default",
+            "start_assignments",
+            "--restore",
+            "zero",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!((set.code, set.stderr.as_str()), (0, ""));
+    let answer: Value = serde_json::from_str(&set.stdout).expect("JSON");
+    let config = &answer["config"];
+    assert_eq!(
+        (
+            &config["restore"],
+            &config["start_assignments"],
+            &config["rules"]["allow_private"],
+            &config["rules"]["max_members"],
+            &config["rules"]["ports"]["deny"]
+        ),
+        (
+            &json!("zero"),
+            &Value::Null,
+            &json!(false),
+            &Value::Null,
+            &json!([25])
+        )
+    );
+    let (_, info) = app.get("/pools/web").await;
+    assert_eq!(&info["config"], config);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_set_refuses_what_the_service_refuses_and_never_creates_a_pool() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    assert_eq!(
+        run(&app, &["pools", "set", "never", "--allow-private"]).await,
+        Run::failed(1, "error: pool not found (pool_not_found, HTTP 404)\n")
+    );
+    app.create_pool("web", json!({})).await;
+    assert_eq!(
+        run(&app, &["pools", "set", "web", "--max-in-flight", "2"]).await,
+        Run::failed(
+            1,
+            "error: max_in_flight applies to least-in-flight pools only (invalid_request, HTTP 400)\n"
+        )
+    );
+    assert_eq!(
+        run(&app, &["pools", "set", "web"]).await,
+        Run::failed(
+            2,
+            "error: name at least one setting to change (see pools set --help)\n"
+        )
+    );
+    assert_eq!(
+        run(
+            &app,
+            &[
+                "pools",
+                "set",
+                "web",
+                "--default",
+                "rules",
+                "--allow-private"
+            ]
+        )
+        .await,
+        Run::failed(
+            2,
+            "error: rules.allow_private is named twice, or inside another setting\n"
+        )
+    );
+    let (status, _) = app.get("/pools/never").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_add_of_a_refused_address_says_which_rule_to_change_once_per_reason() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    app.create_pool("local", json!({})).await;
+    let args = [
+        "members",
+        "add",
+        "local",
+        "127.0.0.1:8101",
+        "127.0.0.1:8102",
+        "not a proxy",
+        "socks5://8.8.8.8:1080",
+    ];
+    assert_eq!(
+        run(&app, &args).await,
+        Run {
+            code: 4,
+            stdout: "MEMBER                 RESULT\n\
+                     127.0.0.1:8101         rejected: private_address\n\
+                     127.0.0.1:8102         rejected: private_address\n\
+                     not a proxy            rejected: invalid_characters\n\
+                     socks5://8.8.8.8:1080  rejected: scheme_not_allowed\n\
+                     0 added, 0 existing, 4 rejected\n\
+                     hint (private_address): set rules.allow_private to accept private and loopback addresses\n\
+                     hint (scheme_not_allowed): add the scheme to rules.schemes to accept it\n\
+                     new members start at 0 assignments\n"
+                .to_owned(),
+            stderr: "error: 4 rejected of the members named; nothing was applied\n".to_owned(),
+        }
     );
     app.stop().await;
 }

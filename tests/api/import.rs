@@ -66,12 +66,12 @@ fn messy_list_report(added: u64, existing: u64) -> Value {
         "duplicates": 2,
         "rejected": {"port_not_allowed": 1, "private_address": 3, "scheme_not_allowed": 1, "unparsable": 1},
         "examples": [
-            {"line": 7, "input": "socks5://9.9.9.9:1080", "reason": "scheme_not_allowed"},
-            {"line": 8, "input": "10.0.0.5:80", "reason": "private_address"},
-            {"line": 9, "input": "127.0.0.1:6379", "reason": "private_address"},
-            {"line": 10, "input": "8.8.8.8:6379", "reason": "port_not_allowed"},
+            {"line": 7, "input": "socks5://9.9.9.9:1080", "reason": "scheme_not_allowed", "hint": "add the scheme to rules.schemes to accept it"},
+            {"line": 8, "input": "10.0.0.5:80", "reason": "private_address", "hint": "set rules.allow_private to accept private and loopback addresses"},
+            {"line": 9, "input": "127.0.0.1:6379", "reason": "private_address", "hint": "set rules.allow_private to accept private and loopback addresses"},
+            {"line": 10, "input": "8.8.8.8:6379", "reason": "port_not_allowed", "hint": "change rules.ports (allow, deny) to accept the port"},
             {"line": 12, "input": "not a proxy", "reason": "unparsable"},
-            {"line": 13, "input": "bob:***@10.1.1.1:8080", "reason": "private_address"},
+            {"line": 13, "input": "bob:***@10.1.1.1:8080", "reason": "private_address", "hint": "set rules.allow_private to accept private and loopback addresses"},
         ],
     })
 }
@@ -140,7 +140,7 @@ async fn a_json_array_is_imported_like_a_list(app: TestApp) {
         body,
         json!({"accepted": 2, "added": 2, "existing": 0, "duplicates": 1,
                "rejected": {"private_address": 1},
-               "examples": [{"line": 5, "input": "10.0.0.1:80", "reason": "private_address"}]})
+               "examples": [{"line": 5, "input": "10.0.0.1:80", "reason": "private_address", "hint": "set rules.allow_private to accept private and loopback addresses"}]})
     );
 }
 
@@ -285,7 +285,7 @@ async fn candidates_beyond_max_members_are_rejected_as_pool_full_in_dry_runs_too
         "accepted": 15_000, "added": 15_000, "existing": 0, "duplicates": 0,
         "rejected": {"pool_full": 10_000},
         "examples": (15_001..=15_020)
-            .map(|line| json!({"line": line, "input": format!("11.{}.{}.1:8080", (line - 1) / 250, (line - 1) % 250), "reason": "pool_full"}))
+            .map(|line| json!({"line": line, "input": format!("11.{}.{}.1:8080", (line - 1) / 250, (line - 1) % 250), "reason": "pool_full", "hint": "raise rules.max_members, or remove members first"}))
             .collect::<Vec<_>>(),
     });
     let (_, dry) = import_text(&app, "/pools/p/import?dry_run=true", &list).await;
@@ -309,7 +309,9 @@ async fn examples_are_the_first_rejected_lines_whatever_their_reason(app: TestAp
     let list = format!("1.2.3.4:80\n5.6.7.8:80\n{garbage}");
     let (_, body) = import_text(&app, "/pools/p/import", &list).await;
     assert_eq!(body["rejected"], json!({"pool_full": 1, "unparsable": 28}));
-    let mut expected = vec![json!({"line": 2, "input": "5.6.7.8:80", "reason": "pool_full"})];
+    let mut expected = vec![
+        json!({"line": 2, "input": "5.6.7.8:80", "reason": "pool_full", "hint": "raise rules.max_members, or remove members first"}),
+    ];
     expected.extend(
         (3..=21)
             .map(|i| json!({"line": i, "input": format!("garbage {i}"), "reason": "unparsable"})),

@@ -220,3 +220,156 @@ async fn latency_is_logged_in_milliseconds_with_at_most_three_decimals() {
         );
     }
 }
+
+/// The first lines a service started with `env` (and no admin token unless `env` sets one)
+/// writes, up to and including the first that contains `last`, or all it wrote within 10 s.
+fn first_lines(env: &[(&str, &str)], last: &str) -> Vec<String> {
+    use std::io::BufRead;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_proxy-allocator"))
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("LISTEN_ADDR", format!("127.0.0.1:{port}"))
+        .env("RUST_LOG", "warn,proxy_allocator::startup=info")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the service binary starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let (sent, received) = std::sync::mpsc::channel();
+    let last = last.to_owned();
+    std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let done = line.contains(&last);
+            lines.push(line);
+            if done {
+                break;
+            }
+        }
+        let _ = sent.send(lines);
+    });
+    let lines = received
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .unwrap_or_default();
+    let _ = child.kill();
+    let _ = child.wait();
+    lines
+        .into_iter()
+        .map(|line| line.replace(&port.to_string(), "PORT"))
+        .collect()
+}
+
+#[test]
+fn the_text_log_starts_with_the_generated_admin_token_and_the_dashboard_in_plain_words() {
+    let lines = first_lines(&[("LOG_FORMAT", "text")], "the dashboard is at");
+    let messages: Vec<&str> = lines
+        .iter()
+        .filter_map(|line| {
+            line.split_once("proxy_allocator::startup: ")
+                .map(|(_, m)| m)
+        })
+        .collect();
+    // The token comes first; then what the service found (its store, its file limit),
+    // and the dashboard right after the address it listens on.
+    assert!(messages.len() <= 5, "{lines:#?}");
+    let token = messages[0]
+        .strip_prefix("no ADMIN_TOKEN or ADMIN_TOKEN_FILE: generated the admin token ")
+        .and_then(|rest| rest.split_once(' '))
+        .map(|(token, _)| token)
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    assert!(
+        token.len() == 64 && token.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{token}"
+    );
+    assert_eq!(
+        messages[0].replace(token, "TOKEN"),
+        "no ADMIN_TOKEN or ADMIN_TOKEN_FILE: generated the admin token TOKEN for this process; \
+         paste it into the dashboard or pass it to the operator commands as ADMIN_TOKEN (it \
+         changes at every start unless you set one)"
+    );
+    assert!(
+        messages[messages.len() - 2].starts_with("listening "),
+        "{lines:#?}"
+    );
+    assert_eq!(
+        messages[messages.len() - 1],
+        "the dashboard is at http://127.0.0.1:PORT/ui (it asks for the admin token)"
+    );
+}
+
+#[test]
+fn the_json_log_keeps_its_fields_and_names_the_dashboard_in_the_listening_line() {
+    let lines = first_lines(&[("LOG_FORMAT", "json")], "\"listening\"");
+    let lines: Vec<Value> = lines.iter().map(|line| parse(line)).collect();
+    let (first, listening) = (&lines[0], &lines[lines.len() - 1]);
+    assert_eq!(
+        first["message"],
+        "no ADMIN_TOKEN or ADMIN_TOKEN_FILE: generated an admin token for this process"
+    );
+    assert_eq!(first["admin_token"].as_str().map(str::len), Some(64));
+    // The sentence about the dashboard is for readers of text: JSON has the field.
+    assert!(
+        !lines.iter().any(|line| line["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("dashboard"))),
+        "{lines:#?}"
+    );
+    assert_eq!(
+        (
+            &listening["message"],
+            &listening["addr"],
+            &listening["dashboard"]
+        ),
+        (
+            &json!("listening"),
+            &json!("127.0.0.1:PORT"),
+            &json!("http://127.0.0.1:PORT/ui")
+        )
+    );
+}
+
+/// The warnings among `lines` that are about tokens.
+fn token_warnings(lines: &[String]) -> Vec<Value> {
+    lines
+        .iter()
+        .map(|line| parse(line))
+        .filter(|line| line["level"] == "WARN")
+        .map(|line| line["message"].clone())
+        .filter(|message| message.as_str().is_some_and(|m| m.contains("TOKEN")))
+        .collect()
+}
+
+#[test]
+fn the_service_warns_when_the_admin_token_is_also_the_worker_token() {
+    let same = [
+        ("LOG_FORMAT", "json"),
+        ("ADMIN_TOKEN", "one-token-for-all"),
+        ("WORKER_TOKEN", "one-token-for-all"),
+    ];
+    assert_eq!(
+        token_warnings(&first_lines(&same, "\"listening\"")),
+        [json!(
+            "ADMIN_TOKEN equals WORKER_TOKEN: every worker can also manage pools and members; \
+             give the workers a token of their own"
+        )]
+    );
+    let distinct = [
+        ("LOG_FORMAT", "json"),
+        ("ADMIN_TOKEN", "admin-token"),
+        ("WORKER_TOKEN", "worker-token"),
+    ];
+    let lines = first_lines(&distinct, "\"listening\"");
+    assert!(
+        lines.iter().any(|line| line.contains("\"listening\"")),
+        "{lines:#?}"
+    );
+    assert_eq!(token_warnings(&lines), Vec::<Value>::new());
+}

@@ -122,11 +122,15 @@ async fn seeding_applies_the_pools_rules_and_canonicalises_addresses(app: TestAp
                "added": ["dc-fra-07", "http://1.2.3.4:8080", "http://u:p@proxy.example:3128"],
                "existing": [],
                "rejected": [
-                   {"member": "10.0.0.5:80", "reason": "private_address"},
-                   {"member": "8.8.8.8:6379", "reason": "port_not_allowed"},
-                   {"member": "socks5://8.8.8.8:1080", "reason": "scheme_not_allowed"},
+                   {"member": "10.0.0.5:80", "reason": "private_address", "hint": "set rules.allow_private to accept private and loopback addresses",
+                    "hint": "set rules.allow_private to accept private and loopback addresses"},
+                   {"member": "8.8.8.8:6379", "reason": "port_not_allowed", "hint": "change rules.ports (allow, deny) to accept the port",
+                    "hint": "change rules.ports (allow, deny) to accept the port"},
+                   {"member": "socks5://8.8.8.8:1080", "reason": "scheme_not_allowed", "hint": "add the scheme to rules.schemes to accept it",
+                    "hint": "add the scheme to rules.schemes to accept it"},
                    {"member": "10.0.0.5", "reason": "unparsable"},
-                   {"member": "1.2.3.4:0", "reason": "port_not_allowed"},
+                   {"member": "1.2.3.4:0", "reason": "port_not_allowed", "hint": "change rules.ports (allow, deny) to accept the port",
+                    "hint": "change rules.ports (allow, deny) to accept the port"},
                ],
                "start_assignments": 0})
     );
@@ -149,7 +153,7 @@ async fn a_pool_that_takes_only_addresses_refuses_opaque_ids(app: TestApp) {
         body["rejected"],
         json!([
             {"member": "dc-fra-07", "reason": "unparsable"},
-            {"member": "u:p@8.8.8.8:80", "reason": "credentials_not_allowed"},
+            {"member": "u:p@8.8.8.8:80", "reason": "credentials_not_allowed", "hint": "set rules.allow_credentials to accept user:pass@"},
         ])
     );
 }
@@ -165,7 +169,7 @@ async fn seeding_beyond_max_members_refuses_new_members_as_pool_full(app: TestAp
     assert_eq!(
         body,
         json!({"pool": "p", "added": ["c"], "existing": ["b"],
-               "rejected": [{"member": "d", "reason": "pool_full"}, {"member": "e", "reason": "pool_full"}],
+               "rejected": [{"member": "d", "reason": "pool_full", "hint": "raise rules.max_members, or remove members first"}, {"member": "e", "reason": "pool_full", "hint": "raise rules.max_members, or remove members first"}],
                "start_assignments": 0})
     );
     // Ineligible members take room too.
@@ -173,7 +177,7 @@ async fn seeding_beyond_max_members_refuses_new_members_as_pool_full(app: TestAp
     assert_eq!(body["existing"], json!(["a"]));
     assert_eq!(
         body["rejected"],
-        json!([{"member": "f", "reason": "pool_full"}])
+        json!([{"member": "f", "reason": "pool_full", "hint": "raise rules.max_members, or remove members first"}])
     );
 }
 

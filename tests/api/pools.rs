@@ -247,8 +247,196 @@ async fn delete_of_an_unknown_pool_answers_404(app: TestApp) {
     assert_error(status, &body, StatusCode::NOT_FOUND, "pool_not_found");
 }
 
+/// Sends a merge patch of the pool's configuration as `content_type`.
+async fn patch(
+    app: &TestApp,
+    pool: &str,
+    content_type: &str,
+    patch: &Value,
+) -> (StatusCode, Value) {
+    let response = app
+        .admin(Method::PATCH, &format!("/pools/{pool}"))
+        .header("content-type", content_type)
+        .body(patch.to_string())
+        .send()
+        .await
+        .expect("sent");
+    read(response).await
+}
+
+const MERGE_PATCH: &str = "application/merge-patch+json";
+
+async fn patch_changes_only_the_fields_it_gives_and_merges_nested_objects(app: TestApp) {
+    app.create_pool(
+        "web",
+        json!({"restore": "history", "start_assignments": 7,
+               "rules": {"schemes": ["http"], "max_members": 50},
+               "health": {"cooldown_ms": 5000}}),
+    )
+    .await;
+    let (_, before) = app.get("/pools/web").await;
+    let (status, body) = patch(
+        &app,
+        "web",
+        MERGE_PATCH,
+        &json!({"rules": {"allow_private": true}, "health": {"backoff": 3}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let mut expected = before["config"].clone();
+    expected["rules"]["allow_private"] = json!(true);
+    expected["health"]["backoff"] = json!(3);
+    assert_eq!(body, json!({"pool": "web", "config": expected}));
+    assert_eq!(body["config"]["rules"]["schemes"], json!(["http"]));
+    assert_eq!(body["config"]["rules"]["max_members"], json!(50));
+    assert_eq!(body["config"]["health"]["cooldown_ms"], json!(5000));
+    let (_, after) = app.get("/pools/web").await;
+    assert_eq!(after["config"], expected);
+}
+
+async fn patch_with_null_puts_a_field_back_to_its_default(app: TestApp) {
+    app.create_pool(
+        "web",
+        json!({"restore": "zero", "start_assignments": 7,
+               "rules": {"allow_private": true, "max_members": 50},
+               "pacing": {"min_interval_ms": 1000}}),
+    )
+    .await;
+    let (status, body) = patch(
+        &app,
+        "web",
+        MERGE_PATCH,
+        &json!({"start_assignments": null, "restore": null, "pacing": null,
+                "rules": {"max_members": null}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let mut rules = default_rules();
+    rules["allow_private"] = json!(true);
+    assert_eq!(
+        body["config"],
+        json!({"restore": "minimum", "start_assignments": null, "policy": "least-used", "lease_ttl_ms": 30000, "max_in_flight": null, "session_ttl_ms": 600000,
+               "rules": rules,
+               "health": {"max_consecutive_failures": 3, "cooldown_ms": 60000, "max_cooldown_ms": 3600000, "backoff": 2, "jitter_percent": 10, "target_ban_ms": 600000, "check": null}})
+    );
+    // A whole object removed takes its whole default.
+    let (status, body) = patch(&app, "web", MERGE_PATCH, &json!({"rules": null})).await;
+    assert_eq!(
+        (status, &body["config"]["rules"]),
+        (StatusCode::OK, &default_rules())
+    );
+}
+
+async fn patch_with_an_empty_object_keeps_every_setting(app: TestApp) {
+    let config = json!({"policy": "least-in-flight", "restore": "history", "start_assignments": 3, "lease_ttl_ms": 5000,
+                        "max_in_flight": 2, "session_ttl_ms": 60000,
+                        "rules": {"schemes": ["socks5h"], "ports": {"allow": [[1000, 2000]], "deny": [1080]}, "allow_private": true, "max_members": 9},
+                        "health": {"max_consecutive_failures": 5, "check": {"kind": "http", "url": "http://example.com/", "expect_status": [200, 204], "headers": {"accept": "text/plain"}, "interval_ms": 60000}},
+                        "sources": [{"url": "http://example.com/list.txt", "interval_ms": 3600000}],
+                        "prune": {"after_failed_checks": 3},
+                        "pacing": {"min_interval_ms": 1000}});
+    app.create_pool("web", config).await;
+    let (_, before) = app.get("/pools/web").await;
+    let (status, body) = patch(&app, "web", "application/json", &json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["config"], before["config"]);
+    let (_, after) = app.get("/pools/web").await;
+    assert_eq!(after["config"], before["config"]);
+}
+
+async fn patch_refuses_an_invalid_result_whole_and_leaves_the_pool_unchanged(app: TestApp) {
+    app.create_pool("web", json!({"restore": "history"})).await;
+    app.seed("web", &["a"], None).await;
+    let (_, before) = app.get("/pools/web").await;
+    for (bad, status, code) in [
+        // One good field beside each bad one: neither is applied.
+        (
+            json!({"restore": "zero", "restor": "zero"}),
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+        ),
+        (
+            json!({"restore": "zero", "rules": {"schemes": ["ftp"]}}),
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+        ),
+        (
+            json!({"restore": "zero", "rules": {"allow_privat": true}}),
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+        ),
+        (
+            json!({"restore": "zero", "rules": 3}),
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+        ),
+        // Valid alone, refused in the whole as PUT refuses it.
+        (
+            json!({"restore": "zero", "max_in_flight": 2}),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            json!({"restore": "zero", "policy": "least-in-flight"}),
+            StatusCode::CONFLICT,
+            "policy_change_requires_empty_pool",
+        ),
+    ] {
+        let (got, body) = patch(&app, "web", MERGE_PATCH, &bad).await;
+        assert_error(got, &body, status, code);
+        let (_, now) = app.get("/pools/web").await;
+        assert_eq!(now["config"], before["config"], "after {bad}");
+    }
+}
+
+async fn patch_of_an_unknown_pool_answers_404_and_creates_nothing(app: TestApp) {
+    let (status, body) = patch(&app, "never", MERGE_PATCH, &json!({"restore": "zero"})).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND, "pool_not_found");
+    assert_error_404(&app, "/pools/never").await;
+}
+
+async fn patch_takes_merge_patch_or_plain_json_and_refuses_other_types_with_415(app: TestApp) {
+    app.create_pool("web", json!({})).await;
+    for content_type in [
+        "application/merge-patch+json",
+        "application/json; charset=utf-8",
+    ] {
+        let (status, body) = patch(&app, "web", content_type, &json!({"restore": "zero"})).await;
+        assert_eq!(
+            (status, &body["config"]["restore"]),
+            (StatusCode::OK, &json!("zero")),
+            "{content_type}"
+        );
+    }
+    for content_type in [
+        "application/json-patch+json",
+        "text/plain",
+        "application/problem+json",
+    ] {
+        let (status, body) = patch(&app, "web", content_type, &json!({"restore": "history"})).await;
+        assert_error(
+            status,
+            &body,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        );
+        assert_eq!(
+            body["error"]["message"],
+            "expected a body with content type application/merge-patch+json or application/json"
+        );
+    }
+    let (_, after) = app.get("/pools/web").await;
+    assert_eq!(after["config"]["restore"], "zero");
+}
+
 for_each_store!(
     put_creates_a_pool_with_201_and_echoes_the_defaults,
+    patch_changes_only_the_fields_it_gives_and_merges_nested_objects,
+    patch_with_null_puts_a_field_back_to_its_default,
+    patch_with_an_empty_object_keeps_every_setting,
+    patch_refuses_an_invalid_result_whole_and_leaves_the_pool_unchanged,
+    patch_of_an_unknown_pool_answers_404_and_creates_nothing,
+    patch_takes_merge_patch_or_plain_json_and_refuses_other_types_with_415,
     put_on_an_existing_pool_replaces_its_configuration_with_200,
     put_refuses_unknown_fields_and_bad_values_with_400,
     put_keeps_the_rules_it_is_given_and_fills_in_the_rest,

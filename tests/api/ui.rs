@@ -110,3 +110,37 @@ async fn the_dashboard_loads_nothing_from_another_origin() {
     assert!(!html.contains("fetch(\"http"));
     app.stop().await;
 }
+
+#[tokio::test]
+async fn the_root_sends_a_browser_to_the_dashboard_and_answers_others_with_an_index() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("a client");
+    let browser = client
+        .get(format!("{}/", app.base))
+        .header("accept", "text/html,application/xhtml+xml,*/*;q=0.8")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(browser.status(), StatusCode::SEE_OTHER);
+    assert_eq!(header(browser.headers(), "location"), "/ui");
+    assert_eq!(header(browser.headers(), "vary"), "accept");
+    for accept in [None, Some("application/json"), Some("*/*")] {
+        let mut request = client.get(format!("{}/", app.base));
+        if let Some(accept) = accept {
+            request = request.header("accept", accept);
+        }
+        let response = request.send().await.expect("sent");
+        assert_eq!(response.status(), StatusCode::OK, "{accept:?}");
+        let body: serde_json::Value = response.json().await.expect("JSON");
+        assert_eq!(
+            body,
+            serde_json::json!({"service": "proxy-allocator",
+                               "links": {"dashboard": "/ui", "openapi": "/openapi.yaml", "livez": "/livez"}}),
+            "{accept:?}"
+        );
+    }
+    app.stop().await;
+}

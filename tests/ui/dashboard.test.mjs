@@ -176,6 +176,11 @@ describe('the operator dashboard in Chromium', () => {
     await page.goto(`${service.base}/ui`);
     assert.equal(await page.title(), 'proxy-allocator · dashboard');
     assert.equal(await page.evaluate(() => document.activeElement.id), 'token');
+    const hint = page.locator('#token-hint');
+    assert.equal((await hint.textContent()).replace(/\s+/g, ' '),
+                 "Where is it? The service's ADMIN_TOKEN; started without one, the service generated " +
+                 'one, and its first log line says “generated the admin token …”.');
+    assert.ok(await hint.isVisible(), 'the hint shows while there is no token');
     await page.getByLabel('Admin token').fill('not-the-token');
     await page.getByRole('button', { name: 'Use token' }).click();
     await page.locator('#banner').getByText('401 unauthorized').waitFor();
@@ -188,6 +193,7 @@ describe('the operator dashboard in Chromium', () => {
     await page.getByLabel('Admin token').press('Enter');
     await page.locator('#pool-list button', { hasText: 'edge' }).waitFor();
     assert.equal(await page.locator('#banner').textContent(), '');
+    assert.ok(!(await page.locator('#token-hint').isVisible()), 'the hint goes once a token is set');
     assert.deepEqual(await page.locator('#pool-list .pool-name').allTextContents(), ['edge', 'leases']);
     assert.equal(await page.locator('#pool-list li[data-pool="edge"] .pool-numbers').textContent(),
                  'least-used · 4 eligible · 0 ineligible · 0 in flight · spread 7');
