@@ -303,6 +303,13 @@ impl Gateway {
         label: &mut String,
     ) -> Result<(&'static str, Response<GatewayBody>), Refusal> {
         let user = self.authenticate(request.headers())?;
+        // The right credentials end the connection's short unauthenticated deadline.
+        if let Some(connection) = request
+            .extensions()
+            .get::<crate::connections::Unauthenticated>()
+        {
+            connection.authenticated();
+        }
         let selection = Selection::parse(&user).map_err(|e| Refusal::Invalid(e.to_string()))?;
         let (kind, host, port) = destination(&request)?;
         let target = Target::parse("target", &host).map_err(|e| Refusal::Invalid(e.to_string()))?;
