@@ -1283,6 +1283,9 @@ async fn one_address_holding_far_more_idle_connections_than_its_share_cannot_mak
     for _ in 0..100 {
         idle.push(connect_from("127.0.0.2", gateway).await);
     }
+    // Accepts follow the order of the connects: once one more is refused, all of these
+    // have been accepted or refused.
+    assert!(refused(connect_from("127.0.0.2", gateway).await).await);
     let mut held = Vec::new();
     for mut stream in idle {
         let mut byte = [0u8; 1];
@@ -1317,7 +1320,9 @@ async fn an_authenticated_clients_open_tunnels_count_against_its_address_like_an
     }
     assert!(refused(connect_from("127.0.0.4", gateway).await).await);
     let (status, _) = open_tunnel_from("127.0.0.4", gateway, "web", &to).await;
-    assert_eq!(status, 0, "closed at once, never dialled");
+    // Closed at once, never dialled: without an answer, or with the 503 when the request
+    // had arrived by then.
+    assert!(matches!(status, 0 | 503), "{status}");
     let (status, other) = open_tunnel_from("127.0.0.5", gateway, "web", &to).await;
     assert_eq!(
         status, 200,

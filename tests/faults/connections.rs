@@ -1040,10 +1040,21 @@ async fn a_trusted_network_is_not_held_to_a_share_but_the_cap_still_applies() {
     assert_eq!(await_metric(&probe, at_cap, 13.0).await, 13.0);
     assert_eq!(closed_and_open(&mut other).await, (3, 0));
     balancer.truncate(cap - 10);
+    let open = r#"pa_connections_open{listener="api"}"#;
+    assert_eq!(
+        await_metric(&probe, open, 30.0).await,
+        30.0,
+        "ten places free"
+    );
     let mut other = idle_from("127.0.0.4", &api, 8).await;
     let per_client = r#"pa_connections_refused_per_client_total{listener="api"}"#;
     assert_eq!(await_metric(&probe, per_client, 3.0).await, 3.0);
     assert_eq!(closed_and_open(&mut other).await, (3, 5));
+    assert_eq!(
+        metric(&probe, at_cap).await,
+        13.0,
+        "none of these at the cap"
+    );
 }
 
 /// Writes `head` one byte every 100 ms until the service closes the connection; how long
