@@ -49,7 +49,10 @@ trap cleanup EXIT
 
 api="$(free_port)"
 probe="$(free_port)"
+# The flood comes from one address and measures the cap, so that address may take all of it
+# (bench/flood_per_client.sh measures a client's share).
 LISTEN_ADDR="127.0.0.1:${api}" PROBE_LISTEN="127.0.0.1:${probe}" ADMIN_TOKEN="${TOKEN}" \
+    MAX_CONNECTIONS_PER_CLIENT="${SERVICE_NOFILE}" \
     LOG_FORMAT=json RUST_LOG=info \
     prlimit --nofile="${SERVICE_NOFILE}:${SERVICE_NOFILE}" -- target/release/proxy-allocator \
     >"${work}/service.log" 2>&1 &

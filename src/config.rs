@@ -48,6 +48,28 @@ pub struct Config {
     #[arg(long, env = "MAX_CONNECTIONS", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_connections: Option<u64>,
 
+    /// Most connections one client (an IPv4 address, an IPv6 /64) keeps open at once on the
+    /// API port; beyond it that client's new connections are closed at once (503 with
+    /// `Retry-After` when their request has already arrived) while other clients keep
+    /// connecting. Unset: a quarter of the API port's cap. Behind a load balancer every
+    /// client is the balancer's address, unless it is in `TRUSTED_CLIENT_NETWORKS`.
+    #[arg(long, env = "MAX_CONNECTIONS_PER_CLIENT", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections_per_client: Option<u64>,
+
+    /// Addresses and networks, comma-separated (`10.0.0.0/8,2001:db8::/32,192.0.2.7`), that
+    /// `MAX_CONNECTIONS_PER_CLIENT` and `GATEWAY_MAX_CONNECTIONS_PER_CLIENT` do not apply
+    /// to: a load balancer or proxy in front of the service, through which many clients
+    /// come from one address. The port's own cap still does.
+    #[arg(long, env = "TRUSTED_CLIENT_NETWORKS", value_delimiter = ',', value_parser = parse_network)]
+    pub trusted_client_networks: Vec<crate::domain::Network>,
+
+    /// Longest time, in milliseconds, a connection may stay unauthenticated after accept
+    /// when that is shorter than its other timeouts: on the API port until its first
+    /// complete request head, on the gateway until a request carries the right proxy
+    /// credentials. So idle and trickling sockets are reclaimed quickly.
+    #[arg(long, env = "UNAUTHENTICATED_TIMEOUT_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub unauthenticated_timeout_ms: u64,
+
     /// Redis URL (`redis://` or `rediss://`). Without it (and without a Cluster or Sentinel
     /// setting) the service runs on its embedded store, for one replica: in memory, or in
     /// `DATA_DIR` when that is set.
@@ -229,6 +251,13 @@ pub struct Config {
     #[arg(long, env = "GATEWAY_MAX_CONNECTIONS", value_parser = clap::value_parser!(u64).range(1..))]
     pub gateway_max_connections: Option<u64>,
 
+    /// Most connections one client (an IPv4 address, an IPv6 /64) keeps open at once on the
+    /// gateway's ports, its open tunnels included; beyond it that client's new connections
+    /// are closed at once. Unset: a quarter of `GATEWAY_MAX_CONNECTIONS`. Addresses in
+    /// `TRUSTED_CLIENT_NETWORKS` are exempt.
+    #[arg(long, env = "GATEWAY_MAX_CONNECTIONS_PER_CLIENT", value_parser = clap::value_parser!(u64).range(1..))]
+    pub gateway_max_connections_per_client: Option<u64>,
+
     /// Longest time, in milliseconds, the gateway gives an upstream member to connect and
     /// complete its proxy handshake (TLS, CONNECT or SOCKS), and an `http://` request's
     /// response head to arrive; past it the attempt is a `failed` outcome.
@@ -264,6 +293,11 @@ impl Config {
     /// The header read timeout as a duration.
     pub fn header_read_timeout(&self) -> Duration {
         Duration::from_millis(self.header_read_timeout_ms)
+    }
+
+    /// The unauthenticated connections' timeout as a duration.
+    pub fn unauthenticated_timeout(&self) -> Duration {
+        Duration::from_millis(self.unauthenticated_timeout_ms)
     }
 
     /// The keep-alive idle timeout as a duration.
@@ -372,6 +406,10 @@ impl Config {
     }
 }
 
+fn parse_network(text: &str) -> Result<crate::domain::Network, String> {
+    crate::domain::Network::parse(text).map_err(|e| e.to_string())
+}
+
 fn parse_pool_id(text: &str) -> Result<crate::domain::PoolId, String> {
     crate::domain::PoolId::parse(text).map_err(|e| e.to_string())
 }
@@ -459,6 +497,25 @@ mod tests {
                 .contains("this setting is now SWEEP_INTERVAL_MS (--sweep-interval-ms)"),
             "{refused}"
         );
+    }
+
+    #[test]
+    fn trusted_client_networks_are_a_comma_separated_list_of_addresses_and_networks() {
+        let config = Config::parse_from([
+            "proxy-allocator",
+            "--trusted-client-networks",
+            "10.0.0.0/8, 192.0.2.7,2001:db8::/32",
+        ]);
+        let shown: Vec<String> = config
+            .trusted_client_networks
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(shown, ["10.0.0.0/8", "192.0.2.7/32", "2001:db8::/32"]);
+        let refused =
+            Config::try_parse_from(["proxy-allocator", "--trusted-client-networks", "10.0.0/8"])
+                .expect_err("refused");
+        assert_eq!(refused.kind(), clap::error::ErrorKind::ValueValidation);
     }
 
     fn redis_settings(args: &[&str]) -> Result<Option<RedisTopology>, RedisSettingsError> {

@@ -4,6 +4,12 @@
 //! - **A connection cap.** Beyond `max_connections` open connections, a new one is accepted
 //!   and closed at once (answered 503 with `Retry-After` first when its request had already
 //!   arrived), never left in the backlog to time out; open connections keep being served.
+//! - **A fair share per client.** With [`ClientShares`], one client (an IPv4 address, an
+//!   IPv6 /64) holds at most its share of open connections; beyond it its new ones are
+//!   closed at once as at the cap (with their own 503 message), counted by listener and
+//!   logged at most once a minute per client, while other clients keep connecting. Trusted
+//!   networks (a load balancer in front) are exempt. Listeners that share one
+//!   [`ClientShares`] (the gateway's ports) count a client's connections together.
 //! - **A deadline for every request head.** A new connection must complete its first
 //!   request head within `header_read_timeout` of being accepted, whether it sends nothing
 //!   or part of a head. After a response, an idle keep-alive connection is closed after
@@ -11,6 +17,11 @@
 //!   be complete within `header_read_timeout` of it. hyper's own header timeout starts
 //!   only once its HTTP/1 parser runs, which the HTTP/2 detection of the auto builder
 //!   delays until the client sends something: an idle new connection was never closed.
+//! - **A deadline for the unauthenticated.** A connection that has not authenticated is
+//!   closed `unauthenticated_timeout` after accept (unless a request is in flight), when
+//!   that comes before its other deadlines. A complete request head authenticates a
+//!   connection of the API and probe ports; on the gateway its service says so, through
+//!   the request's [`Unauthenticated`] extension, once a request's credentials are right.
 //! - **Accept errors logged once.** Running out of file descriptors makes `accept` fail
 //!   until some are freed; the failure is logged when it starts and when it ends (with a
 //!   count), never per attempt, and counted in `/metrics`, as are refused connections and
@@ -18,12 +29,13 @@
 //!
 //! Request bodies have their own deadline, in the HTTP layer (`BODY_READ_TIMEOUT_MS`).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -38,6 +50,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::domain::Network;
 use crate::monitoring::ListenerMetrics;
 
 /// What one listener allows its clients.
@@ -51,6 +64,22 @@ pub struct Limits {
     /// How long a keep-alive connection may stay idle between a response and the first
     /// byte of the next request.
     pub keep_alive_timeout: Duration,
+    /// How long after accept a connection that has not authenticated is closed (while no
+    /// request of it is in flight), when that is before its other deadlines.
+    pub unauthenticated_timeout: Duration,
+    /// What authenticates a connection.
+    pub authentication: Authentication,
+}
+
+/// What authenticates a connection, ending its [`Limits::unauthenticated_timeout`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Authentication {
+    /// Its first complete request head (the API port, whose routes check their own tokens
+    /// per request, and the probe port).
+    Head,
+    /// Its service, through the [`Unauthenticated`] extension of its requests (the
+    /// gateway, once a request's proxy credentials are right).
+    Service,
 }
 
 /// Largest request head (request line and headers) accepted, in bytes; beyond it the
@@ -85,6 +114,23 @@ content-length: 107\r\n\
 \r\n\
 {\"error\":{\"code\":\"too_many_connections\",\"message\":\"the service is at its connection limit; retry shortly\"}}";
 
+/// The answer to a connection refused over its client's share whose request had already
+/// arrived.
+const REFUSAL_PER_CLIENT: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+content-type: application/json\r\n\
+retry-after: 1\r\n\
+connection: close\r\n\
+content-length: 130\r\n\
+\r\n\
+{\"error\":{\"code\":\"too_many_connections\",\"message\":\"this client address holds the most connections one client may; retry shortly\"}}";
+
+/// A client refused over its share is logged at most once per this long.
+const CLIENT_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Most clients whose last refusal line is remembered; when that many were logged within
+/// [`CLIENT_LOG_EVERY`], further clients over their share are counted but not logged.
+const MAX_LOGGED_CLIENTS: usize = 4096;
+
 /// The process's open-file limit, as found and as raised at start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpenFileLimit {
@@ -115,6 +161,133 @@ pub fn default_max_connections(open_files: u64, reserved: usize) -> usize {
     let reserved = RESERVED_FILES.saturating_add(u64::try_from(reserved).unwrap_or(u64::MAX));
     let half = open_files.saturating_sub(reserved) / 2;
     usize::try_from(half).unwrap_or(usize::MAX).max(1)
+}
+
+/// The share of a port's connections one client gets when none is configured: a quarter of
+/// the port's cap, at least 1. A single client can then never fill the port, three quarters
+/// stay for the others, and a worker host with hundreds of connections open (a keep-alive
+/// connection per worker, a gateway tunnel per request in flight) stays under it at any cap
+/// of a few thousand.
+pub fn default_max_connections_per_client(max_connections: usize) -> usize {
+    (max_connections / 4).max(1)
+}
+
+/// Whom a connection's share is counted for: an IPv4 address, or the /64 of an IPv6 one
+/// (one host, or one customer's network, usually gets a whole /64).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Client {
+    /// An IPv4 address (an IPv4-mapped IPv6 one included).
+    V4(std::net::Ipv4Addr),
+    /// The first 64 bits of an IPv6 address.
+    V6(u64),
+}
+
+impl Client {
+    /// The client `address` counts for.
+    pub fn of(address: IpAddr) -> Self {
+        match address.to_canonical() {
+            IpAddr::V4(v4) => Self::V4(v4),
+            // The upper half of the 128 bits: the truncation is the point.
+            IpAddr::V6(v6) => Self::V6((u128::from(v6) >> 64) as u64),
+        }
+    }
+}
+
+impl std::fmt::Display for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::V4(v4) => write!(f, "{v4}"),
+            Self::V6(prefix) => write!(f, "{}/64", Ipv6Addr::from(u128::from(*prefix) << 64)),
+        }
+    }
+}
+
+/// The open connections of each client on the listeners that share this, and the most one
+/// client may hold. Cloning is shallow: give one to every listener whose connections a
+/// client's share spans (the gateway's ports).
+///
+/// The map holds only clients with a connection open (an entry goes when its count reaches
+/// zero), so it never has more entries than the listeners' caps allow connections; taking
+/// and giving back a place is one hash-map step under a lock held for nothing else.
+#[derive(Clone)]
+pub struct ClientShares {
+    inner: Arc<SharesInner>,
+}
+
+struct SharesInner {
+    max_per_client: usize,
+    trusted: Vec<Network>,
+    open: Mutex<HashMap<Client, usize>>,
+}
+
+impl ClientShares {
+    /// At most `max_per_client` connections per client, except for addresses in `trusted`,
+    /// which are not counted.
+    pub fn new(max_per_client: usize, trusted: Vec<Network>) -> Self {
+        Self {
+            inner: Arc::new(SharesInner {
+                max_per_client: max_per_client.max(1),
+                trusted,
+                open: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The most connections one client may hold.
+    pub fn max_per_client(&self) -> usize {
+        self.inner.max_per_client
+    }
+
+    /// A place for a new connection from `address`: `Ok(None)` when it is trusted (nothing
+    /// is counted), `Err` with its client when that client holds its whole share.
+    fn take(&self, address: IpAddr) -> Result<Option<Share>, Client> {
+        if self.inner.trusted.iter().any(|net| net.contains(address)) {
+            return Ok(None);
+        }
+        let client = Client::of(address);
+        let mut open = self.open();
+        let count = open.entry(client).or_insert(0);
+        if *count >= self.inner.max_per_client {
+            return Err(client);
+        }
+        *count += 1;
+        Ok(Some(Share {
+            shares: self.clone(),
+            client,
+        }))
+    }
+
+    /// How many connections `client` holds.
+    pub fn held(&self, client: Client) -> usize {
+        self.open().get(&client).copied().unwrap_or(0)
+    }
+
+    fn open(&self) -> std::sync::MutexGuard<'_, HashMap<Client, usize>> {
+        // The counts are whole after every step under the lock: a panic elsewhere cannot
+        // leave one half-changed.
+        self.inner
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One connection's place in its client's share, given back when dropped.
+struct Share {
+    shares: ClientShares,
+    client: Client,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut open = self.shares.open();
+        if let Some(count) = open.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.client);
+            }
+        }
+    }
 }
 
 /// A failure that may repeat many times a second, logged when it starts and when it ends.
@@ -166,6 +339,9 @@ pub struct GuardedListener {
     metrics: ListenerMetrics,
     accept_errors: Episode,
     refusals: Episode,
+    shares: Option<ClientShares>,
+    /// When each client over its share was last logged.
+    logged: HashMap<Client, Instant>,
 }
 
 impl GuardedListener {
@@ -195,7 +371,22 @@ impl GuardedListener {
             metrics: ListenerMetrics::new(name, limits.max_connections),
             accept_errors: Episode::default(),
             refusals: Episode::default(),
+            shares: None,
+            logged: HashMap::new(),
         }
+    }
+
+    /// Holds each client to its share of `shares` (see the module doc).
+    #[must_use]
+    pub fn with_client_shares(mut self, shares: ClientShares) -> Self {
+        self.metrics.max_per_client(shares.max_per_client());
+        self.shares = Some(shares);
+        self
+    }
+
+    /// The client shares this listener counts in, if any.
+    pub fn client_shares(&self) -> Option<&ClientShares> {
+        self.shares.as_ref()
     }
 
     /// The bound address.
@@ -255,6 +446,15 @@ impl GuardedListener {
                     "below the connection cap again"
                 );
             }
+            let share = match self.shares.as_ref().map(|shares| shares.take(peer.ip())) {
+                None | Some(Ok(None)) => None,
+                Some(Ok(Some(share))) => Some(share),
+                Some(Err(client)) => {
+                    self.over_share(client, now);
+                    refuse_with(&stream, REFUSAL_PER_CLIENT);
+                    continue;
+                }
+            };
             self.open.fetch_add(1, Ordering::AcqRel);
             self.metrics.open.increment(1.0);
             let _ = stream.set_nodelay(true);
@@ -262,6 +462,7 @@ impl GuardedListener {
             let slot = Slot {
                 open: Arc::clone(&self.open),
                 metrics: self.metrics.clone(),
+                _share: share,
             };
             return Accepted {
                 stream: GuardedStream {
@@ -273,6 +474,35 @@ impl GuardedListener {
                 activity,
             };
         }
+    }
+
+    /// Counts a connection refused over its client's share, and logs it unless that client
+    /// was logged within [`CLIENT_LOG_EVERY`].
+    fn over_share(&mut self, client: Client, now: Instant) {
+        self.metrics.refused_per_client.increment(1);
+        let due = self
+            .logged
+            .get(&client)
+            .is_none_or(|last| now.duration_since(*last) >= CLIENT_LOG_EVERY);
+        if !due {
+            return;
+        }
+        if self.logged.len() >= MAX_LOGGED_CLIENTS && !self.logged.contains_key(&client) {
+            self.logged
+                .retain(|_, last| now.duration_since(*last) < CLIENT_LOG_EVERY);
+            if self.logged.len() >= MAX_LOGGED_CLIENTS {
+                return;
+            }
+        }
+        self.logged.insert(client, now);
+        tracing::warn!(
+            listener = self.name,
+            client = %client,
+            max_connections_per_client =
+                self.shares.as_ref().map_or(0, ClientShares::max_per_client),
+            "client at its share of connections: refusing its new connections (logged at \
+             most once a minute per client)"
+        );
     }
 
     fn accept_failed(&mut self, error: &io::Error) {
@@ -352,9 +582,14 @@ fn is_about_one_connection(error: &io::Error) -> bool {
 /// read (so that closing sends FIN rather than a reset that could destroy the answer) and
 /// answered 503; nothing waits for a request that has not.
 fn refuse(stream: &TcpStream) {
+    refuse_with(stream, REFUSAL);
+}
+
+/// [`refuse`] with `answer`.
+fn refuse_with(stream: &TcpStream, answer: &[u8]) {
     let mut head = [0u8; 4096];
     if matches!(stream.try_read(&mut head), Ok(n) if n > 0) {
-        let _ = stream.try_write(REFUSAL);
+        let _ = stream.try_write(answer);
     }
 }
 
@@ -367,10 +602,12 @@ pub struct Accepted {
     activity: Arc<Activity>,
 }
 
-/// Gives a connection's place under the cap back when the connection is dropped.
+/// Gives a connection's place under the cap (and in its client's share) back when the
+/// connection is dropped.
 struct Slot {
     open: Arc<AtomicUsize>,
     metrics: ListenerMetrics,
+    _share: Option<Share>,
 }
 
 impl Drop for Slot {
@@ -442,6 +679,8 @@ pub enum Timeout {
     Header,
     /// Idle between requests for too long.
     KeepAlive,
+    /// Not authenticated in time.
+    Unauthenticated,
 }
 
 /// No time recorded.
@@ -458,6 +697,8 @@ struct Activity {
     in_flight: AtomicUsize,
     /// Whether any request has begun.
     started: AtomicBool,
+    /// Whether the connection has authenticated (see [`Authentication`]).
+    authenticated: AtomicBool,
     /// When the last response ended.
     idle_since: AtomicU64,
     /// When the first byte after `idle_since` arrived, or [`NONE`].
@@ -481,10 +722,15 @@ impl Activity {
             limits,
             in_flight: AtomicUsize::new(0),
             started: AtomicBool::new(false),
+            authenticated: AtomicBool::new(false),
             idle_since: AtomicU64::new(0),
             first_byte: AtomicU64::new(NONE),
             awaiting_byte: AtomicBool::new(false),
-            armed: AtomicU64::new(nanos(limits.header_read_timeout)),
+            armed: AtomicU64::new(nanos(
+                limits
+                    .header_read_timeout
+                    .min(limits.unauthenticated_timeout),
+            )),
             notify: Notify::new(),
         }
     }
@@ -505,6 +751,9 @@ impl Activity {
     fn begin(&self) {
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.started.store(true, Ordering::Release);
+        if self.limits.authentication == Authentication::Head {
+            self.authenticated.store(true, Ordering::Release);
+        }
         self.awaiting_byte.store(false, Ordering::Release);
     }
 
@@ -537,18 +786,25 @@ impl Activity {
             return None;
         }
         let header = nanos(self.limits.header_read_timeout);
-        if !self.started.load(Ordering::Acquire) {
-            return Some((header, Timeout::Header));
+        let deadline = if !self.started.load(Ordering::Acquire) {
+            (header, Timeout::Header)
+        } else {
+            match self.first_byte.load(Ordering::Acquire) {
+                NONE => (
+                    self.idle_since
+                        .load(Ordering::Acquire)
+                        .saturating_add(nanos(self.limits.keep_alive_timeout)),
+                    Timeout::KeepAlive,
+                ),
+                first => (first.saturating_add(header), Timeout::Header),
+            }
+        };
+        let unauthenticated = nanos(self.limits.unauthenticated_timeout);
+        // At a tie the other kind is named: with equal timeouts nothing changes.
+        if !self.authenticated.load(Ordering::Acquire) && unauthenticated < deadline.0 {
+            return Some((unauthenticated, Timeout::Unauthenticated));
         }
-        match self.first_byte.load(Ordering::Acquire) {
-            NONE => Some((
-                self.idle_since
-                    .load(Ordering::Acquire)
-                    .saturating_add(nanos(self.limits.keep_alive_timeout)),
-                Timeout::KeepAlive,
-            )),
-            first => Some((first.saturating_add(header), Timeout::Header)),
-        }
+        Some(deadline)
     }
 
     /// Runs `connection` until it ends (`Some` with its result) or misses a deadline
@@ -597,6 +853,19 @@ impl Activity {
     }
 }
 
+/// In the extensions of a request whose connection has not authenticated yet, on a
+/// listener whose service decides that ([`Authentication::Service`]).
+#[derive(Clone)]
+pub struct Unauthenticated(Arc<Activity>);
+
+impl Unauthenticated {
+    /// The request's credentials are right: its connection is no longer held to
+    /// [`Limits::unauthenticated_timeout`].
+    pub fn authenticated(&self) {
+        self.0.authenticated.store(true, Ordering::Release);
+    }
+}
+
 /// A request on its way: ends the request when dropped.
 struct InFlight(Arc<Activity>);
 
@@ -620,8 +889,17 @@ where
     type Error = S::Error;
     type Future = TrackedFuture<S::Future>;
 
-    fn call(&self, request: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut request: Request<Incoming>) -> Self::Future {
         self.activity.begin();
+        // Only the requests of a connection still to authenticate carry the extension
+        // (inserting one allocates): on the others this is one load.
+        if self.activity.limits.authentication == Authentication::Service
+            && !self.activity.authenticated.load(Ordering::Acquire)
+        {
+            request
+                .extensions_mut()
+                .insert(Unauthenticated(Arc::clone(&self.activity)));
+        }
         TrackedFuture {
             inner: self.inner.call(request),
             request: Some(InFlight(Arc::clone(&self.activity))),
@@ -712,6 +990,77 @@ mod tests {
                 "the service is at its connection limit; retry shortly"
             )
         );
+    }
+
+    #[test]
+    fn the_refusal_over_a_clients_share_is_a_503_in_the_error_shape_with_its_exact_length() {
+        let text = std::str::from_utf8(REFUSAL_PER_CLIENT).expect("ASCII");
+        let (head, body) = text.split_once("\r\n\r\n").expect("a head and a body");
+        assert!(head.starts_with("HTTP/1.1 503 "));
+        assert!(head.contains("\r\nretry-after: 1\r\n"));
+        assert!(head.contains(&format!("\r\ncontent-length: {}", body.len())));
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(body).expect("JSON"),
+            crate::http::error::error_body(
+                "too_many_connections",
+                "this client address holds the most connections one client may; retry shortly"
+            )
+        );
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().expect("an address")
+    }
+
+    #[test]
+    fn a_client_is_an_ipv4_address_or_the_64_bit_prefix_of_an_ipv6_one() {
+        assert_eq!(Client::of(ip("192.0.2.7")).to_string(), "192.0.2.7");
+        assert_eq!(
+            Client::of(ip("::ffff:192.0.2.7")),
+            Client::of(ip("192.0.2.7"))
+        );
+        assert_ne!(Client::of(ip("192.0.2.7")), Client::of(ip("192.0.2.8")));
+        let one = Client::of(ip("2001:db8:1:2:aaaa::1"));
+        assert_eq!(one, Client::of(ip("2001:db8:1:2:ffff:ffff:ffff:ffff")));
+        assert_ne!(one, Client::of(ip("2001:db8:1:3::1")));
+        assert_eq!(one.to_string(), "2001:db8:1:2::/64");
+    }
+
+    #[test]
+    fn a_share_is_given_back_when_dropped_and_a_client_at_zero_leaves_the_map() {
+        let trusted = vec![Network::parse("10.0.0.0/8").expect("parses")];
+        let shares = ClientShares::new(2, trusted);
+        let (a, b) = (ip("192.0.2.1"), ip("192.0.2.2"));
+        let first = shares.take(a).expect("under the share").expect("counted");
+        let second = shares.take(a).expect("under the share").expect("counted");
+        assert_eq!(
+            shares.take(a).err(),
+            Some(Client::of(a)),
+            "the third is over"
+        );
+        assert!(shares.take(b).expect("another client").is_some());
+        assert_eq!(shares.held(Client::of(a)), 2);
+        drop(first);
+        assert_eq!(shares.held(Client::of(a)), 1);
+        let third = shares.take(a).expect("a place came back");
+        drop((second, third));
+        assert_eq!(shares.held(Client::of(a)), 0);
+        assert_eq!(
+            shares.open().len(),
+            0,
+            "the other client's share was dropped too"
+        );
+        for _ in 0..10 {
+            assert!(shares.take(ip("10.1.2.3")).expect("trusted").is_none());
+        }
+        assert_eq!(shares.open().len(), 0, "trusted clients are not counted");
+    }
+
+    #[test]
+    fn the_default_share_is_a_quarter_of_the_cap_and_never_0() {
+        assert_eq!(default_max_connections_per_client(9_920), 2_480);
+        assert_eq!(default_max_connections_per_client(2_000), 500);
+        assert_eq!(default_max_connections_per_client(3), 1);
     }
 
     #[test]

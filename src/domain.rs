@@ -9,6 +9,7 @@ mod health;
 mod labels;
 mod lease;
 mod member_id;
+mod network;
 mod object;
 mod pacing;
 mod pool_config;
@@ -38,6 +39,7 @@ pub use labels::{
 pub use lease::{InvalidLeaseId, InvalidLeaseTtl, LeaseId, LeaseTtl};
 pub use lease::{hex, random_bytes};
 pub use member_id::{InvalidMemberId, MAX_MEMBER_ID_LEN, MemberId};
+pub use network::{InvalidNetwork, Network};
 pub use pacing::{InvalidPacing, MAX_PACING_INTERVAL_MS, Pacing};
 pub use pool_config::{Policy, PoolConfig, RestorePolicy};
 pub use pool_id::{InvalidPoolId, PoolId};

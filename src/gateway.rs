@@ -347,6 +347,13 @@ impl Gateway {
         tried: &mut Tried,
     ) -> Result<(&'static str, Response<GatewayBody>), Refusal> {
         let user = self.authenticate(request.headers())?;
+        // The right credentials end the connection's short unauthenticated deadline.
+        if let Some(connection) = request
+            .extensions()
+            .get::<crate::connections::Unauthenticated>()
+        {
+            connection.authenticated();
+        }
         let selection = Selection::parse(&user).map_err(|e| Refusal::Invalid(e.to_string()))?;
         let (kind, host, port) = destination(&request)?;
         let mut attempts = self.attempts(selection, kind, &host, port, label).await?;
@@ -381,7 +388,9 @@ impl Gateway {
             let may_retry = attempt < attempts.most && outgoing.replayable();
             let rules = Arc::clone(&attempts.route.rules);
             let forwarded = held
-                .forward(outgoing, upstream, connection, &host, port, &rules, may_retry)
+                .forward(
+                    outgoing, upstream, connection, &host, port, &rules, may_retry,
+                )
                 .await;
             match forwarded {
                 Forward::Answered(answer) => return Ok(("forwarded", answer)),

@@ -45,9 +45,10 @@
 //!   (one replica per fetch) and imports them by the import route's own path.
 //! - [`startup`]: [`startup::Application`], which binds, builds and serves (port 0 works,
 //!   which is how the tests start it): the API port and, with `PROBE_LISTEN`, a probe port.
-//! - [`connections`]: what every listening port goes through: a connection cap, deadlines
-//!   for request heads and idle keep-alive connections, accept errors logged once per
-//!   episode, and the open-file limit raised at start.
+//! - [`connections`]: what every listening port goes through: a connection cap, each
+//!   client's share of it (an IPv4 address, an IPv6 /64; trusted networks exempt),
+//!   deadlines for request heads, idle keep-alive and unauthenticated connections, accept
+//!   errors logged once per episode, and the open-file limit raised at start.
 //! - [`gateway`]: the forward-proxy gateway (`GATEWAY_LISTEN`): a proxy port that picks,
 //!   dials (`gateway/upstream.rs`: CONNECT, SOCKS, TLS to `https` proxies), reports and
 //!   releases by itself, with the pool and options in the proxy user name

@@ -91,11 +91,20 @@ fn describe() {
         "Connections closed at once because the listener was at its cap."
     );
     describe_counter!(
+        "pa_connections_refused_per_client_total",
+        "Connections closed at once because their client (an IPv4 address, an IPv6 /64) held \
+         its whole share of the listener's connections."
+    );
+    describe_counter!(
         "pa_connection_timeouts_total",
-        "Connections closed for a timeout, by listener and kind (header, keep_alive, body)."
+        "Connections closed for a timeout, by listener and kind (header, keep_alive, unauthenticated, body)."
     );
     describe_gauge!("pa_connections_open", "Connections open, by listener.");
     describe_gauge!("pa_connections_max", "The connection cap of each listener.");
+    describe_gauge!(
+        "pa_connections_max_per_client",
+        "The most connections one client may hold, by listener (absent: no per-client share)."
+    );
     describe_counter!(
         "pa_gateway_requests_total",
         "Gateway requests by pool and outcome (tunnel, forwarded, or the code of the gateway's \
@@ -118,10 +127,15 @@ pub struct ListenerMetrics {
     pub accept_errors: Counter,
     /// `pa_connections_refused_total`.
     pub refused: Counter,
+    /// `pa_connections_refused_per_client_total`: refused over the client's share.
+    pub refused_per_client: Counter,
     /// `pa_connection_timeouts_total` with `kind="header"`.
     pub header_timeouts: Counter,
     /// `pa_connection_timeouts_total` with `kind="keep_alive"`.
     pub keep_alive_timeouts: Counter,
+    /// `pa_connection_timeouts_total` with `kind="unauthenticated"`.
+    pub unauthenticated_timeouts: Counter,
+    listener: &'static str,
     /// `pa_connections_open`.
     pub open: metrics::Gauge,
 }
@@ -139,8 +153,11 @@ impl ListenerMetrics {
         Self {
             accept_errors: metrics::counter!("pa_accept_errors_total", "listener" => listener),
             refused: metrics::counter!("pa_connections_refused_total", "listener" => listener),
+            refused_per_client: metrics::counter!("pa_connections_refused_per_client_total", "listener" => listener),
             header_timeouts: timeouts("header"),
             keep_alive_timeouts: timeouts("keep_alive"),
+            unauthenticated_timeouts: timeouts("unauthenticated"),
+            listener,
             open: metrics::gauge!("pa_connections_open", "listener" => listener),
         }
     }
@@ -150,7 +167,20 @@ impl ListenerMetrics {
         match kind {
             crate::connections::Timeout::Header => self.header_timeouts.increment(1),
             crate::connections::Timeout::KeepAlive => self.keep_alive_timeouts.increment(1),
+            crate::connections::Timeout::Unauthenticated => {
+                self.unauthenticated_timeouts.increment(1);
+            }
         }
+    }
+
+    /// Sets `pa_connections_max_per_client`, the most connections one client may hold.
+    pub fn max_per_client(&self, max: usize) {
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "a gauge is a float; shares are far below 2^53"
+        )]
+        metrics::gauge!("pa_connections_max_per_client", "listener" => self.listener)
+            .set(max as f64);
     }
 }
 

@@ -12,7 +12,9 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tower::ServiceExt;
 
 use crate::config::{Config, RedisSettingsError};
-use crate::connections::{self, GuardedListener, Limits as ConnectionLimits};
+use crate::connections::{
+    self, Authentication, ClientShares, GuardedListener, Limits as ConnectionLimits,
+};
 use crate::gateway::upstream::Dialer;
 use crate::gateway::{Gateway, Tunnels};
 use crate::http::{self, AppState, Limits, Tokens};
@@ -190,19 +192,34 @@ impl Application {
             }
             None => budget,
         };
-        let limits = |max_connections| ConnectionLimits {
+        let limits = |max_connections, authentication| ConnectionLimits {
             max_connections,
             header_read_timeout: config.header_read_timeout(),
             keep_alive_timeout: config.keep_alive_timeout(),
+            unauthenticated_timeout: config.unauthenticated_timeout(),
+            authentication,
         };
-        let bind = |name, addr, max_connections| async move {
-            GuardedListener::bind(name, addr, limits(max_connections))
+        let bind = |name, addr, max_connections, authentication| async move {
+            GuardedListener::bind(name, addr, limits(max_connections, authentication))
                 .await
                 .map_err(|source| StartupError::Bind { addr, source })
         };
-        let api = bind("api", config.listen, max_connections).await?;
+        // Each port's clients get a share of its cap; the probe port has only its own
+        // small cap, which an orchestrator's probes never come near.
+        let shares = |configured: Option<u64>, cap: usize| {
+            let max = configured.map_or_else(
+                || connections::default_max_connections_per_client(cap),
+                |max| usize::try_from(max).unwrap_or(usize::MAX),
+            );
+            ClientShares::new(max, config.trusted_client_networks.clone())
+        };
+        let api = bind("api", config.listen, max_connections, Authentication::Head)
+            .await?
+            .with_client_shares(shares(config.max_connections_per_client, max_connections));
         let probes = match (config.probe_listen, probe_budget) {
-            (Some(addr), Some(budget)) => Some(bind("probe", addr, budget).await?),
+            (Some(addr), Some(budget)) => {
+                Some(bind("probe", addr, budget, Authentication::Head).await?)
+            }
             _ => None,
         };
         let gateway = match config.gateway_listen {
@@ -211,7 +228,12 @@ impl Application {
                     || connections::default_max_connections(open_files, 0) / 2,
                     |cap| usize::try_from(cap).unwrap_or(usize::MAX),
                 );
-                let listener = bind("gateway", addr, cap.max(1)).await?;
+                let cap = cap.max(1);
+                // A later gateway port (SOCKS5) takes a clone of these: a client's share
+                // spans the gateway's ports.
+                let listener = bind("gateway", addr, cap, Authentication::Service)
+                    .await?
+                    .with_client_shares(shares(config.gateway_max_connections_per_client, cap));
                 let dialer = Dialer::new(gateway_roots(&config)?);
                 let gateway = Gateway::new(
                     Arc::clone(&store),
@@ -278,6 +300,7 @@ impl Application {
             addr = %self.local_addr(),
             max_connections = api_limits.max_connections,
             %dashboard,
+            max_connections_per_client = self.api.client_shares().map(ClientShares::max_per_client),
             "listening"
         );
         if crate::telemetry::is_text() {
@@ -294,6 +317,8 @@ impl Application {
             tracing::info!(
                 %addr,
                 max_connections = listener.limits().max_connections,
+                max_connections_per_client =
+                    listener.client_shares().map(ClientShares::max_per_client),
                 "gateway listening"
             );
         }

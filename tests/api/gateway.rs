@@ -1,7 +1,7 @@
 //! The forward-proxy gateway (`GATEWAY_LISTEN`) with real clients (curl, and raw proxy
 //! requests where the exact answer matters) through real local upstream proxies
 //! (`proxies.rs`) to local targets: picking, the user-name grammar, auth, outcomes,
-//! retries and bans.
+//! retries, bans, and each client address's share of the gateway's connections.
 
 use std::net::SocketAddr;
 
@@ -670,18 +670,42 @@ async fn a_429_from_the_target_bans_that_member_for_that_target_only() {
 
 /// Opens a tunnel by hand; the status of the answer and, on 200, the open stream.
 async fn open_tunnel(gateway: SocketAddr, user: &str, to: &str) -> (u16, Option<TcpStream>) {
-    let mut stream = TcpStream::connect(gateway).await.expect("connected");
+    open_tunnel_from("127.0.0.1", gateway, user, to).await
+}
+
+/// A connection from the loopback address `source` (127.0.0.2, ...): one test, several
+/// clients.
+async fn connect_from(source: &str, to: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind(format!("{source}:0").parse().expect("an address"))
+        .expect("bound to the source address");
+    socket.connect(to).await.expect("connected")
+}
+
+/// [`open_tunnel`] from the loopback address `source`; the status is 0 when the gateway
+/// closed the connection without an answer.
+async fn open_tunnel_from(
+    source: &str,
+    gateway: SocketAddr,
+    user: &str,
+    to: &str,
+) -> (u16, Option<TcpStream>) {
+    let mut stream = connect_from(source, gateway).await;
     let authorization = basic(user, TOKEN).expect("a credential");
     let request = format!(
         "CONNECT {to} HTTP/1.1\r\nHost: {to}\r\nProxy-Authorization: {authorization}\r\n\r\n"
     );
-    stream.write_all(request.as_bytes()).await.expect("sent");
+    // A connection refused at once may be gone before the request is written.
+    let _ = stream.write_all(request.as_bytes()).await;
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
-        let n = stream.read(&mut byte).await.expect("read");
-        assert_eq!(n, 1, "closed before the head ended: {head:?}");
-        head.push(byte[0]);
+        match stream.read(&mut byte).await {
+            Ok(1) => head.push(byte[0]),
+            _ if head.is_empty() => return (0, None),
+            other => panic!("closed before the head ended ({other:?}): {head:?}"),
+        }
     }
     let status: u16 = String::from_utf8_lossy(&head[9..12])
         .parse()
@@ -931,7 +955,9 @@ async fn sigterm_lets_open_tunnels_finish_and_closes_those_left_at_the_drain_tim
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_max_connections_caps_the_open_tunnels() {
     let app = spawn_on(Backend::Embedded, |config| {
-        config.gateway_max_connections = Some(2)
+        config.gateway_max_connections = Some(2);
+        // One address opens them all: this is about the cap, not a client's share of it.
+        config.gateway_max_connections_per_client = Some(2);
     })
     .await;
     let site = target(None).await;
@@ -1212,4 +1238,169 @@ async fn a_session_in_the_user_name_pins_one_upstream() {
         );
         app.stop().await;
     }
+}
+
+/// An application whose gateway gives each client `share` of `cap` connections, with a
+/// pool `web` whose one member is a local HTTP proxy, and the target behind it.
+async fn shared_gateway(cap: u64, share: Option<u64>) -> (TestApp, Server, Server, String) {
+    let app = spawn_on(Backend::Embedded, |config| {
+        config.gateway_max_connections = Some(cap);
+        config.gateway_max_connections_per_client = share;
+        // Nothing times out while a test runs: every close it sees is a refusal.
+        config.header_read_timeout_ms = 60_000;
+        config.unauthenticated_timeout_ms = 60_000;
+    })
+    .await;
+    let site = target(None).await;
+    let proxy = HttpProxy::default().start().await;
+    proxy_pool(&app, "web").await;
+    app.seed(
+        "web",
+        &[&format!("http://127.0.0.1:{}", proxy.port())],
+        None,
+    )
+    .await;
+    let to = format!("127.0.0.1:{}", site.port());
+    (app, site, proxy, to)
+}
+
+/// Whether the gateway closes `stream` (at once, the test allows 5 s) without a tunnel:
+/// nothing, or a 503 in the error shape.
+async fn refused(mut stream: TcpStream) -> bool {
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        stream.read_to_end(&mut answer),
+    )
+    .await;
+    let answer = String::from_utf8_lossy(&answer);
+    read.is_ok() && (answer.is_empty() || answer.starts_with("HTTP/1.1 503 "))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_holding_far_more_idle_connections_than_its_share_cannot_make_an_authenticated_connect_from_another_fail()
+ {
+    // No GATEWAY_MAX_CONNECTIONS_PER_CLIENT: a quarter of the cap, 10.
+    let (app, _site, _proxy, to) = shared_gateway(40, None).await;
+    let gateway = gateway(&app);
+    let mut idle = Vec::new();
+    for _ in 0..100 {
+        idle.push(connect_from("127.0.0.2", gateway).await);
+    }
+    // Accepts follow the order of the connects: once one more is refused, all of these
+    // have been accepted or refused.
+    assert!(refused(connect_from("127.0.0.2", gateway).await).await);
+    let mut held = Vec::new();
+    for mut stream in idle {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(
+            std::time::Duration::from_millis(200),
+            stream.read(&mut byte),
+        )
+        .await;
+        if read.is_err() {
+            held.push(stream);
+        }
+    }
+    assert_eq!(held.len(), 10, "the attacker holds its share and no more");
+    for _ in 0..10 {
+        let (status, tunnel) = open_tunnel_from("127.0.0.3", gateway, "web", &to).await;
+        assert_eq!(status, 200);
+        assert_eq!(health_through(&mut tunnel.expect("open")).await, HEALTHY);
+    }
+    drop(held);
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authenticated_clients_open_tunnels_count_against_its_address_like_any_connection() {
+    let (app, _site, _proxy, to) = shared_gateway(100, Some(3)).await;
+    let gateway = gateway(&app);
+    let mut tunnels = Vec::new();
+    for _ in 0..3 {
+        let (status, tunnel) = open_tunnel_from("127.0.0.4", gateway, "web", &to).await;
+        assert_eq!(status, 200);
+        tunnels.push(tunnel.expect("open"));
+    }
+    assert!(refused(connect_from("127.0.0.4", gateway).await).await);
+    let (status, _) = open_tunnel_from("127.0.0.4", gateway, "web", &to).await;
+    // Closed at once, never dialled: without an answer, or with the 503 when the request
+    // had arrived by then.
+    assert!(matches!(status, 0 | 503), "{status}");
+    let (status, other) = open_tunnel_from("127.0.0.5", gateway, "web", &to).await;
+    assert_eq!(
+        status, 200,
+        "another address is not held to this one's share"
+    );
+    // A tunnel that ends gives its place back once its task has ended.
+    assert_eq!(
+        health_through(&mut tunnels.pop().expect("a tunnel")).await,
+        HEALTHY
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (status, tunnel) = open_tunnel_from("127.0.0.4", gateway, "web", &to).await;
+        if status == 200 {
+            tunnels.push(tunnel.expect("open"));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the place never came back"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    drop((tunnels, other));
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unauthenticated_gateway_connection_is_closed_at_the_unauthenticated_timeout_and_an_authenticated_one_stays()
+ {
+    let unauthenticated = std::time::Duration::from_secs(1);
+    let app = spawn_on(Backend::Embedded, |config| {
+        config.header_read_timeout_ms = 30_000;
+        config.keep_alive_timeout_ms = 30_000;
+        config.unauthenticated_timeout_ms = 1_000;
+    })
+    .await;
+    let site = target(None).await;
+    let proxy = HttpProxy::default().start().await;
+    proxy_pool(&app, "web").await;
+    app.seed(
+        "web",
+        &[&format!("http://127.0.0.1:{}", proxy.port())],
+        None,
+    )
+    .await;
+    let to = format!("127.0.0.1:{}", site.port());
+    let gateway = gateway(&app);
+    let (status, tunnel) = open_tunnel(gateway, "web", &to).await;
+    assert_eq!(status, 200);
+    // A request without credentials is answered 407; the connection stays unauthenticated.
+    let connecting = std::time::Instant::now();
+    let mut anonymous = TcpStream::connect(gateway).await.expect("connected");
+    anonymous
+        .write_all(format!("CONNECT {to} HTTP/1.1\r\nHost: {to}\r\n\r\n").as_bytes())
+        .await
+        .expect("sent");
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        anonymous.read_to_end(&mut answer),
+    )
+    .await;
+    let closed = connecting.elapsed();
+    assert!(read.is_ok(), "closed");
+    assert!(
+        String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 407 "),
+        "{answer:?}"
+    );
+    assert!(
+        closed >= unauthenticated && closed < unauthenticated * 3,
+        "closed after {closed:?}"
+    );
+    // The tunnel, opened before and so older than the timeout, still works.
+    assert_eq!(health_through(&mut tunnel.expect("open")).await, HEALTHY);
+    app.stop().await;
 }

@@ -1,6 +1,7 @@
 //! Clients that would take the service down or walk in: idle connections, connections
-//! beyond the cap, slow bodies, a flood past the open-file limit, and worker routes on a
-//! network address without a token. Each runs the real binary (metrics are per process)
+//! beyond the cap or one client's share of it (clients on distinct loopback addresses),
+//! unauthenticated and trickling connections, slow bodies, a flood past the open-file
+//! limit, and worker routes on a network address without a token. Each runs the real binary (metrics are per process)
 //! or an application on its own Redis, so every count is exact.
 
 use std::time::{Duration, Instant};
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
 
 use crate::helpers::{
@@ -91,6 +92,16 @@ fn probe_addr(service: &ServiceProcess) -> String {
         .wait_lines("\"probes listening\"", 1)
         .pop()
         .expect("the probe port is logged");
+    let value: Value = serde_json::from_str(&line).expect("a JSON line");
+    value["addr"].as_str().expect("addr").to_owned()
+}
+
+/// The gateway's address from the service's log.
+fn gateway_addr(service: &ServiceProcess) -> String {
+    let line = service
+        .wait_lines("\"gateway listening\"", 1)
+        .pop()
+        .expect("the gateway is logged");
     let value: Value = serde_json::from_str(&line).expect("a JSON line");
     value["addr"].as_str().expect("addr").to_owned()
 }
@@ -182,6 +193,8 @@ async fn idle_connections_are_closed_at_the_header_timeout_and_those_over_the_ca
     let (cap, flood) = (50, 300);
     let service = ServiceProcess::start(&[
         ("MAX_CONNECTIONS", cap.to_string()),
+        // One address floods: this is about the cap, not a client's share of it.
+        ("MAX_CONNECTIONS_PER_CLIENT", cap.to_string()),
         (
             "HEADER_READ_TIMEOUT_MS",
             header_timeout.as_millis().to_string(),
@@ -283,6 +296,7 @@ async fn at_the_cap_new_connections_are_refused_at_once_and_the_probe_port_answe
     let cap = 20;
     let service = ServiceProcess::start(&[
         ("MAX_CONNECTIONS", cap.to_string()),
+        ("MAX_CONNECTIONS_PER_CLIENT", cap.to_string()),
         // Nothing times out while the test runs: every close it sees is a refusal.
         ("HEADER_READ_TIMEOUT_MS", "60000".to_owned()),
         ("KEEP_ALIVE_TIMEOUT_MS", "60000".to_owned()),
@@ -859,4 +873,250 @@ async fn a_worker_token_file_closes_worker_routes_and_allows_a_non_loopback_addr
         .await;
     assert_eq!(worker.expect("answered").status(), StatusCode::NOT_FOUND);
     let _ = std::fs::remove_file(file);
+}
+
+/// A connection from the loopback address `source` (127.0.0.2, 127.0.0.3, ...), so that one
+/// test can be several clients.
+async fn connect_from(source: &str, addr: &str) -> TcpStream {
+    let socket = TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind(format!("{source}:0").parse().expect("an address"))
+        .expect("bound to the source address");
+    socket
+        .connect(addr.parse().expect("an address"))
+        .await
+        .expect("connected")
+}
+
+/// `n` connections from `source` that send nothing, opened one after another.
+async fn idle_from(source: &str, addr: &str, n: usize) -> Vec<TcpStream> {
+    let mut streams = Vec::with_capacity(n);
+    for _ in 0..n {
+        streams.push(connect_from(source, addr).await);
+    }
+    streams
+}
+
+/// How many of `streams` the service has closed and how many it keeps open (those that
+/// read nothing for 200 ms, once the test knows the closes have happened).
+async fn closed_and_open(streams: &mut [TcpStream]) -> (usize, usize) {
+    let mut closed = 0;
+    for stream in streams.iter_mut() {
+        let mut byte = [0u8; 1];
+        match tokio::time::timeout(Duration::from_millis(200), stream.read(&mut byte)).await {
+            Ok(Ok(0) | Err(_)) => closed += 1,
+            Ok(Ok(_)) => panic!("an idle connection was answered"),
+            Err(_) => {}
+        }
+    }
+    (closed, streams.len() - closed)
+}
+
+/// A JSON log line's value.
+fn json_line(line: &str) -> Value {
+    serde_json::from_str(line).expect("a JSON line")
+}
+
+#[tokio::test]
+async fn one_address_holding_far_more_idle_connections_than_its_share_cannot_make_a_request_from_another_address_fail()
+ {
+    let (cap, flood) = (40, 200);
+    let service = ServiceProcess::start(&[
+        ("MAX_CONNECTIONS", cap.to_string()),
+        // Nothing times out while the test runs: every close it sees is a refusal.
+        ("HEADER_READ_TIMEOUT_MS", "60000".to_owned()),
+        ("UNAUTHENTICATED_TIMEOUT_MS", "60000".to_owned()),
+        ("KEEP_ALIVE_TIMEOUT_MS", "60000".to_owned()),
+        ("PROBE_LISTEN", "127.0.0.1:0".to_owned()),
+    ]);
+    let listening = json_line(&service.wait_lines("\"listening\"", 1)[0]);
+    // No MAX_CONNECTIONS_PER_CLIENT: a quarter of the cap.
+    let share = cap / 4;
+    assert_eq!(listening["max_connections_per_client"], json!(share));
+    let (api, probe) = (addr_of(&service.base), probe_addr(&service));
+    seed_pool(&service.base).await;
+
+    let mut attacker = idle_from("127.0.0.2", &api, flood).await;
+    let per_client = r#"pa_connections_refused_per_client_total{listener="api"}"#;
+    let refused = (flood - share) as f64;
+    assert_eq!(await_metric(&probe, per_client, refused).await, refused);
+    assert_eq!(closed_and_open(&mut attacker).await, (flood - share, share));
+
+    // Another address: fresh connections for /livez, and a worker's keep-alive connection.
+    let mut worker = connect_from("127.0.0.3", &api).await;
+    let mut pending = Vec::new();
+    for _ in 0..20 {
+        let mut livez = connect_from("127.0.0.3", &api).await;
+        livez
+            .write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .expect("sent");
+        let answer = read_answer(&mut livez, &mut Vec::new())
+            .await
+            .expect("answered");
+        assert_eq!(answer.status, 200, "{answer:?}");
+        worker.write_all(ASSIGN.as_bytes()).await.expect("sent");
+        let answer = read_answer(&mut worker, &mut pending)
+            .await
+            .expect("answered");
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+
+    // The attacker's next connection, request already sent, is told why.
+    let mut more = connect_from("127.0.0.2", &api).await;
+    more.write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("sent");
+    if let Some(answer) = read_answer(&mut more, &mut Vec::new()).await {
+        assert_eq!(answer.status, 503, "{answer:?}");
+        assert!(answer.head.contains("\r\nretry-after: 1\r\n"), "{answer:?}");
+        assert_eq!(
+            answer.body,
+            json!({"error": {"code": "too_many_connections", "message": "this client address holds the most connections one client may; retry shortly"}})
+        );
+    }
+    assert_eq!(metric(&probe, per_client).await, refused + 1.0);
+    assert_eq!(
+        metric(&probe, r#"pa_connections_refused_total{listener="api"}"#).await,
+        0.0,
+        "the port never reached its cap"
+    );
+    assert_eq!(
+        metric(&probe, r#"pa_connections_max_per_client{listener="api"}"#).await,
+        share as f64
+    );
+    // One line for the attacker however many it was refused, naming it.
+    let logged = service.wait_lines("client at its share of connections", 1);
+    assert_eq!(logged.len(), 1, "{logged:#?}");
+    let logged = json_line(&logged[0]);
+    assert_eq!(
+        (
+            &logged["listener"],
+            &logged["client"],
+            &logged["max_connections_per_client"]
+        ),
+        (&json!("api"), &json!("127.0.0.2"), &json!(share))
+    );
+    // Its places come back as its connections close.
+    attacker.clear();
+    let open = r#"pa_connections_open{listener="api"}"#;
+    assert_eq!(
+        await_metric(&probe, open, 1.0).await,
+        1.0,
+        "only the worker"
+    );
+    let mut back = connect_from("127.0.0.2", &api).await;
+    back.write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("sent");
+    let answer = read_answer(&mut back, &mut Vec::new())
+        .await
+        .expect("answered");
+    assert_eq!(answer.status, 200);
+}
+
+#[tokio::test]
+async fn a_trusted_network_is_not_held_to_a_share_but_the_cap_still_applies() {
+    let cap = 40;
+    let service = ServiceProcess::start(&[
+        ("MAX_CONNECTIONS", cap.to_string()),
+        ("MAX_CONNECTIONS_PER_CLIENT", "5".to_owned()),
+        (
+            "TRUSTED_CLIENT_NETWORKS",
+            "10.0.0.0/8,127.0.0.2/31".to_owned(),
+        ),
+        ("HEADER_READ_TIMEOUT_MS", "60000".to_owned()),
+        ("UNAUTHENTICATED_TIMEOUT_MS", "60000".to_owned()),
+        ("PROBE_LISTEN", "127.0.0.1:0".to_owned()),
+    ]);
+    let (api, probe) = (addr_of(&service.base), probe_addr(&service));
+    // 127.0.0.2 and 127.0.0.3 are in 127.0.0.2/31: together past the share, up to the cap.
+    let mut balancer = idle_from("127.0.0.2", &api, 30).await;
+    balancer.extend(idle_from("127.0.0.3", &api, 20).await);
+    let at_cap = r#"pa_connections_refused_total{listener="api"}"#;
+    assert_eq!(await_metric(&probe, at_cap, 10.0).await, 10.0);
+    assert_eq!(closed_and_open(&mut balancer).await, (10, cap));
+    // 127.0.0.4 is not trusted: held to its share (and, the port being full, refused).
+    let mut other = idle_from("127.0.0.4", &api, 3).await;
+    assert_eq!(await_metric(&probe, at_cap, 13.0).await, 13.0);
+    assert_eq!(closed_and_open(&mut other).await, (3, 0));
+    balancer.truncate(cap - 10);
+    let open = r#"pa_connections_open{listener="api"}"#;
+    assert_eq!(
+        await_metric(&probe, open, 30.0).await,
+        30.0,
+        "ten places free"
+    );
+    let mut other = idle_from("127.0.0.4", &api, 8).await;
+    let per_client = r#"pa_connections_refused_per_client_total{listener="api"}"#;
+    assert_eq!(await_metric(&probe, per_client, 3.0).await, 3.0);
+    assert_eq!(closed_and_open(&mut other).await, (3, 5));
+    assert_eq!(
+        metric(&probe, at_cap).await,
+        13.0,
+        "none of these at the cap"
+    );
+}
+
+/// Writes `head` one byte every 100 ms until the service closes the connection; how long
+/// after the connect began that was, and the bytes sent.
+async fn trickle(source: &str, addr: &str, head: &[u8]) -> (Duration, usize) {
+    let connecting = Instant::now();
+    let mut stream = connect_from(source, addr).await;
+    let mut sent = 0;
+    for byte in head.iter().cycle() {
+        if stream.write_all(&[*byte]).await.is_err() {
+            break;
+        }
+        sent += 1;
+        let mut answer = [0u8; 1];
+        match tokio::time::timeout(Duration::from_millis(100), stream.read(&mut answer)).await {
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(_)) => panic!("a partial head was answered"),
+            Err(_) => {}
+        }
+        assert!(
+            connecting.elapsed() < Duration::from_secs(20),
+            "never closed"
+        );
+    }
+    (connecting.elapsed(), sent)
+}
+
+#[tokio::test]
+async fn a_partial_head_sent_byte_by_byte_is_closed_at_the_unauthenticated_timeout_on_the_api_port_and_the_gateway()
+ {
+    let unauthenticated = Duration::from_secs(1);
+    let slack = Duration::from_secs(2);
+    let service = ServiceProcess::start(&[
+        ("HEADER_READ_TIMEOUT_MS", "30000".to_owned()),
+        ("KEEP_ALIVE_TIMEOUT_MS", "30000".to_owned()),
+        (
+            "UNAUTHENTICATED_TIMEOUT_MS",
+            unauthenticated.as_millis().to_string(),
+        ),
+        ("PROBE_LISTEN", "127.0.0.1:0".to_owned()),
+        ("GATEWAY_LISTEN", "127.0.0.1:0".to_owned()),
+    ]);
+    let (api, probe) = (addr_of(&service.base), probe_addr(&service));
+    let gateway = gateway_addr(&service);
+    let head = b"GET /livez HTTP/1.1\r\nhost: a-very-long-host-name-that-never-ends.example";
+    let connect = b"CONNECT example.com:443 HTTP/1.1\r\nhost: example.com:443\r\nx-padding: ";
+    let ((api_closed, api_sent), (gateway_closed, gateway_sent)) = tokio::join!(
+        trickle("127.0.0.2", &api, head),
+        trickle("127.0.0.3", &gateway, connect)
+    );
+    for (port, closed, sent) in [
+        ("api", api_closed, api_sent),
+        ("gateway", gateway_closed, gateway_sent),
+    ] {
+        assert!(
+            closed >= unauthenticated && closed < unauthenticated + slack,
+            "{port}: closed after {closed:?} and {sent} bytes"
+        );
+        assert!(sent >= 5, "{port}: {sent} bytes");
+        let series =
+            format!(r#"pa_connection_timeouts_total{{listener="{port}",kind="unauthenticated"}}"#);
+        assert_eq!(await_metric(&probe, &series, 1.0).await, 1.0, "{port}");
+    }
 }
