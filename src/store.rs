@@ -813,8 +813,9 @@ impl StoreStatus {
 /// The pools' state. Every method is atomic with respect to every other, except the
 /// member calls (add, disable, enable, remove), which are atomic per chunk: the stores
 /// split them into chunks sized to keep each step short (see [`CHUNK_BUDGET`]), and a
-/// reader may see a call's first chunks applied before the rest. Between two chunks the
-/// store rests, so that large operations take at most [`LARGE_WORK_SHARE`] of its time.
+/// reader may see a call's first chunks applied before the rest. After a chunk that other
+/// calls waited through the store rests, so that while they wait large operations take at
+/// most [`LARGE_WORK_SHARE`] of its time; on an idle store chunks run back to back.
 ///
 /// # Errors
 /// Every method fails with [`StoreError::Timeout`] or [`StoreError::Unavailable`] when the

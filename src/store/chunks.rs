@@ -23,15 +23,31 @@
 //! a store failure part-way leaves the earlier chunks written (running the call again
 //! completes it).
 //!
-//! Between two chunks the store is left to everything else for a while: a [`DutyCycle`],
-//! one per store and shared by all its large operations, makes the next chunk (of the same
-//! call or of any other) wait until the store has had the chunk's own cost times
-//! (1 − [`LARGE_WORK_SHARE`]) / [`LARGE_WORK_SHARE`] to itself, so that large operations
-//! together take at most that share of its time. A call that finds the store rested starts
-//! at once.
+//! Between two chunks the store is left to everything else for a while, but only when
+//! something else wants it: a chunk during which another call was waiting on the store is
+//! contended, and a [`DutyCycle`], one per store and shared by all its large operations,
+//! makes the next chunk (of the same call or of any other) wait until the store has had the
+//! contended chunk's own cost times (1 − [`LARGE_WORK_SHARE`]) / [`LARGE_WORK_SHARE`] to
+//! itself, so that under contention large operations together take at most that share of
+//! its time. A chunk nobody waited through earns no rest: on an idle store a large
+//! operation runs its chunks back to back. A call that finds the store rested starts at
+//! once.
+//!
+//! What makes a chunk contended (see [`Traffic`] and [`RemoteWaits`]):
+//! - this replica's own calls: the store counts its calls in flight (queued for a
+//!   connection or the lock included), all but the chunks of large operations, and a chunk
+//!   is contended when one was in flight as it started or ended, or started meanwhile;
+//! - on Redis, other replicas' (and other clients') calls, which no counter here sees: a
+//!   chunk script answers how long it ran by Redis's clock, and its round trip less that is
+//!   how long it waited, on the network and behind whatever Redis was running when it
+//!   arrived. A wait longer than the shortest of the last few seconds by more than
+//!   [`QUEUE_MARGIN`] means Redis was still busy with others' work when the chunk came: the
+//!   queue the previous chunk left behind had not drained, which is what the rest is for.
+//!   A chunk that waited no longer than that found it drained, and a rest would protect
+//!   nobody.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -188,7 +204,8 @@ impl<'a, T> Iterator for Chunks<'a, T> {
 
 /// The largest share of the store's time that the chunks of large operations (seed,
 /// import, disable, enable, remove, the sweep's steps, the pieces of a member listing) take
-/// all together. Every pool on a Redis shares its one thread, and so does every assign:
+/// all together while other calls wait on the store (on an idle store they take all of
+/// it: see the module doc). Every pool on a Redis shares its one thread, and so does every assign:
 /// with chunks sent back to back Redis was busy three quarters of the time, an assign of
 /// another pool often queued behind a chunk, and the assigns queued behind it had no time
 /// to drain before the next one, which put their p99 at 1.4–5.9 × its idle figure
@@ -208,13 +225,28 @@ pub(crate) fn rest_after(took: Duration) -> Duration {
     took.mul_f64((1.0 - LARGE_WORK_SHARE) / LARGE_WORK_SHARE)
 }
 
-/// When the next chunk of a store's large operations may start: after the last chunk's
-/// end and the rest it earned. Shared by every large operation of the store, so that two
-/// at once, or a caller sending one call after another, share one budget instead of
-/// taking one each.
+/// How much longer than the shortest wait of late a Redis chunk's wait (its round trip less
+/// the script's own time) may be and still count as finding Redis idle. A queue shorter
+/// than that ahead of the chunk (about three assigns: 16 take Redis about half a
+/// millisecond) delays the calls behind it less than a fifth of what one chunk does, which
+/// any call may meet whatever the rests; and a margin keeps the jitter of a round trip on
+/// one machine (tens of microseconds when quiet) from passing for contention.
+pub(crate) const QUEUE_MARGIN: Duration = Duration::from_micros(100);
+
+/// How long the shortest wait seen stays the reference: a wait is compared with the
+/// shortest of the current window and the one before, so that a reference follows a
+/// network that became slower within two windows, while a few seconds of others' steady
+/// traffic cannot raise it (some chunks among thousands find Redis idle between their
+/// calls).
+const WAIT_WINDOW: Duration = Duration::from_secs(5);
+
+/// When the next chunk of a store's large operations may start: after the last contended
+/// chunk's end and the rest it earned. Shared by every large operation of the store, so
+/// that two at once, or a caller sending one call after another, share one budget instead
+/// of taking one each.
 #[derive(Debug, Default)]
 pub(crate) struct DutyCycle {
-    /// The end of the rest owed; `None` before the first chunk.
+    /// The end of the rest owed; `None` before the first contended chunk.
     resume_at: Mutex<Option<Instant>>,
 }
 
@@ -225,9 +257,9 @@ impl DutyCycle {
             .map_or(Duration::ZERO, |at| at.saturating_duration_since(now))
     }
 
-    /// Books a chunk that ended at `ended` and took `took`. Its rest follows the rest still
-    /// owed when that ends later (chunks of two operations at once queue behind each other
-    /// in the store, so their rests add up).
+    /// Books a contended chunk that ended at `ended` and took `took`. Its rest follows the
+    /// rest still owed when that ends later (chunks of two operations at once queue behind
+    /// each other in the store, so their rests add up).
     pub(crate) fn book(&self, ended: Instant, took: Duration) {
         let mut resume_at = self
             .resume_at
@@ -254,6 +286,121 @@ impl DutyCycle {
     }
 }
 
+/// One unit of [`Traffic`]'s count of calls started: the upper half of the word.
+const STARTED: u64 = 1 << 32;
+
+/// [`Traffic`]'s count of calls in flight: the lower half of the word.
+const IN_FLIGHT: u64 = STARTED - 1;
+
+/// The store calls of this replica in flight, all but the chunks of large operations: the
+/// foreground a chunk may delay (the sweep's and the checks' own small calls count too;
+/// they wait on the store as a request does). One word holds both the calls in flight
+/// (lower half) and the calls started, wrapping (upper half), so that a call costs one
+/// atomic add as it starts and one subtraction as it ends, and nothing else: no lock, no
+/// allocation on the path of an assign.
+#[derive(Debug, Default)]
+pub(crate) struct Traffic {
+    calls: AtomicU64,
+}
+
+impl Traffic {
+    /// Counts a call in flight until the answer is dropped. Taken before the call queues
+    /// (for a connection, for the lock), so that a call waiting behind a chunk counts.
+    pub(crate) fn enter(&self) -> InFlight<'_> {
+        // Relaxed: the count is a hint read between chunks, never a guard of other memory.
+        self.calls.fetch_add(STARTED + 1, Ordering::Relaxed);
+        InFlight(self)
+    }
+
+    /// The count as it stands, to compare with a later one.
+    pub(crate) fn seen(&self) -> Seen {
+        Seen(self.calls.load(Ordering::Relaxed))
+    }
+}
+
+/// A call counted by [`Traffic::enter`], until dropped.
+#[derive(Debug)]
+pub(crate) struct InFlight<'a>(&'a Traffic);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.calls.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// [`Traffic`] at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Seen(u64);
+
+impl Seen {
+    /// Whether a call was in flight at this moment or at `later`, or started between them.
+    /// A call that started and ended between the two is seen by the count of starts, which
+    /// only a few billion calls in one chunk could bring back to where it was.
+    pub(crate) fn busy_until(self, later: Self) -> bool {
+        self.0 & IN_FLIGHT != 0 || later.0 & IN_FLIGHT != 0 || self.0 >> 32 != later.0 >> 32
+    }
+}
+
+/// The waits of a store's Redis chunks (round trip less the script's own time), and the
+/// shortest of late they are compared with: a chunk that waited more than [`QUEUE_MARGIN`]
+/// longer came while Redis was busy with other clients' work.
+#[derive(Debug)]
+pub(crate) struct RemoteWaits {
+    /// [`QUEUE_MARGIN`], or in tests one no jitter reaches.
+    margin: Duration,
+    windows: Mutex<WaitWindows>,
+}
+
+impl Default for RemoteWaits {
+    fn default() -> Self {
+        Self {
+            margin: QUEUE_MARGIN,
+            windows: Mutex::default(),
+        }
+    }
+}
+
+/// The shortest waits of the current [`WAIT_WINDOW`] and of the one before it.
+#[derive(Debug, Default)]
+struct WaitWindows {
+    /// When the current window started; `None` before the first chunk.
+    started: Option<Instant>,
+    current: Option<Duration>,
+    before: Option<Duration>,
+}
+
+impl RemoteWaits {
+    /// Records a chunk that ended at `now` having waited `waited`, and answers whether it
+    /// waited behind others' work. The first chunk of all, with nothing to compare with,
+    /// counts as waiting for nobody: it sets the reference.
+    pub(crate) fn queued(&self, now: Instant, waited: Duration) -> bool {
+        let mut windows = self
+            .windows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match windows.started {
+            Some(started) if now.saturating_duration_since(started) < WAIT_WINDOW => {}
+            Some(started) if now.saturating_duration_since(started) < 2 * WAIT_WINDOW => {
+                windows.before = windows.current.take();
+                windows.started = Some(now);
+            }
+            // The first chunk, or none for two windows: what was seen then is too old.
+            _ => {
+                *windows = WaitWindows {
+                    started: Some(now),
+                    ..WaitWindows::default()
+                }
+            }
+        }
+        let shortest = match (windows.current, windows.before) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        windows.current = Some(windows.current.map_or(waited, |c| c.min(waited)));
+        shortest.is_some_and(|shortest| waited > shortest + self.margin)
+    }
+}
+
 /// One sizer per member operation of a store, one for the sweep's steps, and the duty
 /// cycle they all share.
 #[derive(Debug)]
@@ -269,11 +416,25 @@ pub(crate) struct MemberChunks {
     /// The sweep's steps on one pool, counted in leases reclaimed plus members returned:
     /// a step reclaims and returns at most this many of each.
     pub(crate) sweep: ChunkSizer,
-    /// The rests between chunks of all of them, and of the pieces of member listings.
+    /// The store's calls in flight, but for chunks: what a chunk may delay here.
+    pub(crate) traffic: Traffic,
+    /// The rests between contended chunks of all of them, and of the pieces of member
+    /// listings.
     duty: DutyCycle,
+    /// The waits of Redis chunks, which tell of other replicas' calls.
+    waits: RemoteWaits,
+    /// Chunks run, and those of them that earned a rest (contended): for tests, which
+    /// count rests rather than time them.
+    chunks_run: AtomicU64,
+    rests_earned: AtomicU64,
     /// How long a Redis chunk script runs before it stops part-way: [`CHUNK_BOUND`].
     bound: Duration,
 }
+
+/// A chunk about to run: the store's traffic as it started.
+#[derive(Debug, Clone, Copy)]
+#[must_use = "a chunk's start is given back when it has run"]
+pub(crate) struct Started(Seen);
 
 impl MemberChunks {
     /// Chunks whose scripts stop at `bound` instead of [`CHUNK_BOUND`]: with zero, every
@@ -286,43 +447,87 @@ impl MemberChunks {
         }
     }
 
+    /// These chunks, with Redis chunks that wait less than `margin` longer than the
+    /// shortest wait of late counting as waiting for nobody (instead of [`QUEUE_MARGIN`]):
+    /// with a long one only this replica's own calls make a chunk contended, whatever a
+    /// loaded machine does to round trips.
+    #[cfg(test)]
+    pub(crate) fn with_queue_margin(mut self, margin: Duration) -> Self {
+        self.waits.margin = margin;
+        self
+    }
+
     /// How long a Redis chunk script may run before it stops part-way (see
     /// [`CHUNK_BOUND`]).
     pub(crate) fn bound(&self) -> Duration {
         self.bound
     }
 
-    /// Waits out the rest the store is owed before a chunk (see [`DutyCycle`]).
-    pub(crate) async fn rest(&self) {
+    /// Waits out the rest the store is owed before a chunk (see [`DutyCycle`]), and notes
+    /// the store's traffic as the chunk starts.
+    pub(crate) async fn rest(&self) -> Started {
         self.duty.rest().await;
+        Started(self.traffic.seen())
     }
 
-    /// Records that a chunk of `members`, sized by `sizer`, just ended and took `took`:
-    /// sizes the next chunk of `sizer` and books the rest it earned.
-    pub(crate) fn ran(&self, sizer: &ChunkSizer, members: usize, took: Duration) {
+    /// Records that a chunk of `members`, sized by `sizer`, that started as `started` just
+    /// ended and took `took`: sizes the next chunk of `sizer` and books the rest it earned,
+    /// if any.
+    pub(crate) fn ran(&self, started: Started, sizer: &ChunkSizer, members: usize, took: Duration) {
         sizer.record(members, took);
-        self.duty.book(Instant::now(), took);
+        self.book(started, took, false);
     }
 
     /// Records that a Redis chunk script sized by `sizer`, asked about `asked` members, just
-    /// ended having handled `handled` of them, and that its round trip took `took`: sizes
-    /// the next chunk from the script's own bound (see [`ChunkSizer::record_bounded`]) and
-    /// books the rest the round trip earned.
+    /// ended having handled `handled` of them, that its round trip took `took` and the
+    /// script itself `ran` by Redis's clock: sizes the next chunk from the script's own
+    /// bound (see [`ChunkSizer::record_bounded`]) and books the rest the round trip earned,
+    /// if any.
     pub(crate) fn ran_bounded(
         &self,
+        started: Started,
         sizer: &ChunkSizer,
-        asked: usize,
-        handled: usize,
+        (asked, handled): (usize, usize),
         took: Duration,
+        ran: Duration,
     ) {
         sizer.record_bounded(asked, handled);
-        self.duty.book(Instant::now(), took);
+        self.ran_script(started, took, ran);
     }
 
-    /// Records that a step no sizer sizes (a piece of a member listing) just ended and
-    /// took `took`: books the rest it earned.
-    pub(crate) fn ran_piece(&self, took: Duration) {
-        self.duty.book(Instant::now(), took);
+    /// Records that a Redis chunk script no sizer sizes (a pool's last sweep step) that
+    /// started as `started` just ended, its round trip having taken `took` and the script
+    /// itself `ran`: books the rest it earned, if any.
+    pub(crate) fn ran_script(&self, started: Started, took: Duration, ran: Duration) {
+        let queued = self.waits.queued(Instant::now(), took.saturating_sub(ran));
+        self.book(started, took, queued);
+    }
+
+    /// Records that a step no sizer sizes (a piece of a member listing) that started as
+    /// `started` just ended and took `took`: books the rest it earned, if any. A piece does
+    /// not say how long Redis ran it, so only this replica's calls can make it contended.
+    pub(crate) fn ran_piece(&self, started: Started, took: Duration) {
+        self.book(started, took, false);
+    }
+
+    /// Books the rest of a chunk that started as `started`, ended now and took `took`,
+    /// when it was contended: this replica's calls waited through it, or (`queued`) it
+    /// waited behind other clients' work.
+    fn book(&self, started: Started, took: Duration, queued: bool) {
+        self.chunks_run.fetch_add(1, Ordering::Relaxed);
+        if queued || started.0.busy_until(self.traffic.seen()) {
+            self.rests_earned.fetch_add(1, Ordering::Relaxed);
+            self.duty.book(Instant::now(), took);
+        }
+    }
+
+    /// How many chunks ran, and how many of them earned a rest.
+    #[cfg(test)]
+    pub(crate) fn rests(&self) -> (u64, u64) {
+        (
+            self.chunks_run.load(Ordering::Relaxed),
+            self.rests_earned.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -334,7 +539,11 @@ impl Default for MemberChunks {
             enable: ChunkSizer::default(),
             remove: ChunkSizer::default(),
             sweep: ChunkSizer::starting_at(SWEEP_FIRST_STEP),
+            traffic: Traffic::default(),
             duty: DutyCycle::default(),
+            waits: RemoteWaits::default(),
+            chunks_run: AtomicU64::new(0),
+            rests_earned: AtomicU64::new(0),
             bound: CHUNK_BOUND,
         }
     }
@@ -489,16 +698,102 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_chunk_after_another_waits_for_the_rest_and_the_first_does_not() {
+    async fn a_chunk_a_call_waited_through_earns_its_rest_and_the_first_chunk_waits_for_none() {
         let chunks = MemberChunks::default();
         let before = Instant::now();
-        chunks.rest().await;
+        let started = chunks.rest().await;
         assert_eq!(before.elapsed(), Duration::ZERO);
-        chunks.ran(&chunks.seed, 1_000, Duration::from_millis(1));
+        let call = chunks.traffic.enter();
+        chunks.ran(started, &chunks.seed, 1_000, Duration::from_millis(1));
+        drop(call);
         let ended = Instant::now();
-        chunks.rest().await;
+        let _next = chunks.rest().await;
         assert_eq!(ended.elapsed(), Duration::from_millis(3));
+        assert_eq!(chunks.rests(), (1, 1));
         // 1 µs a member: 500 fit, but a chunk grows at most twofold from the first, 100.
         assert_eq!(chunks.seed.size(), 200);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_chunk_nobody_waited_through_earns_no_rest() {
+        let chunks = MemberChunks::default();
+        for _ in 0..3 {
+            let started = chunks.rest().await;
+            chunks.ran(started, &chunks.seed, 1_000, Duration::from_millis(1));
+        }
+        let ended = Instant::now();
+        let _next = chunks.rest().await;
+        assert_eq!(ended.elapsed(), Duration::ZERO);
+        assert_eq!(chunks.rests(), (3, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_in_flight_as_a_chunk_starts_or_begun_and_ended_during_it_earns_a_rest() {
+        let chunks = MemberChunks::default();
+        // In flight as the chunk starts, answered before it ends.
+        let call = chunks.traffic.enter();
+        let started = chunks.rest().await;
+        drop(call);
+        chunks.ran_piece(started, Duration::from_millis(1));
+        assert_eq!(chunks.rests(), (1, 1));
+        let _rested = chunks.rest().await;
+        // Started and answered while the chunk ran.
+        let started = chunks.rest().await;
+        drop(chunks.traffic.enter());
+        chunks.ran_piece(started, Duration::from_millis(1));
+        assert_eq!(chunks.rests(), (2, 2));
+    }
+
+    #[test]
+    fn traffic_tells_calls_in_flight_and_calls_that_came_and_went() {
+        let traffic = Traffic::default();
+        let idle = traffic.seen();
+        assert!(!idle.busy_until(traffic.seen()));
+        let call = traffic.enter();
+        let busy = traffic.seen();
+        assert!(idle.busy_until(busy));
+        assert!(busy.busy_until(busy));
+        drop(call);
+        let after = traffic.seen();
+        assert!(!after.busy_until(traffic.seen()));
+        // Between `idle` and `after` a call started and ended.
+        assert!(idle.busy_until(after));
+    }
+
+    #[test]
+    fn a_wait_longer_than_the_shortest_of_late_by_more_than_the_margin_is_queued() {
+        let waits = RemoteWaits::default();
+        let start = Instant::now();
+        let at = |millis| start + Duration::from_millis(millis);
+        let micros = Duration::from_micros;
+        // The first sets the reference.
+        assert!(!waits.queued(at(0), micros(400)));
+        assert!(!waits.queued(at(1), micros(80)));
+        assert!(!waits.queued(at(2), micros(80) + QUEUE_MARGIN));
+        assert!(waits.queued(at(3), micros(81) + QUEUE_MARGIN));
+        // The window before still holds the reference.
+        assert!(waits.queued(at(6_000), micros(300)));
+        // Two windows on it is forgotten: the slower network is the new reference.
+        assert!(!waits.queued(at(11_000), micros(300)));
+        assert!(!waits.queued(at(11_001), micros(300)));
+        // After a long pause nothing seen before counts.
+        assert!(!waits.queued(at(60_000), micros(900)));
+        assert!(waits.queued(at(60_001), micros(1_100)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_redis_chunk_that_waited_behind_other_clients_earns_its_rest() {
+        let chunks = MemberChunks::default();
+        let ms = Duration::from_millis;
+        // Round trip 1 ms, the script 0.9 ms: the reference wait, 0.1 ms.
+        let started = chunks.rest().await;
+        chunks.ran_bounded(started, &chunks.seed, (100, 100), ms(1), ms(1) * 9 / 10);
+        // A script of 1 ms, 1 ms longer in coming back: it queued behind others' work.
+        let started = chunks.rest().await;
+        chunks.ran_script(started, ms(2), ms(1));
+        assert_eq!(chunks.rests(), (2, 1));
+        let ended = Instant::now();
+        let _next = chunks.rest().await;
+        assert_eq!(ended.elapsed(), ms(6));
     }
 }

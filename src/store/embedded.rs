@@ -59,7 +59,7 @@ use crate::domain::{
 use self::codec::{MemberImage, PoolImage, Provenance, SourceBook};
 use self::due::DueIndex;
 use self::journal::{Buffer, Disk};
-use super::chunks::{ChunkSizer, MemberChunks};
+use super::chunks::{ChunkSizer, InFlight, MemberChunks};
 
 /// The in-process store. Cloning is not needed: the application holds it behind an `Arc`.
 #[derive(Debug, Default)]
@@ -1691,13 +1691,25 @@ impl EmbeddedStore {
         snapshot::describe(&inner.pools)
     }
 
-    fn lock(&self) -> Result<MutexGuard<'_, Inner>, StoreError> {
+    /// The lock, for a call that counts as in flight (see [`Held`]).
+    fn lock(&self) -> Result<Held<'_>, StoreError> {
+        self.lock_as(true)
+    }
+
+    /// The lock; `foreground` counts the call in flight from before it queues for it until
+    /// it lets go, as every call but a large operation's chunks does (a chunk counting
+    /// itself would rest for nobody: see `chunks.rs`).
+    fn lock_as(&self, foreground: bool) -> Result<Held<'_>, StoreError> {
+        let in_flight = foreground.then(|| self.chunks.traffic.enter());
         // A panic while holding the lock cannot leave a pool half-updated in a way later
         // operations would trip on (each step keeps `order` and `counts` in step), so a
         // poisoned lock is still usable.
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         match &inner.refused {
-            None => Ok(inner),
+            None => Ok(Held {
+                inner,
+                _in_flight: in_flight,
+            }),
             Some(Refused::Closed) => Err(StoreError::Unavailable("the store is closed".into())),
             Some(Refused::DiskFailed(error)) => Err(StoreError::Unavailable(
                 format!("the data directory failed ({error}); restart the service").into(),
@@ -1712,7 +1724,18 @@ impl EmbeddedStore {
         pool: &PoolId,
         f: impl FnOnce(&mut Pool, Option<&mut Buffer>) -> T,
     ) -> Result<(T, Option<u64>), StoreError> {
-        let mut inner = self.lock()?;
+        self.with_pool_as(true, pool, f)
+    }
+
+    /// [`EmbeddedStore::with_pool`] for a call counted in flight when `foreground`, for a
+    /// large operation's chunk when not (see [`EmbeddedStore::lock_as`]).
+    fn with_pool_as<T>(
+        &self,
+        foreground: bool,
+        pool: &PoolId,
+        f: impl FnOnce(&mut Pool, Option<&mut Buffer>) -> T,
+    ) -> Result<(T, Option<u64>), StoreError> {
+        let mut inner = self.lock_as(foreground)?;
         let Inner {
             pools,
             journal,
@@ -1755,11 +1778,13 @@ impl EmbeddedStore {
     ) -> Result<Option<u64>, StoreError> {
         let mut end = None;
         for chunk in sizer.chunks(members) {
-            self.chunks.rest().await;
-            let ((), chunk_end) = self.with_pool(pool, |p, _| {
-                let started = std::time::Instant::now();
+            let started = self.chunks.rest().await;
+            let ((), chunk_end) = self.with_pool_as(false, pool, |p, _| {
+                let locked = std::time::Instant::now();
                 step(p, chunk);
-                self.chunks.ran(sizer, chunk.len(), started.elapsed());
+                // Under the lock still: a call waiting for it now is in flight.
+                self.chunks
+                    .ran(started, sizer, chunk.len(), locked.elapsed());
             })?;
             end = chunk_end.or(end);
             // The lock is free now; let the operations that waited for it run before the
@@ -1767,6 +1792,28 @@ impl EmbeddedStore {
             tokio::task::yield_now().await;
         }
         Ok(end)
+    }
+}
+
+/// The store's lock, held by a call, with the count of that call in flight (none for a
+/// large operation's chunk). The lock goes first, then the count, so that a call is in flight
+/// for as long as it holds the lock.
+struct Held<'a> {
+    inner: MutexGuard<'a, Inner>,
+    _in_flight: Option<InFlight<'a>>,
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Inner;
+
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+impl std::ops::DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        &mut self.inner
     }
 }
 
@@ -1991,9 +2038,9 @@ impl Store for EmbeddedStore {
         for id in &due {
             loop {
                 let batch = sizer.size() as u64;
-                self.chunks.rest().await;
-                let step = match self.with_pool(id, |p, _| {
-                    let started = std::time::Instant::now();
+                let started = self.chunks.rest().await;
+                let step = match self.with_pool_as(false, id, |p, _| {
+                    let locked = std::time::Instant::now();
                     let step = Swept {
                         reclaimed: p.reclaim_expired(now, batch),
                         returned: p.return_due(now, batch),
@@ -2003,9 +2050,10 @@ impl Store for EmbeddedStore {
                     let ended = p.sessions.clear_ended_up_to(now, batch);
                     let done = step.reclaimed + step.returned + ended;
                     self.chunks.ran(
+                        started,
                         sizer,
                         usize::try_from(done).unwrap_or(usize::MAX),
-                        started.elapsed(),
+                        locked.elapsed(),
                     );
                     (step, ended)
                 }) {
@@ -2429,12 +2477,12 @@ impl Store for EmbeddedStore {
         let deep = |start: &PageStart| start.as_ref().is_some_and(|(_, left)| *left > SKIP_STEP);
         while labels.is_empty() && (deep(&eligible_start) || deep(&ineligible_start)) {
             // Paced like a large operation's chunks (see chunks.rs).
-            self.chunks.rest().await;
-            self.with_pool(pool, |p, _| {
-                let started = std::time::Instant::now();
+            let started = self.chunks.rest().await;
+            self.with_pool_as(false, pool, |p, _| {
+                let locked = std::time::Instant::now();
                 walk_on(&p.eligible, &mut eligible_start);
                 walk_on(&p.ineligible, &mut ineligible_start);
-                self.chunks.ran_piece(started.elapsed());
+                self.chunks.ran_piece(started, locked.elapsed());
             })?;
             tokio::task::yield_now().await;
         }
@@ -2811,21 +2859,63 @@ mod tests {
 
     /// On a paused clock, which moves only while the store rests between chunks.
     #[tokio::test(start_paused = true)]
-    async fn a_call_of_several_chunks_rests_between_them_and_a_call_of_one_does_not() {
-        for (count, rests) in [(100, false), (2_000, true)] {
-            let store = EmbeddedStore::new();
+    async fn chunks_rest_only_while_another_call_is_in_flight() {
+        let store = EmbeddedStore::new();
+        store
+            .put_pool(&pool("a"), &PoolConfig::default())
+            .await
+            .expect("a");
+        let before = tokio::time::Instant::now();
+        store
+            .add_members(&pool("a"), &Seed::new(members(0..2_000)))
+            .await
+            .expect("seeded");
+        // Several chunks, back to back: nobody waited on the store.
+        let (idle, rested) = store.chunks.rests();
+        assert!(idle > 1, "{idle} chunks");
+        assert_eq!((rested, before.elapsed()), (0, Duration::ZERO));
+
+        // Counted as `lock` counts a call: in flight from before it queues for the lock.
+        let held = store.chunks.traffic.enter();
+        store
+            .add_members(&pool("a"), &Seed::new(members(2_000..4_000)))
+            .await
+            .expect("seeded");
+        drop(held);
+        let (all, rested) = store.chunks.rests();
+        assert_eq!(rested, all - idle);
+        assert!(before.elapsed() > Duration::ZERO);
+    }
+
+    /// A real call holding the lock as a chunk is about to take it (a call on another
+    /// pool, on a thread of its own) makes that chunk rest; the chunks, which take the
+    /// same lock, do not count themselves.
+    #[tokio::test]
+    async fn a_call_holding_the_lock_makes_the_chunk_waiting_for_it_rest() {
+        let store = Arc::new(EmbeddedStore::new());
+        for id in ["a", "other"] {
             store
-                .put_pool(&pool("a"), &PoolConfig::default())
+                .put_pool(&pool(id), &PoolConfig::default())
                 .await
-                .expect("a");
-            let before = tokio::time::Instant::now();
-            let report = store
-                .add_members(&pool("a"), &Seed::new(members(0..count)))
-                .await
-                .expect("seeded");
-            assert_eq!(report.added.len(), count as usize);
-            assert_eq!(before.elapsed() > Duration::ZERO, rests, "{count} members");
+                .expect("created");
         }
+        let (locked, holding) = std::sync::mpsc::channel();
+        let holder = {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                let inner = store.lock().expect("the lock");
+                assert!(inner.pools.contains_key(&pool("other")));
+                locked.send(()).expect("the test waits");
+                std::thread::sleep(Duration::from_millis(50));
+            })
+        };
+        holding.recv().expect("the lock is held");
+        store
+            .add_members(&pool("a"), &Seed::new(members(0..10)))
+            .await
+            .expect("seeded");
+        holder.join().expect("the holder ended");
+        assert_eq!(store.chunks.rests(), (1, 1));
     }
 
     #[tokio::test]

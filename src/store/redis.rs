@@ -80,8 +80,13 @@ pub struct RedisStore {
     scripts: Arc<Scripts>,
     /// The start of each pool's assign command, written once (see `run.rs`).
     heads: Arc<run::Heads>,
-    /// The chunk sizes of the member operations, learned from their round trips.
+    /// The chunk sizes of the member operations, learned from their round trips, and the
+    /// count of calls in flight that tells whether a chunk's rest protects anyone.
     chunks: Arc<super::chunks::MemberChunks>,
+    /// Whether this handle's calls count in that count: all but the handle a large
+    /// operation's chunks go through ([`RedisStore::for_chunks`]), which would otherwise
+    /// find themselves in flight and rest for nobody.
+    foreground: bool,
     /// How long a turn of the shared registry walk (the due index's safety net) lasts.
     walk_turn: Duration,
 }
@@ -116,6 +121,7 @@ impl RedisStore {
             scripts: Arc::new(Scripts::new()),
             heads: Arc::default(),
             chunks: Arc::default(),
+            foreground: true,
             walk_turn: options.walk_turn,
         };
         if let Err(error) = store.load_scripts().await {

@@ -499,21 +499,23 @@ impl RedisStore {
         let mut swept = Swept::default();
         let mut next_due = None;
         let bound = self.chunk_bound();
+        let steps = self.for_chunks();
         for _ in 0..MAX_SWEEP_STEPS {
             // Each step sized by where the steps before it stopped (see chunks.rs).
             let size = sizer.size();
             let batch = size as u64;
             let limit = batch.to_string();
-            self.chunks.rest().await;
-            let started = Instant::now();
-            let value = self
+            let started = self.chunks.rest().await;
+            let sent = Instant::now();
+            let value = steps
                 .eval(
                     &self.scripts.sweep,
                     pool,
                     &[bound[0].as_bytes(), bound[1].as_bytes(), limit.as_bytes()],
                 )
                 .await?;
-            let took = started.elapsed();
+            let took = sent.elapsed();
+            let (value, ran) = reply::chunk_ran("sweep.lua", value)?;
             let step = match SweepReply::decode(value) {
                 Ok(step) => step,
                 // Deleted since it was indexed: it leaves the index.
@@ -525,13 +527,15 @@ impl RedisStore {
                 usize::try_from(step.swept.reclaimed + step.swept.returned).unwrap_or(usize::MAX);
             if step.stopped {
                 // The size it reached before its bound sizes the next step.
-                self.chunks.ran_bounded(sizer, size, done.max(1), took);
+                self.chunks
+                    .ran_bounded(started, sizer, (size, done.max(1)), took, ran);
             } else if full {
                 // Ran whole: the next may be twice as large.
-                self.chunks.ran_bounded(sizer, size, size, took);
+                self.chunks
+                    .ran_bounded(started, sizer, (size, size), took, ran);
             } else {
                 // The pool's last step says nothing of the size.
-                self.chunks.ran_piece(took);
+                self.chunks.ran_script(started, took, ran);
             }
             swept = swept + step.swept;
             next_due = step.next_due;
@@ -582,7 +586,7 @@ impl RedisStore {
     }
 
     /// One chunk of a seeding: `members` (part of `seed.members`) with the starting count
-    /// and pending adds the earlier chunks left.
+    /// and pending adds the earlier chunks left; what it did and how long the script ran.
     async fn seed_chunk(
         &self,
         pool: &PoolId,
@@ -590,7 +594,7 @@ impl RedisStore {
         members: &[MemberId],
         start: Option<u64>,
         pending_adds: u64,
-    ) -> Result<SeedReport, StoreError> {
+    ) -> Result<(SeedReport, Duration), StoreError> {
         let start = start.map(|n| n.to_string()).unwrap_or_default();
         let flag = |on: bool| -> &'static [u8] { if on { b"1" } else { b"0" } };
         let pending = pending_adds.to_string();
@@ -633,6 +637,7 @@ impl RedisStore {
             args.extend(members.iter().map(|m| m.as_str().as_bytes()));
         }
         let value = self.eval(&self.scripts.seed, pool, &args).await?;
+        let (value, ran) = reply::chunk_ran("seed.lua", value)?;
         let reply = SeedReply::decode(value, members.len())?;
         let mut report = SeedReport {
             added: Vec::new(),
@@ -647,24 +652,33 @@ impl RedisStore {
                 SeedOutcome::Existing => report.existing.push(member.clone()),
             }
         }
-        Ok(report)
+        Ok((report, ran))
     }
 
-    /// Runs a chunk script (see `chunk.lua`) whose arguments after the bound are `first`,
-    /// when given, then member ids.
+    /// Runs a chunk script (see `chunk.lua`) named `name` whose arguments after the bound
+    /// are `first`, when given, then member ids; its reply and how long it ran.
     async fn member_script(
         &self,
-        script: &Script,
+        (name, script): (&'static str, &Script),
         pool: &PoolId,
         first: Option<&[u8]>,
         members: &[MemberId],
-    ) -> Result<Value, StoreError> {
+    ) -> Result<(Value, Duration), StoreError> {
         let bound = self.chunk_bound();
         let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() + 3);
         args.extend(bound.iter().map(|a| a.as_bytes()));
         args.extend(first);
         args.extend(members.iter().map(|m| m.as_str().as_bytes()));
-        self.eval(script, pool, &args).await
+        reply::chunk_ran(name, self.eval(script, pool, &args).await?)
+    }
+
+    /// A handle for a large operation's chunks: the same store, whose calls do not count
+    /// as calls in flight (see `chunks.rs`), so that a chunk is contended only by others.
+    fn for_chunks(&self) -> Self {
+        Self {
+            foreground: false,
+            ..self.clone()
+        }
     }
 
     /// The two arguments every chunk script starts with (see `chunk.lua`): how many
@@ -1201,16 +1215,17 @@ impl Store for RedisStore {
         // used, and a dry run's chunks count what the earlier ones would have added.
         let mut start = seed.assignments;
         let mut pending_adds = seed.pending_adds;
+        let steps = self.for_chunks();
         let mut chunks = sizer.chunks(&seed.members);
         while let Some(chunk) = chunks.next() {
-            self.chunks.rest().await;
-            let started = Instant::now();
-            let part = self
+            let started = self.chunks.rest().await;
+            let sent = Instant::now();
+            let (part, ran) = steps
                 .seed_chunk(pool, seed, chunk, start, pending_adds)
                 .await?;
             let handled = part.added.len() + part.existing.len() + part.full.len();
             self.chunks
-                .ran_bounded(sizer, chunk.len(), handled, started.elapsed());
+                .ran_bounded(started, sizer, (chunk.len(), handled), sent.elapsed(), ran);
             if handled < chunk.len() {
                 // Stopped at its bound: the rest goes first in the next chunk.
                 chunks.stopped_after(handled);
@@ -1254,6 +1269,7 @@ impl Store for RedisStore {
         };
         let mut eligible = Vec::with_capacity(eligible_left);
         let mut ineligible = Vec::with_capacity(ineligible_left);
+        let steps = self.for_chunks();
         // A page is read in pieces of at most LISTING_PIECE members of each set, one script
         // call each, so that a page of 1,000 members with their health never makes one long
         // script. A page is a position, not a snapshot (see `Cursor`), so members moving
@@ -1270,12 +1286,12 @@ impl Store for RedisStore {
             let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
             // Paced like a large operation's chunks: a client paging through a large pool
             // sends piece after piece.
-            self.chunks.rest().await;
-            let started = Instant::now();
-            let value = self
+            let started = self.chunks.rest().await;
+            let sent = Instant::now();
+            let value = steps
                 .eval_keyed(&self.scripts.members, pool, None, &extra, &args)
                 .await?;
-            self.chunks.ran_piece(started.elapsed());
+            self.chunks.ran_piece(started, sent.elapsed());
             let piece = MembersReply::decode(value, target.is_some())?;
             // A set that gave fewer than asked has nothing more.
             eligible_left = if piece.eligible.len() < eligible_count {
@@ -1307,17 +1323,23 @@ impl Store for RedisStore {
     ) -> Result<DisableReport, StoreError> {
         let sizer = &self.chunks.disable;
         let mut report = DisableReport::default();
+        let steps = self.for_chunks();
         let mut chunks = sizer.chunks(members);
         while let Some(chunk) = chunks.next() {
-            self.chunks.rest().await;
-            let started = Instant::now();
-            let value = self
-                .member_script(&self.scripts.disable, pool, Some(reason.as_bytes()), chunk)
+            let started = self.chunks.rest().await;
+            let sent = Instant::now();
+            let (value, ran) = steps
+                .member_script(
+                    ("disable.lua", &self.scripts.disable),
+                    pool,
+                    Some(reason.as_bytes()),
+                    chunk,
+                )
                 .await?;
-            let took = started.elapsed();
+            let took = sent.elapsed();
             let DisableReply(outcomes) = DisableReply::decode(value, chunk.len())?;
             self.chunks
-                .ran_bounded(sizer, chunk.len(), outcomes.len(), took);
+                .ran_bounded(started, sizer, (chunk.len(), outcomes.len()), took, ran);
             if outcomes.len() < chunk.len() {
                 // Stopped at its bound: the rest goes first in the next chunk.
                 chunks.stopped_after(outcomes.len());
@@ -1344,17 +1366,28 @@ impl Store for RedisStore {
         let sizer = &self.chunks.enable;
         let policy = restore.map(RestorePolicy::as_str).unwrap_or("");
         let mut report: Option<EnableReport> = None;
+        let steps = self.for_chunks();
         let mut chunks = sizer.chunks(members);
         while let Some(chunk) = chunks.next() {
-            self.chunks.rest().await;
-            let started = Instant::now();
-            let value = self
-                .member_script(&self.scripts.enable, pool, Some(policy.as_bytes()), chunk)
+            let started = self.chunks.rest().await;
+            let sent = Instant::now();
+            let (value, ran) = steps
+                .member_script(
+                    ("enable.lua", &self.scripts.enable),
+                    pool,
+                    Some(policy.as_bytes()),
+                    chunk,
+                )
                 .await?;
-            let took = started.elapsed();
+            let took = sent.elapsed();
             let reply = EnableReply::decode(value, chunk.len())?;
-            self.chunks
-                .ran_bounded(sizer, chunk.len(), reply.outcomes.len(), took);
+            self.chunks.ran_bounded(
+                started,
+                sizer,
+                (chunk.len(), reply.outcomes.len()),
+                took,
+                ran,
+            );
             if reply.outcomes.len() < chunk.len() {
                 // Stopped at its bound: the rest goes first in the next chunk.
                 chunks.stopped_after(reply.outcomes.len());
@@ -1391,17 +1424,18 @@ impl Store for RedisStore {
     ) -> Result<RemoveReport, StoreError> {
         let sizer = &self.chunks.remove;
         let mut report = RemoveReport::default();
+        let steps = self.for_chunks();
         let mut chunks = sizer.chunks(members);
         while let Some(chunk) = chunks.next() {
-            self.chunks.rest().await;
-            let started = Instant::now();
-            let value = self
-                .member_script(&self.scripts.remove, pool, None, chunk)
+            let started = self.chunks.rest().await;
+            let sent = Instant::now();
+            let (value, ran) = steps
+                .member_script(("remove.lua", &self.scripts.remove), pool, None, chunk)
                 .await?;
-            let took = started.elapsed();
+            let took = sent.elapsed();
             let RemoveReply(removed) = RemoveReply::decode(value, chunk.len())?;
             self.chunks
-                .ran_bounded(sizer, chunk.len(), removed.len(), took);
+                .ran_bounded(started, sizer, (chunk.len(), removed.len()), took, ran);
             if removed.len() < chunk.len() {
                 // Stopped at its bound: the rest goes first in the next chunk.
                 chunks.stopped_after(removed.len());

@@ -70,6 +70,10 @@ impl RedisStore {
     where
         F: Future<Output = Result<T, RedisError>>,
     {
+        // Counted from before the checkout, so that a call queued for a connection behind a
+        // chunk counts as waiting on Redis: one atomic add now and one subtraction when it
+        // drops.
+        let _in_flight = self.foreground.then(|| self.chunks.traffic.enter());
         let started = Instant::now();
         let result = self.run_timed(started, request).await;
         crate::monitoring::record_store_round_trip(started.elapsed().as_secs_f64());

@@ -20,7 +20,7 @@ mod redis_server;
 
 use self::redis_server::RedisServer;
 use super::reply::{
-    AssignDoneReply, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply,
+    self, AssignDoneReply, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply,
     DeletePoolReply, DisableOutcome, DisableReply, DoneReply, EnableOutcome, EnableReply,
     EndSessionReply, MembersReply, OutcomesReply, PoolInfoReply, PruneReply, RecordSourceReply,
     ReleaseReply, RemoveReply, RenewReply, Renewal, SeedOutcome, SeedReply, SessionAssignReply,
@@ -85,7 +85,8 @@ impl TestRedis {
     }
 
     /// Runs the chunk script `name` with `bound` (its microseconds, then the members between
-    /// two looks at the clock), then `args`.
+    /// two looks at the clock), then `args`; its reply without the time it ran, which the
+    /// reply must end with unless it is `{-1}`.
     async fn eval_bounded(
         &self,
         name: &str,
@@ -94,7 +95,9 @@ impl TestRedis {
         args: &[&str],
     ) -> Value {
         let all: Vec<&str> = bound.iter().chain(args).copied().collect();
-        self.eval(name, pool, &all).await
+        let (reply, _ran) = reply::chunk_ran("a chunk script", self.eval(name, pool, &all).await)
+            .expect("a chunk script's reply ends with the time it ran");
+        reply
     }
 
     /// How many script calls by hash this Redis has run since the last
@@ -1966,5 +1969,159 @@ async fn a_sweep_whose_steps_stop_at_their_bound_still_reclaims_every_lease_once
             info.stats.recovered
         ),
         (0, 100, 130, 30)
+    );
+}
+
+/// A store whose chunks stop at their first look at the clock (25 members each) and whose
+/// chunks count as waiting behind other clients only past a wait no loaded machine gives,
+/// with a pool of `name`: the rests it books come of this replica's own calls.
+async fn rest_counting_store(redis: &TestRedis, name: &str) -> (RedisStore, PoolId) {
+    let mut store = redis.store.clone();
+    store.chunks = std::sync::Arc::new(
+        MemberChunks::bounded_at(Duration::ZERO).with_queue_margin(Duration::from_secs(3_600)),
+    );
+    let id = pool(name);
+    redis.create(&id, PoolConfig::default()).await;
+    (store, id)
+}
+
+fn members_named(prefix: &str, count: usize) -> Seed {
+    Seed::new(
+        (0..count)
+            .map(|i| member(&format!("{prefix}{i:03}")))
+            .collect(),
+    )
+}
+
+/// With no other call waiting on Redis, a large operation's chunks run back to back; with
+/// a call of this replica in flight on another pool, each chunk is followed by its rest.
+#[tokio::test]
+async fn chunks_rest_only_while_another_call_is_in_flight() {
+    let redis = TestRedis::start().await;
+    let (store, id) = rest_counting_store(&redis, "rests").await;
+
+    store
+        .add_members(&id, &members_named("a", 250))
+        .await
+        .expect("seeded");
+    assert_eq!(store.chunks.rests(), (10, 0));
+
+    // Counted as `run` counts a call: in flight from before its checkout to its answer.
+    let held = store.chunks.traffic.enter();
+    store
+        .add_members(&id, &members_named("b", 250))
+        .await
+        .expect("seeded");
+    drop(held);
+    assert_eq!(store.chunks.rests(), (20, 10));
+
+    store
+        .disable_members(&id, &members_named("a", 100).members, "why")
+        .await
+        .expect("disabled");
+    assert_eq!(store.chunks.rests(), (24, 10));
+}
+
+/// A real call on another pool, held in flight while Redis runs another client's long
+/// script, makes the chunk that starts meanwhile rest; the store's own chunks, which go
+/// through the same `run`, do not count themselves.
+#[tokio::test]
+async fn a_call_on_another_pool_waiting_on_redis_makes_a_chunk_rest() {
+    let redis = TestRedis::start().await;
+    let (store, id) = rest_counting_store(&redis, "rests").await;
+    let other = pool("other");
+    redis.create(&other, PoolConfig::default()).await;
+
+    // Another client keeps Redis busy for 300 ms: the pool info below waits behind it.
+    let mut side = redis.side.clone();
+    let busy = tokio::spawn(async move {
+        let script = "local t = redis.call('TIME') \
+            while true do local n = redis.call('TIME') \
+            if (n[1] - t[1]) * 1000000 + (n[2] - t[2]) > 300000 then return 1 end end";
+        let _: i64 = redis::cmd("EVAL")
+            .arg(script)
+            .arg(0)
+            .query_async(&mut side)
+            .await
+            .expect("the busy script ran");
+    });
+    let reader = {
+        let store = store.clone();
+        let other = other.clone();
+        tokio::spawn(async move { store.pool(&other).await.map(drop) })
+    };
+    // Until the pool info is in flight: counted before its checkout, so at its first poll
+    // (a store that did not count it fails here rather than hanging).
+    let idle = crate::store::chunks::Traffic::default().seen();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while store.chunks.traffic.seen() == idle {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the pool info counts as in flight");
+    store
+        .add_members(&id, &members_named("a", 50))
+        .await
+        .expect("seeded");
+    reader
+        .await
+        .expect("joined")
+        .expect("the pool info answered");
+    busy.await.expect("joined");
+    let (run, rested) = store.chunks.rests();
+    assert_eq!(run, 2);
+    assert!(rested >= 1, "{rested} of {run} chunks rested");
+}
+
+/// Another client keeping Redis busy, which no count of this replica sees, makes the
+/// chunks that wait behind it rest: their round trips less their scripts' own time are
+/// far above the shortest wait of late.
+#[tokio::test]
+async fn chunks_that_wait_behind_another_client_rest() {
+    let redis = TestRedis::start().await;
+    let mut store = redis.store.clone();
+    store.chunks = std::sync::Arc::new(MemberChunks::bounded_at(Duration::ZERO));
+    let id = pool("rests");
+    redis.create(&id, PoolConfig::default()).await;
+    // Idle first: the shortest wait of late is a round trip on this machine.
+    store
+        .add_members(&id, &members_named("a", 250))
+        .await
+        .expect("seeded");
+    let (_, rested_idle) = store.chunks.rests();
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut side = redis.side.clone();
+    let load = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            // Scripts of 20 ms back to back: a chunk arriving at a random moment waits for
+            // the rest of one, 10 ms on average.
+            let script = "local t = redis.call('TIME') \
+                while true do local n = redis.call('TIME') \
+                if (n[1] - t[1]) * 1000000 + (n[2] - t[2]) > 20000 then return 1 end end";
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let _: i64 = redis::cmd("EVAL")
+                    .arg(script)
+                    .arg(0)
+                    .query_async(&mut side)
+                    .await
+                    .expect("the busy script ran");
+            }
+        })
+    };
+    store
+        .add_members(&id, &members_named("b", 250))
+        .await
+        .expect("seeded");
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    load.await.expect("joined");
+    let (run, rested) = store.chunks.rests();
+    assert_eq!(run, 20);
+    // Most of the ten: one that happens to arrive between two scripts waits for none.
+    assert!(
+        rested - rested_idle >= 5,
+        "{rested} of {run} rested, {rested_idle} while idle"
     );
 }

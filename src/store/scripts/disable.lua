@@ -9,7 +9,8 @@
 -- ARGV[1..2] the chunk's bound (see chunk.lua), ARGV[3] reason, ARGV[4..] member ids.
 -- Returns {-1} when the pool does not exist, else
 -- {1, {1 = disabled | 2 = already ineligible | 0 = unknown ...}}, with an outcome for each
--- of the first members, all of them unless the chunk stopped at its bound.
+-- of the first members, all of them unless the chunk stopped at its bound, then the
+-- microseconds the script ran (see chunk.lua).
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
@@ -33,4 +34,4 @@ for i = 4, #ARGV do
         break
     end
 end
-return {1, outcome}
+return chunk_answer({1, outcome})

@@ -12,7 +12,7 @@
 -- Returns {-1} when the pool does not exist, else
 -- {1, policy, {outcome, kept, restored, ...}} with outcome 1 = enabled,
 -- 2 = already eligible, 0 = unknown, for each of the first members, all of them unless the
--- chunk stopped at its bound.
+-- chunk stopped at its bound, then the microseconds the script ran (see chunk.lua).
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
@@ -43,4 +43,4 @@ for i = 4, #ARGV do
         break
     end
 end
-return {1, policy, outcome}
+return chunk_answer({1, policy, outcome})

@@ -5,7 +5,7 @@
 -- ARGV[1..2] the chunk's bound (see chunk.lua), ARGV[3..] member ids.
 -- Returns {-1} when the pool does not exist, else {1, {1 = removed | 0 = unknown ...}},
 -- with an outcome for each of the first members, all of them unless the chunk stopped at
--- its bound.
+-- its bound, then the microseconds the script ran (see chunk.lua).
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
@@ -37,4 +37,4 @@ if holding then
         end
     end
 end
-return {1, outcome}
+return chunk_answer({1, outcome})

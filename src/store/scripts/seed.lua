@@ -15,7 +15,8 @@
 -- ARGV[10..] member ids (validated and de-duplicated), each with its labels when asked.
 -- Returns {-1} when the pool does not exist, else
 -- {1, start, {1 = added | 0 = existing | 2 = full ...}}, with an outcome for each of the
--- first members, all of them unless the chunk stopped at its bound.
+-- first members, all of them unless the chunk stopped at its bound, then the microseconds
+-- the script ran (see chunk.lua).
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
@@ -87,4 +88,4 @@ for i = 10, #ARGV, step do
         break
     end
 end
-return {1, tonumber(start), outcomes}
+return chunk_answer({1, tonumber(start), outcomes})

@@ -9,7 +9,8 @@
 -- KEYS as in leases.lua and health.lua.
 -- Returns {-1} when the pool does not exist, else {1, reclaimed, returned, next due,
 -- stopped} with next due 0 when nothing is scheduled (a time at or before now when a
--- batch was full or the step stopped) and stopped 1 when it stopped at its bound, else 0.
+-- batch was full or the step stopped) and stopped 1 when it stopped at its bound, else 0,
+-- then the microseconds the script ran (see chunk.lua).
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
 end
@@ -32,4 +33,4 @@ if next_due then
 else
     redis.call('HDEL', KEYS[1], 'due')
 end
-return {1, reclaimed, returned, next_due or 0, stopped and 1 or 0}
+return chunk_answer({1, reclaimed, returned, next_due or 0, stopped and 1 or 0})
