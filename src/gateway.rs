@@ -462,16 +462,20 @@ impl Gateway {
             .position(|b| *b == b':')
             .ok_or(Refusal::Unauthenticated)?;
         let (user, password) = (&decoded[..colon], &decoded[colon + 1..]);
-        if let Some(token) = &self.inner.token {
-            // The length of a token is not secret; its bytes are compared in constant time.
-            let same =
-                password.len() == token.len() && bool::from(password.ct_eq(token.as_bytes()));
-            if !same {
-                return Err(Refusal::Unauthenticated);
-            }
+        if !self.password_is_right(password) {
+            return Err(Refusal::Unauthenticated);
         }
         String::from_utf8(user.to_vec())
             .map_err(|_| Refusal::Invalid("proxy user name: not UTF-8".to_owned()))
+    }
+
+    /// Whether `password` is the worker token (any password is, without one: startup only
+    /// allows that on loopback).
+    fn password_is_right(&self, password: &[u8]) -> bool {
+        self.inner.token.as_ref().is_none_or(|token| {
+            // The length of a token is not secret; its bytes are compared in constant time.
+            password.len() == token.len() && bool::from(password.ct_eq(token.as_bytes()))
+        })
     }
 
     /// The pool's routing, read from the store at most once a second; its patterns are
@@ -754,25 +758,49 @@ impl Held {
         upgrade: hyper::upgrade::OnUpgrade,
         connection: Connection,
     ) -> Response<GatewayBody> {
-        self.gateway.report_ok(&self.pool, &self.member);
         let ticket = self.gateway.inner.tickets.issue(Ticketed {
             pool: self.pool.clone(),
             member: self.member.clone(),
             target: self.target.clone(),
         });
-        let entered = self.gateway.inner.tunnels.enter();
         let closing_ticket = ticket.clone();
+        let client = async move { upgrade.await.ok().map(TokioIo::new) };
+        self.relay(client, connection, Some(closing_ticket), "http");
+        let mut response = Response::new(empty());
+        status::served(response.headers_mut(), None);
+        // Hex digits only: always a header value.
+        if let Ok(value) = HeaderValue::from_str(&ticket) {
+            response.headers_mut().insert(status::TICKET, value);
+        }
+        response
+    }
+
+    /// Reports the tunnel `ok` and relays it, in a task, between the client (once `client`
+    /// hands it over) and the member; when it ends, logs it, gives the lease back and starts
+    /// its ticket's ttl. `listener` names the gateway port it came through.
+    fn relay<C>(
+        self,
+        client: impl Future<Output = Option<C>> + Send + 'static,
+        connection: Connection,
+        ticket: Option<String>,
+        listener: &'static str,
+    ) where
+        C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        self.gateway.report_ok(&self.pool, &self.member);
+        let entered = self.gateway.inner.tunnels.enter();
         let idle = self.gateway.inner.settings.idle_timeout;
         tokio::spawn(async move {
-            let relayed = match upgrade.await {
-                Ok(client) => relay(client, connection, idle, entered.closing()).await,
-                Err(_) => Relayed::default(),
+            let relayed = match client.await {
+                Some(client) => relay(client, connection, idle, entered.closing()).await,
+                None => Relayed::default(),
             };
             metrics::counter!("pa_gateway_bytes_total", "direction" => "sent")
                 .increment(relayed.sent);
             metrics::counter!("pa_gateway_bytes_total", "direction" => "received")
                 .increment(relayed.received);
             tracing::info!(
+                listener,
                 pool = self.pool.as_str(),
                 proxy = %self.member.masked(),
                 target = self.target.as_str(),
@@ -785,16 +813,11 @@ impl Held {
             if let Some(hold) = self.hold {
                 hold.release().await;
             }
-            self.gateway.inner.tickets.close(&closing_ticket);
+            if let Some(ticket) = ticket {
+                self.gateway.inner.tickets.close(&ticket);
+            }
             drop(entered);
         });
-        let mut response = Response::new(empty());
-        status::served(response.headers_mut(), None);
-        // Hex digits only: always a header value.
-        if let Ok(value) = HeaderValue::from_str(&ticket) {
-            response.headers_mut().insert(status::TICKET, value);
-        }
-        response
     }
 }
 
@@ -956,15 +979,15 @@ struct Relayed {
 
 /// Copies bytes both ways until either side closes, the tunnel is idle for `idle`, or
 /// shutdown closes it.
-async fn relay(
-    client: hyper::upgrade::Upgraded,
+async fn relay<C: AsyncRead + AsyncWrite + Unpin>(
+    client: C,
     mut upstream: Connection,
     idle: Duration,
     mut closing: watch::Receiver<bool>,
 ) -> Relayed {
     let counts = Arc::new(Counts::default());
     let mut client = Counted {
-        inner: TokioIo::new(client),
+        inner: client,
         counts: Arc::clone(&counts),
     };
     let ended = {

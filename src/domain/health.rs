@@ -457,8 +457,24 @@ pub(super) fn is_target_url(url: &str) -> bool {
             .is_some_and(|(_, rest)| !rest.is_empty() && !rest.starts_with('/'))
         && reqwest::Url::parse(url).is_ok_and(|parsed| {
             matches!(parsed.scheme(), "http" | "https")
-                && parsed.host_str().is_some_and(|host| !host.is_empty())
+                && parsed.host_str().is_some_and(is_url_host)
         })
+}
+
+/// A URL's host as the API documents it (`openapi.yaml`'s URL pattern): an IPv4 address, or
+/// labels of letters, digits and hyphens (1 to 63 each) whose last starts with a letter.
+/// The URL parser alone takes more (`*`, `_`), which no list or check host needs.
+fn is_url_host(host: &str) -> bool {
+    host.parse::<std::net::Ipv4Addr>().is_ok()
+        || (host.split('.').all(|label| {
+            (1..=63).contains(&label.len())
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        }) && host
+            .rsplit('.')
+            .next()
+            .is_some_and(|last| last.starts_with(|c: char| c.is_ascii_alphabetic())))
 }
 
 /// A header the client can send as written: a token name, a visible-ASCII value.

@@ -164,6 +164,9 @@ mod tests {
         assert!(parse(json!([one("ftp://lists.example/p", 60000)])).is_err());
         assert!(parse(json!([["https://lists.example/p", 60000, "lines", "http"]])).is_err());
         assert!(parse(json!([one("https:///p", 60000)])).is_err());
+        // Hosts as the API documents them: the URL parser alone would take these.
+        assert!(parse(json!([one("https://lists.example*/p", 60000)])).is_err());
+        assert!(parse(json!([one("https://under_score.example/p", 60000)])).is_err());
         assert!(parse(json!([one("https://lists.example/p", 999)])).is_err());
         assert!(
             parse(json!([one(
