@@ -541,14 +541,33 @@ impl Gateway {
         }
     }
 
-    /// Reports a failed attempt and gives its lease back.
-    async fn failed(&self, pool: &PoolId, member: &MemberId, why: &str, hold: Option<LeaseHold>) {
-        tracing::info!(
-            pool = pool.as_str(),
-            proxy = %member.masked(),
-            error = why,
-            "gateway: upstream failed before the tunnel was up; reported failed"
-        );
+    /// Reports a failed attempt of a `kind` of request and gives its lease back.
+    async fn failed(
+        &self,
+        pool: &PoolId,
+        member: &MemberId,
+        kind: Kind,
+        why: &str,
+        hold: Option<LeaseHold>,
+    ) {
+        // One message per kind: a forward fails before its response head, which may come
+        // after the connection is up, a tunnel before it is up.
+        match kind {
+            Kind::Tunnel => tracing::info!(
+                pool = pool.as_str(),
+                proxy = %member.masked(),
+                kind = "tunnel",
+                error = why,
+                "gateway: tunnel failed before it was up; reported failed"
+            ),
+            Kind::Forward => tracing::info!(
+                pool = pool.as_str(),
+                proxy = %member.masked(),
+                kind = "forward",
+                error = why,
+                "gateway: forward failed before the response head; reported failed"
+            ),
+        }
         self.report(pool, member, OutcomeResult::Failed, None).await;
         if let Some(hold) = hold {
             hold.release().await;
@@ -711,7 +730,7 @@ impl Attempts<'_> {
             ),
         };
         gateway
-            .failed(&self.pool, &member, &failure.message, hold)
+            .failed(&self.pool, &member, self.kind, &failure.message, hold)
             .await;
         self.last_failure = Some(failure);
         self.assign.exclude.insert(member);

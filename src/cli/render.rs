@@ -324,7 +324,8 @@ fn ids(answer: &Value, field: &str) -> Vec<String> {
 }
 
 /// One `MEMBER  RESULT` line per member a call named, a closing summary, and the partial
-/// failure when members were unknown or rejected.
+/// failure when members were unknown or rejected. `counts` start with the members the call
+/// changed (added, disabled, enabled), then those already as asked.
 fn member_report(
     answer: &Value,
     mut lines: Vec<(String, String)>,
@@ -372,8 +373,11 @@ fn member_report(
         missed.push(format!("{rejected_count} rejected"));
     }
     let partial = (!missed.is_empty()).then(|| {
+        // "Applied" only when some member changed: members already as asked need none.
         let rest = if applied == 0 {
             "nothing was applied"
+        } else if counts.first().is_some_and(|(changed, _)| *changed == 0) {
+            "the others needed no change"
         } else {
             "the others were applied"
         };
@@ -397,11 +401,14 @@ pub fn added(answer: &Value) -> Report {
         lines,
         &[(added.len(), "added"), (existing.len(), "existing")],
     );
-    report.text = format!(
-        "{}new members start at {} assignments\n",
-        report.text,
-        cell(&answer["start_assignments"])
-    );
+    // Where new members start is news only when some member is new.
+    if !added.is_empty() {
+        report.text = format!(
+            "{}new members start at {} assignments\n",
+            report.text,
+            cell(&answer["start_assignments"])
+        );
+    }
     report
 }
 
@@ -450,11 +457,14 @@ pub fn enabled(answer: &Value) -> Report {
         lines,
         &[(count, "enabled"), (already.len(), "already eligible")],
     );
-    report.text = format!(
-        "{}restore policy: {}\n",
-        report.text,
-        cell(&answer["restore"])
-    );
+    // The restore policy set the counts of the members enabled: none, nothing to say.
+    if count > 0 {
+        report.text = format!(
+            "{}restore policy: {}\n",
+            report.text,
+            cell(&answer["restore"])
+        );
+    }
     report
 }
 

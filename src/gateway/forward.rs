@@ -17,7 +17,7 @@ use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::TokioIo;
 
 use super::upstream::{Connection, DialFailure, FailureKind, Upstream};
-use super::{GatewayBody, HOP_BY_HOP, Held, MARKER, empty, full, status};
+use super::{GatewayBody, HOP_BY_HOP, Held, Kind, MARKER, empty, full, status};
 use crate::domain::{GatewayRules, OutcomeResult, Scheme};
 
 /// How much of a target's answer the block patterns are matched against.
@@ -205,7 +205,13 @@ impl Held {
                     ),
                 };
                 gateway
-                    .failed(&self.pool, &self.member, &failure.message, self.hold)
+                    .failed(
+                        &self.pool,
+                        &self.member,
+                        Kind::Forward,
+                        &failure.message,
+                        self.hold,
+                    )
                     .await;
                 return Forward::Failed(failure);
             }
@@ -221,7 +227,13 @@ impl Held {
                 "the proxy refused the member's credentials (407)",
             );
             gateway
-                .failed(&self.pool, &self.member, &failure.message, self.hold)
+                .failed(
+                    &self.pool,
+                    &self.member,
+                    Kind::Forward,
+                    &failure.message,
+                    self.hold,
+                )
                 .await;
             return Forward::Failed(failure);
         }

@@ -291,8 +291,7 @@ async fn members_add_disable_list_and_enable_report_each_member_and_exit_zero() 
         Run::ok(&format!(
             "MEMBER                      RESULT\n\
              {P1}  existing\n\
-             0 added, 1 existing, 0 rejected\n\
-             new members start at 9 assignments\n"
+             0 added, 1 existing, 0 rejected\n"
         ))
     );
     for _ in 0..6 {
@@ -403,10 +402,44 @@ async fn a_command_whose_every_member_is_unknown_exits_4_and_says_nothing_was_ap
             stdout: format!(
                 "MEMBER                      RESULT\n\
                  {P2}  unknown\n\
-                 0 enabled, 0 already eligible, 1 unknown, 0 rejected\n\
-                 restore policy: minimum\n"
+                 0 enabled, 0 already eligible, 1 unknown, 0 rejected\n"
             ),
             stderr: "error: 1 unknown of the members named; nothing was applied\n".to_owned(),
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_changed_no_member_names_neither_new_members_nor_a_restore() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    app.create_pool("web", json!({})).await;
+    app.seed("web", &[P1], None).await;
+    assert_eq!(
+        run(&app, &["members", "add", "web", P1, "bad id"]).await,
+        Run {
+            code: 4,
+            stdout: format!(
+                "MEMBER                      RESULT\n\
+                 {P1}  existing\n\
+                 bad id                      rejected: invalid_characters\n\
+                 0 added, 1 existing, 1 rejected\n"
+            ),
+            stderr: "error: 1 rejected of the members named; the others needed no change\n"
+                .to_owned(),
+        }
+    );
+    assert_eq!(
+        run(&app, &["members", "enable", "web", P1, P2]).await,
+        Run {
+            code: 4,
+            stdout: format!(
+                "MEMBER                      RESULT\n\
+                 {P1}  already eligible\n\
+                 {P2}  unknown\n\
+                 0 enabled, 1 already eligible, 1 unknown, 0 rejected\n"
+            ),
+            stderr: "error: 1 unknown of the members named; the others needed no change\n"
+                .to_owned(),
         }
     );
 }
@@ -1130,8 +1163,7 @@ async fn members_add_of_a_refused_address_says_which_rule_to_change_once_per_rea
                      socks5://8.8.8.8:1080  rejected: scheme_not_allowed\n\
                      0 added, 0 existing, 4 rejected\n\
                      hint (private_address): set rules.allow_private to accept private and loopback addresses\n\
-                     hint (scheme_not_allowed): add the scheme to rules.schemes to accept it\n\
-                     new members start at 0 assignments\n"
+                     hint (scheme_not_allowed): add the scheme to rules.schemes to accept it\n"
                 .to_owned(),
             stderr: "error: 4 rejected of the members named; nothing was applied\n".to_owned(),
         }

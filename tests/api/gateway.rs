@@ -1404,3 +1404,74 @@ async fn an_unauthenticated_gateway_connection_is_closed_at_the_unauthenticated_
     assert_eq!(health_through(&mut tunnel.expect("open")).await, HEALTHY);
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_attempt_is_logged_with_the_kind_of_request_it_was() {
+    use crate::process::ServiceProcess;
+    let port = closed_port();
+    let service = ServiceProcess::start(&[
+        ("WORKER_TOKEN", TOKEN.to_owned()),
+        ("GATEWAY_LISTEN", format!("127.0.0.1:{port}")),
+        (
+            "RUST_LOG",
+            "warn,proxy_allocator::startup=info,proxy_allocator::gateway=info".to_owned(),
+        ),
+    ]);
+    let client = reqwest::Client::new();
+    let admin = |method, path: &str| {
+        client
+            .request(method, format!("{}{path}", service.base))
+            .bearer_auth(crate::helpers::ADMIN)
+    };
+    let created = admin(reqwest::Method::PUT, "/pools/web")
+        .json(&json!({"rules": {"allow_private": true}}))
+        .send()
+        .await
+        .expect("created");
+    assert_eq!(created.status(), 201);
+    // Nothing listens on the member's port: every attempt fails before any answer.
+    let dead = format!("http://127.0.0.1:{}", closed_port());
+    let seeded = admin(reqwest::Method::POST, "/pools/web/members")
+        .json(&json!({"members": [dead]}))
+        .send()
+        .await
+        .expect("seeded");
+    assert_eq!(seeded.status(), 200);
+    let target = closed_port();
+    for url in [
+        format!("http://127.0.0.1:{target}/"),
+        format!("https://127.0.0.1:{target}/"),
+    ] {
+        // The answer (a 502 for the forward, a refused CONNECT) is not what is checked here.
+        tokio::process::Command::new("curl")
+            .args(["--silent", "--max-time", "20", "--proxy"])
+            .arg(format!("http://127.0.0.1:{port}"))
+            .arg("--proxy-user")
+            .arg(format!("web:{TOKEN}"))
+            .arg(&url)
+            .output()
+            .await
+            .expect("curl runs");
+    }
+    let logged: Vec<(Value, Value)> = service
+        .wait_lines("reported failed", 2)
+        .iter()
+        .map(|line| {
+            let line: Value = serde_json::from_str(line).expect("one JSON object");
+            (line["kind"].clone(), line["message"].clone())
+        })
+        .collect();
+    assert_eq!(
+        logged,
+        [
+            (
+                json!("forward"),
+                json!("gateway: forward failed before the response head; reported failed")
+            ),
+            (
+                json!("tunnel"),
+                json!("gateway: tunnel failed before it was up; reported failed")
+            ),
+        ]
+    );
+}

@@ -16,9 +16,14 @@
  * Crawlee asks its `ProxyConfiguration` for a proxy per request with the request's
  * session; the adapter assigns one from the pool for each new session and keeps it for the
  * session's life, as Crawlee does with its own proxy lists. The sessions it creates report
- * what Crawlee tells them: `markGood` → `ok`, `markBad` → `failed`, a blocked status
+ * what Crawlee tells them about the proxy: `markGood` → `ok`, a blocked status
  * (`retireOnBlockedStatusCodes`, the session pool's `blockedStatusCodes`) → `blocked` with
- * that status, a retirement on a session error (Crawlee's proxy errors) → `failed`. When a
+ * that status, a retirement on a session error (Crawlee's proxy errors: refused, reset, the
+ * proxy's own refusal of the tunnel or request) → `failed`. `markBad` reports nothing:
+ * Crawlee calls it after every failed request whatever failed, a content type it refused
+ * itself, the request handler's own error, a timeout, and cannot say which; the proxy's
+ * failures reach the session as the retirements above. Reporting `ok` instead would count
+ * a timed-out request as a success. When a
  * report takes the proxy out (or finds it out already), the session is retired, so the
  * next request gets a new session and a new proxy. A retired session's lease
  * (least-in-flight pools) is released; {@link ProxyAllocatorProxies.close} releases the
@@ -27,9 +32,8 @@
  * A retirement ends the session's use of its proxy, and the request it retired on is
  * retried through a new session, whose assign comes next: with the client's `carryDone`
  * (the default) the retirement's report and release ride on the next assign as its `done`
- * (see {@link Client.deferDone}). `markGood` and `markBad` are reported at once, on their
- * own: the session keeps its proxy, no assign follows for it, and the answer decides
- * whether it is retired.
+ * (see {@link Client.deferDone}). `markGood` is reported at once, on its own: the session
+ * keeps its proxy, no assign follows for it, and the answer decides whether it is retired.
  *
  * @module
  */
@@ -335,7 +339,8 @@ class ReportingSession extends Session {
     }
 
     override markBad(): void {
-        this.#adapter.outcome(this, 'failed');
+        // Not a report: see the module's doc. A session error retired the session (and
+        // reported) before this.
         this.#quietly(() => super.markBad());
     }
 
@@ -361,9 +366,9 @@ class ReportingSession extends Session {
             report = ['blocked', this.#blockedStatus];
         } else if (!this.#reported) {
             // Crawlee rotating the session on a session error: for an HTTP crawler, a
-            // proxy that refused, reset or timed out (Crawlee's proxy errors), or a page
-            // its retryOnBlocked check found blocked. Crawlee's markBad comes after the
-            // retirement, too late for this proxy: report the failure here.
+            // proxy that refused or reset the connection or answered the tunnel with an
+            // error (Crawlee's proxy errors), or a page its retryOnBlocked check found
+            // blocked. The only failure report a session makes.
             report = ['failed', undefined];
         }
         super.retire();

@@ -23,7 +23,7 @@ log.setLevel(log.LEVELS.OFF);
  * Crawls `urls` through `pool`: the pages it got (url, proxy), the adapter's stats, and the
  * calls it made to the service, per route.
  */
-async function crawl(service, pool, urls, concurrency = 4, options = {}, clientOptions = {}) {
+async function crawl(service, pool, urls, concurrency = 4, options = {}, clientOptions = {}, crawlerOptions = {}) {
     const warnings = [];
     const before = await service.calls();
     const client = service.client(clientOptions);
@@ -40,6 +40,7 @@ async function crawl(service, pool, urls, concurrency = 4, options = {}, clientO
             requestHandler: async ({ request, response, proxyInfo }) => {
                 pages.push({ url: request.url, status: response.statusCode, proxy: proxyInfo.url });
             },
+            ...crawlerOptions,
         },
         // Storage in memory, one per crawl.
         new Configuration({ persistStorage: false }),
@@ -137,6 +138,36 @@ for (const store of ['redis', 'embedded']) {
             assert.deepEqual([stats.carried, stats.tripped, stats.released, stats.assigned], [0, 2, stats.assigned, PAGES + retirements]);
             assert.deepEqual(calls, { [ASSIGN]: stats.assigned, [OUTCOMES]: PAGES + retirements, [RELEASE]: stats.assigned });
             assert.deepEqual(warnings, []);
+        });
+
+        test('reports nothing when Crawlee refuses a content type or the request handler throws', async () => {
+            // One failure would take the proxy out, and a crawl waits for none: a report
+            // against it would show.
+            const pool = await service.createPool({
+                rules: { allow_private: true },
+                health: { max_consecutive_failures: 1, cooldown_ms: 600_000, jitter_percent: 0 },
+            });
+            await service.seed(pool, [good.url]);
+            const pdf = await startSite(new Set(), 'application/pdf');
+            try {
+                // The proxy carried every answer: Crawlee refused the type itself.
+                const refused = await crawl(service, pool, pdf.urls(2), 1, { maxWaitMs: 0 });
+                assert.deepEqual(refused.pages, []);
+                assert.deepEqual(pdf.byClient(), { [`${GOOD_SOURCE} 200`]: 2 });
+                assert.deepEqual(refused.stats.reported, { ok: 0, failed: 0, blocked: 0 });
+            } finally {
+                await pdf.stop();
+            }
+            // The handler's own error, retried by Crawlee through the same proxy.
+            const thrown = await crawl(service, pool, site.urls(1), 1, { maxWaitMs: 0 }, {}, {
+                requestHandler: async () => {
+                    throw new Error('the handler gave up');
+                },
+            });
+            assert.deepEqual(site.byClient(), { [`${GOOD_SOURCE} 200`]: 4 });
+            assert.deepEqual(thrown.stats.reported, { ok: 0, failed: 0, blocked: 0 });
+            const member = (await service.members(pool))[good.url];
+            assert.deepEqual([member.state, member.reason ?? null], ['eligible', null]);
         });
 
         test('labels keep every session on the members carrying them', async () => {

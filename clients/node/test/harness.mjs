@@ -165,14 +165,14 @@ export async function until(check, ms = 10_000) {
 }
 
 /** A site: `/page/N` answers a small HTML page, or 429 to a blocked client address. */
-export async function startSite(blocked) {
+export async function startSite(blocked, contentType = 'text/html') {
     const hits = [];
     const server = createServer((request, response) => {
         const client = request.socket.remoteAddress.replace(/^::ffff:/, '');
         const status = blocked.has(client) ? 429 : 200;
         hits.push({ client, path: request.url, status });
         const body = `<html><body>${request.url}</body></html>`;
-        response.writeHead(status, { 'content-type': 'text/html', 'content-length': Buffer.byteLength(body) });
+        response.writeHead(status, { 'content-type': contentType, 'content-length': Buffer.byteLength(body) });
         response.end(body);
     });
     await new Promise((done) => server.listen(0, '127.0.0.1', done));

@@ -166,6 +166,28 @@ class CrawlBehaviour(unittest.TestCase):
                           self.blocked.url: ("ineligible", "blocked"),
                           dead: ("ineligible", "unhealthy")})
 
+    def test_a_pool_the_service_does_not_know_closes_the_spider_with_pool_not_found(
+            self) -> None:
+        result = self.crawl("no-such-pool", self.site.urls(3))
+        self.assertEqual(result["stats"]["finish_reason"], "proxy_allocator_pool_not_found")
+        self.assertEqual((result["items"], self.site.by_client()), ([], {}))
+        self.assertIn("pool_not_found", result["log"])
+
+    def test_a_wrong_token_closes_the_spider_as_unauthorized(self) -> None:
+        pool = self.service.create_pool({"rules": {"allow_private": True}})
+        self.service.seed(pool, [self.good.url])
+        result = self.crawl(pool, self.site.urls(3), PROXY_ALLOCATOR_TOKEN="not-the-token")
+        self.assertEqual(result["stats"]["finish_reason"], "proxy_allocator_unauthorized")
+        self.assertEqual((result["items"], self.site.by_client()), ([], {}))
+
+    def test_with_close_on_error_off_the_crawl_finishes_and_sends_nothing_direct(
+            self) -> None:
+        result = self.crawl("no-such-pool", self.site.urls(3),
+                            PROXY_ALLOCATOR_CLOSE_ON_ERROR=False)
+        self.assertEqual(result["stats"]["finish_reason"], "finished")
+        self.assertEqual((result["items"], self.site.by_client()), ([], {}))
+        self.assertEqual(result["stats"]["log_count/ERROR"], 3)
+
     def test_a_crawl_waits_out_a_204_and_drops_nothing(self) -> None:
         pool = self.service.create_pool({
             "rules": {"allow_private": True},

@@ -20,7 +20,11 @@ report's ``target``: a site that blocks a proxy bans it for that site only, and 
 per-target pacing applies (``PROXY_ALLOCATOR_PER_TARGET = False`` sends no target, so a
 block takes the proxy out for every site). A 204 (no proxy right now) or a 503 makes the
 request wait the service's ``Retry-After`` and ask again, up to ``PROXY_ALLOCATOR_MAX_WAIT``
-seconds in all. Priority 740 puts it before Scrapy's ``HttpProxyMiddleware`` (750), which
+seconds in all. A 401, 403 or 404 from the service (a wrong token, a pool it does not
+know) fails every request alike: the middleware closes the spider with the reason
+``proxy_allocator_<code>`` (``proxy_allocator_unauthorized``,
+``proxy_allocator_pool_not_found``, ...) unless ``PROXY_ALLOCATOR_CLOSE_ON_ERROR = False``,
+which drops each such request on its own and crawls on. Priority 740 puts it before Scrapy's ``HttpProxyMiddleware`` (750), which
 turns the proxy's credentials into a ``Proxy-Authorization`` header, and after
 ``RetryMiddleware`` (550), so that a retried request gets a proxy of its own.
 """
@@ -41,7 +45,8 @@ from scrapy.utils.reactor import is_asyncio_reactor_installed
 
 from .aio import AsyncClient
 from .client import DEFAULT_TIMEOUT, Done, DoneEffect
-from .errors import NoProxyAvailable, ProxyAllocatorError, Unavailable
+from .errors import (Forbidden, NoProxyAvailable, NotFound, ProxyAllocatorError,
+                     Unauthorized, Unavailable)
 
 logger = logging.getLogger("proxy_allocator.scrapy")
 
@@ -132,6 +137,9 @@ class ProxyAllocatorMiddleware:
         self.labels: Optional[Dict[str, Any]] = labels or None
         self.per_target = settings.getbool("PROXY_ALLOCATOR_PER_TARGET", True)
         self.stats = crawler.stats
+        self.crawler = crawler
+        self.close_on_error = settings.getbool("PROXY_ALLOCATOR_CLOSE_ON_ERROR", True)
+        self._closing = False
         self.client = AsyncClient(
             url, token=settings.get("PROXY_ALLOCATOR_TOKEN"),
             timeout=settings.getfloat("PROXY_ALLOCATOR_TIMEOUT", DEFAULT_TIMEOUT),
@@ -188,6 +196,10 @@ class ProxyAllocatorMiddleware:
                 self._inc("no_proxy")
                 wait = empty.retry_after or self.empty_wait
                 logger.debug("no proxy in pool %r right now, waiting %s s", pool, wait)
+            except (Unauthorized, Forbidden, NotFound) as refused:
+                if carried is not None:
+                    self._put_back(carried)
+                self._refused(pool, refused)
             except Unavailable as down:
                 if carried is not None:
                     self._put_back(carried)
@@ -216,6 +228,24 @@ class ProxyAllocatorMiddleware:
         meta[META_PROXY] = assigned.proxy
         meta["proxy"] = assigned.proxy
         return None
+
+    def _refused(self, pool: str, error: ProxyAllocatorError) -> None:
+        """An assign the service refused (401, 403, 404): every other request would meet
+        the same answer, so the spider closes with the error's code as its reason (once),
+        unless ``PROXY_ALLOCATOR_CLOSE_ON_ERROR`` is off. Raises ``IgnoreRequest`` either
+        way: the request must not go out without a proxy."""
+        reason = "proxy_allocator_" + error.code
+        if self.close_on_error and not self._closing:
+            self._closing = True
+            logger.error("pool %r: %s; closing the spider (%s)", pool, error, reason)
+            engine = self.crawler.engine
+            assert engine is not None
+            # Not awaited: closing waits for the downloads in progress, this one among them.
+            asyncio.ensure_future(engine.close_spider_async(reason=reason))
+        elif not self.close_on_error:
+            logger.error("pool %r: %s; request dropped", pool, error)
+        self._inc("refused/" + error.code)
+        raise IgnoreRequest("pool {!r}: {}".format(pool, error))
 
     async def process_response(self, request: Request, response: Response,
                                spider: Optional[Spider] = None) -> Response:
