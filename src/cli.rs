@@ -895,6 +895,28 @@ mod tests {
     }
 
     #[test]
+    fn demo_listens_on_8080_with_the_gateway_on_8081_unless_told_otherwise() {
+        let Command::Demo(args) = command(&["proxy-allocator", "demo"]) else {
+            panic!("not demo");
+        };
+        assert_eq!(
+            (args.listen.to_string(), args.gateway_listen.to_string()),
+            ("127.0.0.1:8080".to_owned(), "127.0.0.1:8081".to_owned())
+        );
+        let Command::Demo(args) = command(&[
+            "proxy-allocator",
+            "demo",
+            "--listen",
+            "127.0.0.1:0",
+            "--gateway-listen",
+            "127.0.0.1:0",
+        ]) else {
+            panic!("not demo");
+        };
+        assert_eq!((args.listen.port(), args.gateway_listen.port()), (0, 0));
+    }
+
+    #[test]
     fn service_options_do_not_mix_with_operator_commands() {
         let error =
             Cli::try_parse_from(["proxy-allocator", "--listen", "0.0.0.0:1", "pools", "list"])
