@@ -1,6 +1,7 @@
 //! The command line: `serve` runs the service (and is what runs when no subcommand is
-//! given); `pools`, `members` and `sessions` are operator commands that talk to a running
-//! service over HTTP with the admin token.
+//! given); `demo` runs it with a pool of local proxies to try it on (see
+//! [`crate::demo`]); `pools`, `members` and `sessions` are operator commands that talk to a
+//! running service over HTTP with the admin token.
 //!
 //! The operator commands print human-readable tables, or with `--json` the service's JSON
 //! answer. They exit with [`EXIT_REFUSED`] when the service refused the request (its error
@@ -103,6 +104,12 @@ fn plain_usage_below(mut command: clap::Command) -> clap::Command {
 pub enum Command {
     /// Run the service (what runs when no subcommand is given).
     Serve(Box<Config>),
+    /// Try the service without proxies of your own: it runs with the gateway and a pool
+    /// `demo` of four forward proxies it serves itself on loopback (two healthy, one slow,
+    /// one failing) and a local page to fetch through them, prints the dashboard's URL with
+    /// the admin token and the curl lines to try, and runs until Ctrl-C. The store is in
+    /// memory: nothing is kept.
+    Demo(DemoArgs),
     /// List, show, create, change and delete the pools of a running service, and show a
     /// pool's sources.
     Pools(PoolsArgs),
@@ -113,6 +120,27 @@ pub enum Command {
     /// Exit 0 when the service answers its liveness probe with 200, else 1: for container
     /// health checks in images without curl or a shell.
     Healthcheck(HealthcheckArgs),
+}
+
+/// `proxy-allocator demo`.
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// Address of the API and the dashboard; port 0 picks a free port. Loopback only: the
+    /// demo has no worker token.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: std::net::SocketAddr,
+
+    /// Address of the forward-proxy gateway; port 0 picks a free port. Loopback only.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub gateway_listen: std::net::SocketAddr,
+
+    /// The admin token; a random one is generated (and printed) when unset.
+    #[arg(long, env = "ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// Log format. The level is set with `RUST_LOG` (default `info`).
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = crate::config::LogFormat::Auto)]
+    pub log_format: crate::config::LogFormat,
 }
 
 /// `proxy-allocator healthcheck`.
@@ -864,6 +892,28 @@ mod tests {
             panic!("not serve");
         };
         assert_eq!(config.key_prefix, "staging");
+    }
+
+    #[test]
+    fn demo_listens_on_8080_with_the_gateway_on_8081_unless_told_otherwise() {
+        let Command::Demo(args) = command(&["proxy-allocator", "demo"]) else {
+            panic!("not demo");
+        };
+        assert_eq!(
+            (args.listen.to_string(), args.gateway_listen.to_string()),
+            ("127.0.0.1:8080".to_owned(), "127.0.0.1:8081".to_owned())
+        );
+        let Command::Demo(args) = command(&[
+            "proxy-allocator",
+            "demo",
+            "--listen",
+            "127.0.0.1:0",
+            "--gateway-listen",
+            "127.0.0.1:0",
+        ]) else {
+            panic!("not demo");
+        };
+        assert_eq!((args.listen.port(), args.gateway_listen.port()), (0, 0));
     }
 
     #[test]

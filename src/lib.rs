@@ -13,8 +13,8 @@
 //! repeated trip, after which they come back by themselves.
 //!
 //! # Layout
-//! - [`cli`]: the command line: `serve` (the default), and the operator commands (`pools`,
-//!   `members`) that talk to a running service over HTTP.
+//! - [`cli`]: the command line: `serve` (the default), `demo`, and the operator commands
+//!   (`pools`, `members`, `sessions`) that talk to a running service over HTTP.
 //! - [`config`]: every option, as flag, environment variable and default.
 //! - [`domain`]: ids and configuration values parsed at the edge (`PoolId`, `MemberId`,
 //!   `LeaseId`, `LeaseTtl`, `PoolConfig`, `Policy`, `RestorePolicy`, `HealthConfig`,
@@ -45,6 +45,9 @@
 //!   (one replica per fetch) and imports them by the import route's own path.
 //! - [`startup`]: [`startup::Application`], which binds, builds and serves (port 0 works,
 //!   which is how the tests start it): the API port and, with `PROBE_LISTEN`, a probe port.
+//! - [`demo`]: `proxy-allocator demo`, above `startup`: the service with a pool of
+//!   forward proxies it runs itself on loopback (`demo/local.rs`: healthy, slow and failing
+//!   ones, and a page to fetch through them), seeded through the API.
 //! - [`connections`]: what every listening port goes through: a connection cap, each
 //!   client's share of it (an IPv4 address, an IPv6 /64; trusted networks exempt),
 //!   deadlines for request heads, idle keep-alive and unauthenticated connections, accept
@@ -63,6 +66,7 @@ pub mod checker;
 pub mod cli;
 pub mod config;
 pub mod connections;
+pub mod demo;
 pub mod domain;
 pub mod gateway;
 pub mod http;

@@ -1,13 +1,14 @@
 //! The `proxy-allocator` binary: `serve` (the default) parses the configuration, starts
-//! logging and serves until a shutdown signal; `pools` and `members` are operator commands
+//! logging and serves until a shutdown signal; `demo` does the same with a pool of local
+//! proxies (see [`proxy_allocator::demo`]); `pools` and `members` are operator commands
 //! for a running service (see [`proxy_allocator::cli`]).
 
 use std::process::ExitCode;
 
-use proxy_allocator::cli::{self, Cli, Command};
+use proxy_allocator::cli::{self, Cli, Command, DemoArgs};
 use proxy_allocator::config::Config;
 use proxy_allocator::startup::{Application, shutdown_signal};
-use proxy_allocator::telemetry;
+use proxy_allocator::{demo, telemetry};
 
 // jemalloc rather than the system allocator: an assign allocates a few dozen small blocks,
 // and on the benchmark (bench/assign.sh) jemalloc gave about 15% more assigns per second
@@ -19,6 +20,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 async fn main() -> ExitCode {
     match Cli::parse_args().into_command() {
         Command::Serve(config) => serve(*config).await,
+        Command::Demo(args) => demo(args).await,
         Command::Pools(args) => cli::pools(args).await,
         Command::Members(args) => cli::members(args).await,
         Command::Sessions(args) => cli::sessions(args).await,
@@ -39,6 +41,17 @@ async fn serve(config: Config) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(%error, "server failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn demo(args: DemoArgs) -> ExitCode {
+    let _log = telemetry::init(args.log_format);
+    match demo::run(args, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(%error, "demo failed");
             ExitCode::FAILURE
         }
     }

@@ -609,7 +609,7 @@ fn admin_token(config: &Config) -> Result<String, StartupError> {
 
 /// Where a browser on this machine finds the dashboard of the API port bound at `addr`: an
 /// unspecified address (`0.0.0.0`, `::`) is reached on loopback.
-fn dashboard_url(addr: SocketAddr) -> String {
+pub fn dashboard_url(addr: SocketAddr) -> String {
     let ip = match addr.ip() {
         ip if !ip.is_unspecified() => ip,
         std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),

@@ -16,6 +16,7 @@ mod checks;
 mod cli;
 mod concurrency;
 mod contract;
+mod demo;
 mod deploy;
 mod done;
 mod due;
