@@ -204,16 +204,7 @@ impl Held {
                         "the target's answer did not start in time",
                     ),
                 };
-                gateway
-                    .failed(
-                        &self.pool,
-                        &self.member,
-                        Kind::Forward,
-                        &failure.message,
-                        self.hold,
-                    )
-                    .await;
-                return Forward::Failed(failure);
+                return self.failed(failure).await;
             }
         };
         let status = response.status();
@@ -226,16 +217,7 @@ impl Held {
                 FailureKind::ProxyAnswer,
                 "the proxy refused the member's credentials (407)",
             );
-            gateway
-                .failed(
-                    &self.pool,
-                    &self.member,
-                    Kind::Forward,
-                    &failure.message,
-                    self.hold,
-                )
-                .await;
-            return Forward::Failed(failure);
+            return self.failed(failure).await;
         }
         let (mut parts, mut body) = response.into_parts();
         let listed = rules.statuses.contains(&status.as_u16());
@@ -288,6 +270,23 @@ impl Held {
         } else {
             Forward::Answered(response)
         }
+    }
+}
+
+impl Held {
+    /// Reports a forward that failed before its answer came, gives its lease back, and
+    /// says why.
+    async fn failed(self, failure: DialFailure) -> Forward {
+        self.gateway
+            .failed(
+                &self.pool,
+                &self.member,
+                Kind::Forward,
+                &failure.message,
+                self.hold,
+            )
+            .await;
+        Forward::Failed(failure)
     }
 }
 
