@@ -228,6 +228,14 @@ pub struct Config {
     #[arg(long, env = "GATEWAY_LISTEN")]
     pub gateway_listen: Option<SocketAddr>,
 
+    /// An address for the gateway's SOCKS5 port (RFC 1928, user name and password per RFC
+    /// 1929): the same user names, password, attempts, outcomes and leases as the HTTP
+    /// gateway, for `CONNECT` to IPv4, IPv6 and domain-name addresses. Its connections count
+    /// under `GATEWAY_MAX_CONNECTIONS` and each client's share together with the HTTP
+    /// port's. Without a worker token it starts only on a loopback address. Unset: none.
+    #[arg(long, env = "GATEWAY_SOCKS_LISTEN")]
+    pub gateway_socks_listen: Option<SocketAddr>,
+
     /// Most members one gateway request tries: when dialling one fails before anything was
     /// sent to the client, the next pick is tried, each attempt an assignment and each
     /// failure an outcome report.

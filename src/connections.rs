@@ -342,6 +342,9 @@ pub struct GuardedListener {
     shares: Option<ClientShares>,
     /// When each client over its share was last logged.
     logged: HashMap<Client, Instant>,
+    /// Whether its clients speak HTTP, so that a refused one whose request arrived is
+    /// answered 503 (another protocol's client is closed without an answer).
+    speaks_http: bool,
 }
 
 impl GuardedListener {
@@ -361,6 +364,22 @@ impl GuardedListener {
         Ok(Self::new(name, socket.listen(BACKLOG)?, limits))
     }
 
+    /// Binds `addr` for another port of the same service as this listener (the gateway's
+    /// SOCKS5 port beside its HTTP one), called `name`: with the same limits, counting its
+    /// connections under the same cap and, when this listener has them, in the same client
+    /// shares, so that a client holds its share across both ports.
+    ///
+    /// # Errors
+    /// The bind error.
+    pub async fn bind_beside(&self, name: &'static str, addr: SocketAddr) -> io::Result<Self> {
+        let mut beside = Self::bind(name, addr, self.limits).await?;
+        beside.open = Arc::clone(&self.open);
+        if let Some(shares) = &self.shares {
+            beside = beside.with_client_shares(shares.clone());
+        }
+        Ok(beside)
+    }
+
     /// Guards a bound listener.
     pub fn new(name: &'static str, listener: TcpListener, limits: Limits) -> Self {
         Self {
@@ -373,6 +392,7 @@ impl GuardedListener {
             refusals: Episode::default(),
             shares: None,
             logged: HashMap::new(),
+            speaks_http: true,
         }
     }
 
@@ -435,7 +455,9 @@ impl GuardedListener {
                         "connection cap reached: refusing new connections"
                     );
                 }
-                refuse(&stream);
+                if self.speaks_http {
+                    refuse_with(&stream, REFUSAL);
+                }
                 continue;
             }
             if let Some((refused, lasted)) = self.refusals.succeeded(now) {
@@ -451,7 +473,9 @@ impl GuardedListener {
                 Some(Ok(Some(share))) => Some(share),
                 Some(Err(client)) => {
                     self.over_share(client, now);
-                    refuse_with(&stream, REFUSAL_PER_CLIENT);
+                    if self.speaks_http {
+                        refuse_with(&stream, REFUSAL_PER_CLIENT);
+                    }
                     continue;
                 }
             };
@@ -472,6 +496,7 @@ impl GuardedListener {
                 },
                 peer,
                 activity,
+                metrics: self.metrics.clone(),
             };
         }
     }
@@ -567,6 +592,28 @@ impl GuardedListener {
     }
 }
 
+impl GuardedListener {
+    /// Serves a protocol of its own on every connection until `stop` completes: `handle`
+    /// runs in a task of its own per connection, which it owns (its place under the cap and
+    /// in its client's share is given back when the stream is dropped). The handler keeps
+    /// the connection's deadline itself, through [`Accepted::handshake`].
+    pub async fn serve_streams<F, Fut>(mut self, handle: F, stop: impl Future<Output = ()>)
+    where
+        F: Fn(Accepted) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.speaks_http = false;
+        let mut stop = std::pin::pin!(stop);
+        loop {
+            let accepted = tokio::select! {
+                accepted = self.accept() => accepted,
+                () = &mut stop => return,
+            };
+            tokio::spawn(handle(accepted));
+        }
+    }
+}
+
 /// Errors `accept` returns for one connection that went away before it was accepted; the
 /// listener itself is fine, so the next `accept` may follow at once.
 fn is_about_one_connection(error: &io::Error) -> bool {
@@ -578,14 +625,10 @@ fn is_about_one_connection(error: &io::Error) -> bool {
     )
 }
 
-/// Closes a connection over the cap at once. When its request has already arrived it is
-/// read (so that closing sends FIN rather than a reset that could destroy the answer) and
-/// answered 503; nothing waits for a request that has not.
-fn refuse(stream: &TcpStream) {
-    refuse_with(stream, REFUSAL);
-}
-
-/// [`refuse`] with `answer`.
+/// Closes a connection over the cap or its client's share at once. When its request has
+/// already arrived it is read (so that closing sends FIN rather than a reset that could
+/// destroy the answer) and answered `answer` (a 503); nothing waits for a request that has
+/// not.
 fn refuse_with(stream: &TcpStream, answer: &[u8]) {
     let mut head = [0u8; 4096];
     if matches!(stream.try_read(&mut head), Ok(n) if n > 0) {
@@ -600,6 +643,48 @@ pub struct Accepted {
     /// The client's address.
     pub peer: SocketAddr,
     activity: Arc<Activity>,
+    metrics: ListenerMetrics,
+}
+
+impl Accepted {
+    /// The deadline of the part of a connection of a protocol other than HTTP that comes
+    /// before its client has authenticated and said what it wants (a SOCKS greeting, its
+    /// credentials and its request): the deadline an HTTP request head has on the same
+    /// listener, the shorter of the header and the unauthenticated timeouts from accept.
+    pub fn handshake_deadline(&self) -> HandshakeDeadline {
+        let limits = self.activity.limits;
+        // At a tie the header timeout is named, as for an HTTP connection.
+        let (timeout, kind) = if limits.unauthenticated_timeout < limits.header_read_timeout {
+            (limits.unauthenticated_timeout, Timeout::Unauthenticated)
+        } else {
+            (limits.header_read_timeout, Timeout::Header)
+        };
+        HandshakeDeadline {
+            at: self.activity.accepted + timeout,
+            kind,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+/// When a connection's handshake must be over (see [`Accepted::handshake_deadline`]).
+pub struct HandshakeDeadline {
+    at: Instant,
+    kind: Timeout,
+    metrics: ListenerMetrics,
+}
+
+impl HandshakeDeadline {
+    /// Runs `handshake` until the deadline: `None` when it missed it, counted as that
+    /// timeout; the caller then drops the connection, which closes it.
+    pub async fn within<T>(self, handshake: impl Future<Output = T>) -> Option<T> {
+        if let Ok(done) = tokio::time::timeout_at(self.at, handshake).await {
+            Some(done)
+        } else {
+            self.metrics.timed_out(self.kind);
+            None
+        }
+    }
 }
 
 /// Gives a connection's place under the cap (and in its client's share) back when the
@@ -1094,7 +1179,7 @@ mod tests {
             .expect("sent");
         let (server, _) = listener.accept().await.expect("accepted");
         server.readable().await.expect("readable");
-        refuse(&server);
+        refuse_with(&server, REFUSAL);
         drop(server);
         let mut answer = Vec::new();
         client.read_to_end(&mut answer).await.expect("read");

@@ -30,6 +30,7 @@
 //!   not dial (logged once per pool), 503 `store_unavailable`.
 
 mod forward;
+pub mod socks;
 pub mod status;
 pub mod upstream;
 pub mod user;
@@ -335,7 +336,7 @@ impl Gateway {
             }
             Err(refusal) => (refusal.code(), refusal.response(&tried)),
         };
-        metrics::counter!("pa_gateway_requests_total", "pool" => label, "outcome" => outcome)
+        metrics::counter!("pa_gateway_requests_total", "listener" => "http", "pool" => label, "outcome" => outcome)
             .increment(1);
         Ok(response)
     }
@@ -814,9 +815,9 @@ impl Held {
                 Some(client) => relay(client, connection, idle, entered.closing()).await,
                 None => Relayed::default(),
             };
-            metrics::counter!("pa_gateway_bytes_total", "direction" => "sent")
+            metrics::counter!("pa_gateway_bytes_total", "listener" => listener, "direction" => "sent")
                 .increment(relayed.sent);
-            metrics::counter!("pa_gateway_bytes_total", "direction" => "received")
+            metrics::counter!("pa_gateway_bytes_total", "listener" => listener, "direction" => "received")
                 .increment(relayed.received);
             tracing::info!(
                 listener,

@@ -60,11 +60,11 @@ pub enum StartupError {
     AnonymousWorkers(SocketAddr),
     /// The gateway would be an open proxy on an address that is not loopback.
     #[error(
-        "refusing to start: GATEWAY_LISTEN {0} is not a loopback address and no worker token \
+        "refusing to start: {0} {1} is not a loopback address and no worker token \
          is set, so anyone who reaches the port could use the pools' proxies; set WORKER_TOKEN \
          or WORKER_TOKEN_FILE (the gateway's proxy password)"
     )]
-    OpenGateway(SocketAddr),
+    OpenGateway(&'static str, SocketAddr),
     /// `GATEWAY_CA_FILE` cannot be read or holds no certificate.
     #[error("cannot read GATEWAY_CA_FILE {path}: {reason}")]
     GatewayCa {
@@ -90,11 +90,20 @@ pub enum StartupError {
     DataDir(#[from] OpenError),
 }
 
+/// The gateway and its bound ports (at least one of them).
+struct GatewayPorts {
+    /// `GATEWAY_LISTEN`.
+    http: Option<GuardedListener>,
+    /// `GATEWAY_SOCKS_LISTEN`.
+    socks: Option<GuardedListener>,
+    gateway: Gateway,
+}
+
 /// A bound, ready-to-run service.
 pub struct Application {
     api: GuardedListener,
     probes: Option<GuardedListener>,
-    gateway: Option<(GuardedListener, Gateway)>,
+    gateway: Option<GatewayPorts>,
     router: Router,
     probe_router: Router,
     store: Arc<dyn Store>,
@@ -137,8 +146,14 @@ impl Application {
         worker_token: Option<String>,
     ) -> Result<Self, StartupError> {
         // Before anything is bound: an open gateway on a reachable address is refused.
-        if let Some(addr) = config.gateway_listen {
-            gateway_token_check(addr, worker_token.as_ref())?;
+        let gateway_ports = [
+            ("GATEWAY_LISTEN", config.gateway_listen),
+            ("GATEWAY_SOCKS_LISTEN", config.gateway_socks_listen),
+        ];
+        for (option, addr) in gateway_ports {
+            if let Some(addr) = addr {
+                gateway_token_check(option, addr, worker_token.as_ref())?;
+            }
         }
         // One token for both roles makes every worker an administrator: allowed (a test
         // bench may want it), but said.
@@ -222,30 +237,50 @@ impl Application {
             }
             _ => None,
         };
-        let gateway = match config.gateway_listen {
-            Some(addr) => {
-                let cap = config.gateway_max_connections.map_or_else(
-                    || connections::default_max_connections(open_files, 0) / 2,
-                    |cap| usize::try_from(cap).unwrap_or(usize::MAX),
-                );
-                let cap = cap.max(1);
-                // A later gateway port (SOCKS5) takes a clone of these: a client's share
-                // spans the gateway's ports.
-                let listener = bind("gateway", addr, cap, Authentication::Service)
-                    .await?
-                    .with_client_shares(shares(config.gateway_max_connections_per_client, cap));
-                let dialer = Dialer::new(gateway_roots(&config)?);
-                let gateway = Gateway::new(
-                    Arc::clone(&store),
-                    worker_token,
-                    config.gateway_settings(),
-                    snapshot.clone(),
-                    dialer,
-                    tickets,
-                );
-                Some((listener, gateway))
-            }
-            None => None,
+        let gateway = if config.gateway_listen.is_some() || config.gateway_socks_listen.is_some() {
+            let cap = config.gateway_max_connections.map_or_else(
+                || connections::default_max_connections(open_files, 0) / 2,
+                |cap| usize::try_from(cap).unwrap_or(usize::MAX),
+            );
+            let cap = cap.max(1);
+            let first = |name, addr| async move {
+                Ok::<_, StartupError>(
+                    bind(name, addr, cap, Authentication::Service)
+                        .await?
+                        .with_client_shares(shares(config.gateway_max_connections_per_client, cap)),
+                )
+            };
+            let http = match config.gateway_listen {
+                Some(addr) => Some(first("gateway", addr).await?),
+                None => None,
+            };
+            // The SOCKS5 port counts under the HTTP port's cap and in its clients' shares:
+            // a client's share spans the gateway's ports.
+            let socks = match (config.gateway_socks_listen, &http) {
+                (Some(addr), Some(http)) => Some(
+                    http.bind_beside("socks5", addr)
+                        .await
+                        .map_err(|source| StartupError::Bind { addr, source })?,
+                ),
+                (Some(addr), None) => Some(first("socks5", addr).await?),
+                (None, _) => None,
+            };
+            let dialer = Dialer::new(gateway_roots(&config)?);
+            let gateway = Gateway::new(
+                Arc::clone(&store),
+                worker_token,
+                config.gateway_settings(),
+                snapshot.clone(),
+                dialer,
+                tickets,
+            );
+            Some(GatewayPorts {
+                http,
+                socks,
+                gateway,
+            })
+        } else {
+            None
         };
         Ok(Self {
             api,
@@ -275,7 +310,16 @@ impl Application {
     pub fn gateway_addr(&self) -> Option<SocketAddr> {
         self.gateway
             .as_ref()
-            .and_then(|(listener, _)| listener.local_addr().ok())
+            .and_then(|ports| ports.http.as_ref())
+            .and_then(|listener| listener.local_addr().ok())
+    }
+
+    /// The gateway's SOCKS5 address, when `GATEWAY_SOCKS_LISTEN` is set.
+    pub fn gateway_socks_addr(&self) -> Option<SocketAddr> {
+        self.gateway
+            .as_ref()
+            .and_then(|ports| ports.socks.as_ref())
+            .and_then(|listener| listener.local_addr().ok())
     }
 
     /// Serves until `shutdown` completes, then stops accepting connections and lets the
@@ -313,14 +357,20 @@ impl Application {
                 "probes listening"
             );
         }
-        if let (Some(addr), Some((listener, _))) = (self.gateway_addr(), &self.gateway) {
-            tracing::info!(
-                %addr,
-                max_connections = listener.limits().max_connections,
-                max_connections_per_client =
-                    listener.client_shares().map(ClientShares::max_per_client),
-                "gateway listening"
-            );
+        if let Some(ports) = &self.gateway {
+            for (listener, what) in [
+                (&ports.http, "gateway listening"),
+                (&ports.socks, "gateway SOCKS5 listening"),
+            ] {
+                let Some(listener) = listener else { continue };
+                tracing::info!(
+                    addr = %listener.local_addr().map_or_else(|_| "?".to_owned(), |addr| addr.to_string()),
+                    max_connections = listener.limits().max_connections,
+                    max_connections_per_client =
+                        listener.client_shares().map(ClientShares::max_per_client),
+                    "{what}"
+                );
+            }
         }
         // Background tasks stop when this flips to true, after the requests have drained.
         let (stop_tasks, stopping) = tokio::sync::watch::channel(false);
@@ -371,18 +421,31 @@ impl Application {
         let tunnels = self
             .gateway
             .as_ref()
-            .map(|(_, gateway)| gateway.tunnels().clone());
-        let gateway = async {
-            if let Some((listener, gateway)) = self.gateway {
+            .map(|ports| ports.gateway.tunnels().clone());
+        let (http_gateway, socks_gateway) = match self.gateway {
+            Some(ports) => (
+                ports.http.map(|listener| (listener, ports.gateway.clone())),
+                ports.socks.map(|listener| (listener, ports.gateway)),
+            ),
+            None => (None, None),
+        };
+        let http_gateway = async {
+            if let Some((listener, gateway)) = http_gateway {
                 let service = tower::service_fn(move |request| gateway.clone().handle(request));
                 listener.serve_http(service, &graceful, stop()).await;
+            }
+        };
+        let socks_gateway = async {
+            if let Some((listener, gateway)) = socks_gateway {
+                let serve = move |accepted| gateway.clone().serve_socks(accepted);
+                listener.serve_streams(serve, stop()).await;
             }
         };
         let signal = async {
             shutdown.await;
             let _ = stop_accepting.send(true);
         };
-        tokio::join!(api, probes, gateway, signal);
+        tokio::join!(api, probes, http_gateway, socks_gateway, signal);
         tracing::info!(
             connections = graceful.count(),
             tunnels = tunnels.as_ref().map_or(0, Tunnels::open),
@@ -517,12 +580,16 @@ fn gateway_roots(
 
 /// Without a worker token the gateway would be an open proxy: only a loopback address is
 /// allowed, and the log says so.
-fn gateway_token_check(addr: SocketAddr, token: Option<&String>) -> Result<(), StartupError> {
+fn gateway_token_check(
+    option: &'static str,
+    addr: SocketAddr,
+    token: Option<&String>,
+) -> Result<(), StartupError> {
     if token.is_some() {
         return Ok(());
     }
     if !addr.ip().to_canonical().is_loopback() {
-        return Err(StartupError::OpenGateway(addr));
+        return Err(StartupError::OpenGateway(option, addr));
     }
     tracing::warn!(
         %addr,

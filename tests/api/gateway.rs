@@ -387,7 +387,7 @@ async fn a_pool_with_nothing_eligible_answers_503_with_retry_after_the_marker_an
         .expect("text");
     assert!(
         metrics.contains(
-            "pa_gateway_requests_total{pool=\"gw-empty\",outcome=\"no_eligible_proxy\"} 2\n"
+            "pa_gateway_requests_total{listener=\"http\",pool=\"gw-empty\",outcome=\"no_eligible_proxy\"} 2\n"
         ),
         "{metrics}"
     );

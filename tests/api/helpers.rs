@@ -170,6 +170,8 @@ pub struct TestApp {
     pub client: reqwest::Client,
     /// The gateway's address, `127.0.0.1:<port>`, when `GATEWAY_LISTEN` is set.
     pub gateway: Option<SocketAddr>,
+    /// The gateway's SOCKS5 address, when `GATEWAY_SOCKS_LISTEN` is set.
+    pub socks: Option<SocketAddr>,
     /// The Redis URL, when on Redis.
     pub redis_url: Option<String>,
     /// The key prefix, when on Redis.
@@ -297,6 +299,7 @@ impl TestApp {
         let app = app.expect("the application starts");
         let base = format!("http://{}", app.local_addr());
         let gateway = app.gateway_addr();
+        let socks = app.gateway_socks_addr();
         let (tx, rx) = oneshot::channel();
         let handle = tokio::spawn(app.run_until_stopped(async move {
             let _ = rx.await;
@@ -308,6 +311,7 @@ impl TestApp {
                 .build()
                 .expect("an HTTP client"),
             gateway,
+            socks,
             redis_url,
             key_prefix,
             shutdown: Some(tx),

@@ -42,6 +42,7 @@ mod redis_faults;
 mod requests;
 mod round_trips;
 mod sessions;
+mod socks;
 mod sources;
 mod spy;
 mod targets;
