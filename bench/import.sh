@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Benchmark of POST /pools/{pool}/import on Redis: builds the release binary, starts its own
-# redis-server and service on free loopback ports, generates a list of LINES candidates
+# Benchmark of POST /pools/{pool}/import on Redis (or, with STORE=embedded, the embedded
+# store): builds the release binary, starts its own redis-server and service on free
+# loopback ports, generates a list of LINES candidates
 # (default 100,000; mixed valid, duplicate, private, credentialed and garbage lines),
 # imports it with curl into fresh pools RUNS times (default 3) and prints lines per second,
 # end to end as curl measures it (upload, parsing, writes, report), and the service's peak
 # RSS above what it held before the first import (VmHWM less VmRSS, from /proc).
 #
 #   bash bench/import.sh                 # 100,000 lines, 3 runs
+#   STORE=embedded bash bench/import.sh  # the embedded store in memory
 #   LINES=500000 RUNS=1 bash bench/import.sh
 #   LINES=1550000 RUNS=1 bash bench/import.sh   # just under the 32 MiB import limit
 #   BIN=/path/to/proxy-allocator bash bench/import.sh   # another build
@@ -14,6 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 LINES=${LINES:-100000}
+# redis: its own redis-server; embedded: the embedded store in memory.
+STORE=${STORE:-redis}
 RUNS=${RUNS:-3}
 TOKEN=bench-admin-token
 
@@ -59,14 +63,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
-redis_port="$(free_port)"
-redis-server --port "${redis_port}" --bind 127.0.0.1 --save '' --appendonly no \
-    --dir "${work}" >"${work}/redis.log" 2>&1 &
-pids+=($!)
-wait_for redis-cli -p "${redis_port}" ping
+store=()
+if [[ "${STORE}" == redis ]]; then
+    redis_port="$(free_port)"
+    redis-server --port "${redis_port}" --bind 127.0.0.1 --save '' --appendonly no \
+        --dir "${work}" >"${work}/redis.log" 2>&1 &
+    pids+=($!)
+    wait_for redis-cli -p "${redis_port}" ping
+    store=(REDIS_URL="redis://127.0.0.1:${redis_port}")
+fi
 
 app_port="$(free_port)"
-REDIS_URL="redis://127.0.0.1:${redis_port}" LISTEN_ADDR="127.0.0.1:${app_port}" \
+env "${store[@]}" LISTEN_ADDR="127.0.0.1:${app_port}" \
     ADMIN_TOKEN="${TOKEN}" LOG_FORMAT=json RUST_LOG=warn \
     "${BIN}" >"${work}/app.log" 2>&1 &
 pids+=($!)
@@ -93,7 +101,7 @@ awk -v n="${LINES}" 'BEGIN {
     }
 }' >"${work}/list.txt"
 bytes=$(wc -c <"${work}/list.txt")
-echo "==> ${LINES} lines, ${bytes} bytes; $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "==> ${STORE}: ${LINES} lines, ${bytes} bytes; $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
 kb() { awk -v key="$1:" '$1 == key { print $2 }' "/proc/${app_pid}/status"; }
 rss_before=$(kb VmRSS)

@@ -646,3 +646,91 @@ async fn a_clients_share_of_connections_spans_the_http_and_socks5_ports() {
     drop(held);
     app.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_open_socks5_tunnels_finish_and_closes_those_left_at_the_drain_timeout() {
+    use crate::process::ServiceProcess;
+    let site = target(None).await;
+    let proxy = http_proxy().await;
+    let port = closed_port();
+    let mut service = ServiceProcess::start(&[
+        ("WORKER_TOKEN", TOKEN.to_owned()),
+        ("GATEWAY_SOCKS_LISTEN", format!("127.0.0.1:{port}")),
+        ("SHUTDOWN_TIMEOUT_MS", "1500".to_owned()),
+        (
+            "RUST_LOG",
+            "warn,proxy_allocator::startup=info,proxy_allocator::gateway=info".to_owned(),
+        ),
+    ]);
+    let client = reqwest::Client::new();
+    let admin = |method, path: &str| {
+        client
+            .request(method, format!("{}{path}", service.base))
+            .bearer_auth(crate::helpers::ADMIN)
+    };
+    let created = admin(reqwest::Method::PUT, "/pools/web")
+        .json(&json!({"policy": "least-in-flight", "rules": {"allow_private": true}}))
+        .send()
+        .await
+        .expect("created");
+    assert_eq!(created.status(), 201);
+    let seeded = admin(reqwest::Method::POST, "/pools/web/members")
+        .json(&json!({"members": [member("http", &proxy)]}))
+        .send()
+        .await
+        .expect("seeded");
+    assert_eq!(seeded.status(), 200);
+    let gateway = SocketAddr::from(([127, 0, 0, 1], port));
+    let to = To::V4([127, 0, 0, 1], site.port());
+    let (reply, mut busy) = connect(gateway, "web", &to).await;
+    assert_eq!(reply, 0);
+    let (reply, mut idle) = connect(gateway, "web", &to).await;
+    assert_eq!(reply, 0);
+
+    service.terminate();
+    service.wait_lines("shutting down", 1);
+    assert_eq!(
+        health_through(&mut busy).await,
+        HEALTHY,
+        "a tunnel open at SIGTERM keeps working while the service drains"
+    );
+    drop(busy);
+    let mut rest = Vec::new();
+    let read = idle.read_to_end(&mut rest).await.map(|_| rest.len());
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "closed at the drain timeout: {read:?}"
+    );
+    assert!(
+        service.wait_exit(Duration::from_secs(10)).is_some(),
+        "the service exits once the drain ends"
+    );
+    let mut closed: Vec<(String, String, String)> = service
+        .wait_lines("gateway tunnel closed", 2)
+        .iter()
+        .map(|line| {
+            let line: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+            (
+                line["listener"].as_str().expect("listener").to_owned(),
+                line["proxy"].as_str().expect("proxy").to_owned(),
+                line["ended"].as_str().expect("ended").to_owned(),
+            )
+        })
+        .collect();
+    closed.sort();
+    let masked = format!("http://***@127.0.0.1:{}", proxy.port());
+    assert_eq!(
+        closed,
+        vec![
+            ("socks5".to_owned(), masked.clone(), "closed".to_owned()),
+            ("socks5".to_owned(), masked, "shutdown".to_owned()),
+        ]
+    );
+    assert!(
+        service
+            .all_lines()
+            .iter()
+            .all(|line| !line.contains("s3cret")),
+        "credentials never reach the log"
+    );
+}
