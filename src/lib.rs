@@ -20,6 +20,10 @@
 //!   `LeaseId`, `LeaseTtl`, `PoolConfig`, `Policy`, `RestorePolicy`, `HealthConfig`,
 //!   `CheckConfig`, `OutcomeResult`), the proxy candidate parser that gives every address
 //!   one canonical id (`Candidate`), and a pool's eligibility `Rules`.
+//! - [`rules`]: the pool rules both stores apply, each written once in Rust with its Lua
+//!   twin beside it (`rules/<family>.rs` and `.lua`) and a test that runs both on random
+//!   inputs and compares (`rules/twins.rs`); today the health rules (cooldowns, bans,
+//!   restore counts). Above `domain`, below `store`.
 //! - [`store`]: the [`store::Store`] trait, the only code that touches pool state, with its
 //!   Redis implementation and the embedded one. The Redis one (`src/store/redis/`) keeps
 //!   the key layout, running a script with its retries, decoding each script's reply into
@@ -72,9 +76,20 @@ pub mod domain;
 pub mod gateway;
 pub mod http;
 pub mod monitoring;
+pub mod rules;
 pub mod sources;
 pub mod startup;
 pub mod store;
 pub mod sweep;
 pub mod telemetry;
 pub mod tickets;
+
+/// The test harness's `redis-server` processes, for the unit tests that need a real Redis
+/// (the store's replies, the rule twins).
+#[cfg(test)]
+#[expect(
+    dead_code,
+    reason = "the test harness's Redis processes; these tests start plain servers"
+)]
+#[path = "../tests/api/redis_server.rs"]
+mod test_redis;

@@ -28,9 +28,10 @@
 //!
 //! # Health
 //! - Outcome reports ([`Store::report`]) move members between eligible and cooling down;
-//!   they never change a count. The rules are in [`HealthConfig`](crate::domain::HealthConfig) and in
-//!   `scripts/outcomes.lua`; the cooldown of a trip is [`HealthConfig::cooldown_ms`](crate::domain::HealthConfig::cooldown_ms), with
-//!   the jitter drawn by the store for each call.
+//!   they never change a count. The configuration is [`HealthConfig`](crate::domain::HealthConfig);
+//!   the cooldown of a trip, the length of a ban and the count a member comes back at are
+//!   [`crate::rules::health`], with their Lua twins beside them, the jitter drawn by the
+//!   store for each call.
 //! - A member is cooling down while its return is scheduled. Returns happen inside the
 //!   stores' atomic steps (an assign returns a few due members of its own pool first; the
 //!   background sweep returns the rest), each removing the schedule entry it acts on, so

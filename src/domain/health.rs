@@ -67,7 +67,7 @@ pub struct HealthConfig {
     /// How long a `blocked` report naming a target bans the member for that target only,
     /// in milliseconds (100 ms to 7 days; default 600,000). Each repeat ban while the last
     /// one is remembered doubles it, up to `max_cooldown_ms` (see
-    /// [`HealthConfig::ban_ms`]).
+    /// `rules::health::ban_ms`).
     pub target_ban_ms: u64,
     /// Active checks; `null` (the default) means none.
     pub check: Option<CheckConfig>,
@@ -86,39 +86,6 @@ impl HealthConfig {
     pub const DEFAULT_JITTER_PERCENT: u32 = 10;
     /// Default length of a first ban for one target, in milliseconds.
     pub const DEFAULT_TARGET_BAN_MS: u64 = 600_000;
-
-    /// The length of the `bans`-th ban in a row of one member for one target (1 for the
-    /// first): `target_ban_ms * 2^(bans - 1)`, capped at `max_cooldown_ms`. No jitter:
-    /// bans of one member for one target never come in a crowd. `bans.lua` computes the
-    /// same; keep them in step.
-    pub fn ban_ms(&self, bans: u64) -> u64 {
-        let exponent = u32::try_from(bans.saturating_sub(1)).unwrap_or(u32::MAX);
-        2u64.checked_pow(exponent)
-            .and_then(|factor| factor.checked_mul(self.target_ban_ms))
-            .map_or(self.max_cooldown_ms, |ms| ms.min(self.max_cooldown_ms))
-    }
-
-    /// The cooldown of the `trips`-th trip in a row (1 for the first), before jitter:
-    /// `cooldown_ms * backoff^(trips - 1)`, capped at `max_cooldown_ms`.
-    pub fn nominal_cooldown_ms(&self, trips: u64) -> u64 {
-        let exponent = u32::try_from(trips.saturating_sub(1)).unwrap_or(u32::MAX);
-        u64::from(self.backoff)
-            .checked_pow(exponent)
-            .and_then(|factor| factor.checked_mul(self.cooldown_ms))
-            .map_or(self.max_cooldown_ms, |ms| ms.min(self.max_cooldown_ms))
-    }
-
-    /// The cooldown of the `trips`-th trip with jitter applied, given a draw in `[-1, 1]`
-    /// (made by the service, so that the stores stay deterministic). The Redis scripts
-    /// compute the same expression in the same order on the same doubles (`health_trip` in
-    /// `scripts/leases.lua`); keep the two in step.
-    pub fn cooldown_ms(&self, trips: u64, draw: f64) -> u64 {
-        let nominal = self.nominal_cooldown_ms(trips) as f64;
-        let spread = f64::from(self.jitter_percent) / 100.0 * draw.clamp(-1.0, 1.0);
-        let jittered = (nominal * (1.0 + spread)).floor();
-        // Exact for every value in range: cooldowns stay far below 2^53.
-        (jittered as u64).clamp(1, self.max_cooldown_ms)
-    }
 
     /// The parameters the Redis scripts need, as one argument:
     /// `"<max_consecutive_failures> <cooldown_ms> <max_cooldown_ms> <backoff> <jitter_percent>"`.
@@ -497,47 +464,6 @@ mod tests {
     fn an_empty_object_gives_the_documented_defaults_without_checks() {
         assert_eq!(health("{}").expect("valid"), HealthConfig::default());
         assert_eq!(HealthConfig::default().script_arg(), "3 60000 3600000 2 10");
-    }
-
-    #[test]
-    fn cooldowns_multiply_by_the_backoff_up_to_the_maximum() {
-        let config = health(r#"{"cooldown_ms": 1000, "max_cooldown_ms": 5000}"#).expect("valid");
-        let nominal: Vec<u64> = (1..=5).map(|n| config.nominal_cooldown_ms(n)).collect();
-        assert_eq!(nominal, [1000, 2000, 4000, 5000, 5000]);
-        assert_eq!(config.nominal_cooldown_ms(u64::MAX), 5000);
-    }
-
-    #[test]
-    fn target_bans_double_on_each_repeat_up_to_the_longest_cooldown() {
-        let config = health(r#"{"target_ban_ms": 1000, "max_cooldown_ms": 5000}"#).expect("valid");
-        let bans: Vec<u64> = (1..=5).map(|n| config.ban_ms(n)).collect();
-        assert_eq!(bans, [1000, 2000, 4000, 5000, 5000]);
-        assert_eq!(config.ban_ms(u64::MAX), 5000);
-        assert_eq!(HealthConfig::default().ban_ms(1), 600_000);
-        assert_eq!(
-            health(r#"{"target_ban_ms": 99}"#)
-                .map_err(|e| e.to_string())
-                .expect_err("refused"),
-            "health: target_ban_ms is 100 to 604800000"
-        );
-    }
-
-    #[test]
-    fn jitter_stays_within_its_percentage_and_under_the_maximum() {
-        let config = health(r#"{"cooldown_ms": 1000, "max_cooldown_ms": 1050}"#).expect("valid");
-        assert_eq!(config.cooldown_ms(1, -1.0), 900);
-        assert_eq!(config.cooldown_ms(1, 0.0), 1000);
-        assert_eq!(config.cooldown_ms(1, 0.5), 1050);
-        assert_eq!(config.cooldown_ms(1, 1.0), 1050);
-    }
-
-    #[test]
-    fn a_maximum_below_the_cooldown_caps_every_cooldown() {
-        let config =
-            health(r#"{"cooldown_ms": 5000, "max_cooldown_ms": 4000, "jitter_percent": 0}"#)
-                .expect("valid");
-        assert_eq!(config.cooldown_ms(1, 0.0), 4000);
-        assert_eq!(config.cooldown_ms(3, 0.0), 4000);
     }
 
     #[test]

@@ -71,17 +71,6 @@ impl RestorePolicy {
             _ => None,
         }
     }
-
-    /// The count a returning member restarts at, given the count it kept while it was away
-    /// and the minimum among the members that were eligible when it came back.
-    pub fn restored_count(self, kept: u64, eligible_minimum: Option<u64>) -> u64 {
-        match (self, eligible_minimum) {
-            (Self::Zero, _) => 0,
-            (Self::Minimum, Some(min)) => min,
-            (Self::History, Some(min)) => kept.max(min),
-            (Self::Minimum | Self::History, None) => kept,
-        }
-    }
 }
 
 /// A pool's configuration. Every field has a default, so `{}` is a complete configuration;
@@ -141,18 +130,6 @@ pub struct PoolConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn restore_policies_follow_their_documented_rule() {
-        use RestorePolicy::*;
-        assert_eq!(Minimum.restored_count(3, Some(10)), 10);
-        assert_eq!(Minimum.restored_count(30, Some(10)), 10);
-        assert_eq!(Minimum.restored_count(30, None), 30);
-        assert_eq!(History.restored_count(3, Some(10)), 10);
-        assert_eq!(History.restored_count(30, Some(10)), 30);
-        assert_eq!(History.restored_count(30, None), 30);
-        assert_eq!(Zero.restored_count(30, Some(10)), 0);
-    }
 
     #[test]
     fn nested_parts_written_as_arrays_are_refused_rather_than_read_by_position() {

@@ -581,7 +581,7 @@ impl Pool {
     ) -> Option<(u64, u64)> {
         let kept = self.ineligible.remove(member)?;
         self.mark_member(member);
-        let restored = policy.restored_count(kept, minimum);
+        let restored = crate::rules::health::restored_count(policy, kept, minimum);
         self.taken_out.remove(member);
         self.eligible.set(member.clone(), restored);
         // It comes back with the leases it still holds.
@@ -642,7 +642,7 @@ impl Pool {
     /// Takes a member out for its next cooldown (a cooling one has its return pushed back).
     fn trip(&mut self, member: &MemberId, reason: &str, now: Timestamp, health: Health, draw: f64) {
         let trips = health.trips + 1;
-        let cooldown_ms = self.config.health.cooldown_ms(trips, draw);
+        let cooldown_ms = crate::rules::health::cooldown_ms(&self.config.health, trips, draw);
         if !self.take_out(member, reason, now) {
             self.mark_member(member);
             self.taken_out

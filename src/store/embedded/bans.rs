@@ -111,7 +111,7 @@ impl Bans {
         let bans = current
             .filter(|ban| ban.remembered(now))
             .map_or(1, |ban| ban.bans + 1);
-        let ms = health.ban_ms(bans);
+        let ms = crate::rules::health::ban_ms(health, bans);
         let until = Timestamp(now.0.saturating_add(ms));
         entry
             .members

@@ -8,7 +8,7 @@ use redis::Script;
 
 /// Declares [`Scripts`] from `name: source` lines, where the source is `plain` (the file
 /// alone), `with_helpers` (the file with `labels.lua`, `leases.lua` and `health.lua` in front
-/// of it), `with_reports` (the same helpers and `report.lua`, the outcome rules, in front of
+/// of it, and before `health.lua` the health rules' Lua twins, `src/rules/health.lua`), `with_reports` (the same helpers and `report.lua`, the outcome rules, in front of
 /// it), `fast_path_then_helpers` (`leases_fast.lua` and `<name>_fast.lua`, then the file with
 /// its helpers: a script that answers its common case before the helpers' closures are
 /// made) or `picking_after_done` (the assign that applies the worker's last outcome first:
@@ -50,6 +50,7 @@ macro_rules! scripts {
             include_str!(concat!("../scripts/", stringify!($name), "_fast.lua")),
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
+            include_str!("../../rules/health.lua"),
             include_str!("../scripts/health.lua"),
             include_str!(concat!("../scripts/", stringify!($name), ".lua"))
         ))
@@ -58,6 +59,7 @@ macro_rules! scripts {
         Script::new(concat!(
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
+            include_str!("../../rules/health.lua"),
             include_str!("../scripts/health.lua"),
             include_str!("../scripts/report.lua"),
             include_str!(concat!("../scripts/", stringify!($name), ".lua"))
@@ -71,11 +73,13 @@ macro_rules! scripts {
             include_str!("../scripts/assign_fast.lua"),
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
+            include_str!("../../rules/health.lua"),
             include_str!("../scripts/health.lua"),
             include_str!("../scripts/assign.lua"),
             "end\nif done then\n    return done_reply(done, pick())\nend\n",
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
+            include_str!("../../rules/health.lua"),
             include_str!("../scripts/health.lua"),
             include_str!("../scripts/report.lua"),
             include_str!(concat!("../scripts/", stringify!($name), ".lua")),
@@ -89,6 +93,7 @@ macro_rules! scripts {
         Script::new(concat!(
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
+            include_str!("../../rules/health.lua"),
             include_str!("../scripts/health.lua"),
             include_str!("../scripts/chunk.lua"),
             include_str!(concat!("../scripts/", stringify!($name), ".lua"))
@@ -98,6 +103,7 @@ macro_rules! scripts {
         Script::new(concat!(
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
+            include_str!("../../rules/health.lua"),
             include_str!("../scripts/health.lua"),
             include_str!(concat!("../scripts/", stringify!($name), ".lua"))
         ))

@@ -11,14 +11,6 @@ use std::time::Duration;
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 
-#[expect(
-    dead_code,
-    reason = "the test harness's Redis processes; these tests start one plain server"
-)]
-#[path = "../../../tests/api/redis_server.rs"]
-mod redis_server;
-
-use self::redis_server::RedisServer;
 use super::reply::{
     self, AssignDoneReply, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply,
     DeletePoolReply, DisableOutcome, DisableReply, DoneReply, EnableOutcome, EnableReply,
@@ -37,6 +29,7 @@ use crate::store::{
     LastCheck, MemberState, MemberView, Origin, PoolStats, Pruned, PutPool, RemoveReport, Report,
     ReportSource, Restored, Seed, SeedReport, SourceFetch, SourceState, Store, StoreError, Swept,
 };
+use crate::test_redis::RedisServer;
 
 const PREFIX: &str = "replies";
 

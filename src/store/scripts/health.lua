@@ -1,5 +1,6 @@
 -- Health helpers, put after leases.lua in front of every pool script (see `with_helpers` in
--- redis/scripts.rs). Only local functions: nothing runs until a script calls one.
+-- redis/scripts.rs), with the rules they apply (src/rules/health.lua) before them. Only
+-- local functions: nothing runs until a script calls one.
 -- KEYS, continuing leases.lua:
 --   [9] health hash (member -> "<streak> <trips> <cooldown_ms>"; absent when all are 0),
 --   [10] returns sorted set (cooling-down member -> when it comes back, ms, Redis clock),
@@ -25,7 +26,7 @@ end
 
 -- The pool's rules, as put_pool.lua stored them (HealthConfig::script_arg).
 local function health_config()
-    local text = redis.call('HGET', KEYS[1], 'health') or '3 60000 3600000 2 10'
+    local text = redis.call('HGET', KEYS[1], 'health') or DEFAULT_HEALTH
     local f, c, m, b, j = string.match(text, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
     return {failures = tonumber(f), cooldown = tonumber(c), max = tonumber(m),
         backoff = tonumber(b), jitter = tonumber(j)}
@@ -67,7 +68,7 @@ local function take_out(member, since, reason, lif)
 end
 
 -- Returns an ineligible member to the eligible set at the count `policy` gives it against
--- `minimum` (RestorePolicy::restored_count in the service). Whoever brings a member back
+-- `minimum` (restored_count, the rule). Whoever brings a member back
 -- (an operator, the end of a cooldown, a passing check) cancels its scheduled return and
 -- clears its failure streak; the backoff stays until a success. Returns kept, restored,
 -- or nil when the member is not ineligible.
@@ -77,16 +78,7 @@ local function restore(member, policy, minimum, lif)
         return nil
     end
     kept = tonumber(kept)
-    local restored
-    if policy == 'zero' then
-        restored = 0
-    elseif not minimum then
-        restored = kept
-    elseif policy == 'history' then
-        restored = math.max(kept, minimum)
-    else
-        restored = minimum
-    end
+    local restored = restored_count(policy, kept, minimum)
     redis.call('ZREM', KEYS[3], member)
     redis.call('HDEL', KEYS[4], member)
     redis.call('ZADD', KEYS[2], restored, member)
@@ -129,19 +121,11 @@ local function return_due(now, limit, spent)
     return returned, stopped
 end
 
--- The cooldown of the trips-th trip in a row. HealthConfig::cooldown_ms in the service
--- computes the same expression in the same order on the same doubles: keep them in step.
-local function cooldown_for(cfg, trips, draw)
-    local nominal = math.min(cfg.max, cfg.cooldown * cfg.backoff ^ (trips - 1))
-    local jittered = math.floor(nominal * (1 + cfg.jitter / 100 * draw))
-    return math.max(1, math.min(cfg.max, jittered))
-end
-
 -- Takes a member out for its next cooldown (an eligible one leaves the eligible set; a
 -- cooling one has its return pushed back) and schedules its return.
 local function trip(member, reason, now, streak, trips, cfg, draw, lif)
     trips = trips + 1
-    local cooldown = cooldown_for(cfg, trips, draw)
+    local cooldown = cooldown_ms(cfg, trips, draw)
     if not take_out(member, ms_text(now), reason, lif) then
         redis.call('HSET', KEYS[4], member, ms_text(now) .. ' ' .. reason)
     end

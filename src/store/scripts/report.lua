@@ -18,7 +18,7 @@ local function report_context(source, draw, max_targets, cleanup)
         lif = least_in_flight(),
         max_targets = tonumber(max_targets),
         cleanup = tonumber(cleanup),
-        ban_ms = tonumber(redis.call('HGET', KEYS[1], 'target_ban_ms') or 600000),
+        ban_ms = tonumber(redis.call('HGET', KEYS[1], 'target_ban_ms') or DEFAULT_TARGET_BAN_MS),
     }
 end
 
@@ -41,7 +41,7 @@ end
 
 -- Bans the member for the target of KEYS[slot]: for ban_ms, doubled for each ban in a row
 -- (one that starts before the last one is forgotten, that is as long after its end as it
--- lasted), up to max_cooldown_ms (HealthConfig::ban_ms in the service). A member banned
+-- lasted), up to max_cooldown_ms (ban_ms, the rule). A member banned
 -- already keeps its ban: the report is about a request from before it. Returns the ban's
 -- end and whether it was written; nil when the pool keeps bans for max_targets targets
 -- already. The hash and the index expire with their last ban, and each ban clears up to
@@ -69,7 +69,7 @@ local function ban(ctx, slot, member)
     if current and current[1] + current[2] > now then
         bans = current[3] + 1
     end
-    local ms = math.min(ctx.cfg.max, ctx.ban_ms * 2 ^ (bans - 1))
+    local ms = ban_ms(ctx.ban_ms, ctx.cfg.max, bans)
     local ends = now + ms
     redis.call('HSET', key, member, ms_text(ends) .. ' ' .. ms_text(ms) .. ' ' .. ms_text(bans))
     local forgotten = ends + ms

@@ -1,0 +1,170 @@
+//! Every rule of [`super`] against its Lua twin: random inputs (proptest; the smallest
+//! failing one is reported), each run through the Rust function here and the Lua function
+//! of the same name in a real Redis, the same script text the stores' scripts are made of.
+//! A rule changed on one side only fails here.
+
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+use proptest::prelude::*;
+
+use crate::domain::count::MAX_COUNT;
+use crate::domain::{HealthConfig, RestorePolicy};
+
+use super::health;
+
+/// Calls one twin by name with its arguments, as text; answers its result as text (`%.0f`,
+/// as the scripts write numbers into keys).
+const CALL: &str = "
+local f = ARGV[1]
+local n = function(i) return tonumber(ARGV[i]) end
+if f == 'cooldown_ms' then
+    local cfg = {cooldown = n(2), max = n(3), backoff = n(4), jitter = n(5)}
+    return string.format('%.0f', cooldown_ms(cfg, n(6), n(7)))
+elseif f == 'ban_ms' then
+    return string.format('%.0f', ban_ms(n(2), n(3), n(4)))
+elseif f == 'restored_count' then
+    local minimum = nil
+    if ARGV[4] ~= '' then
+        minimum = n(4)
+    end
+    return string.format('%.0f', restored_count(ARGV[2], n(3), minimum))
+elseif f == 'defaults' then
+    return {DEFAULT_HEALTH, tostring(DEFAULT_TARGET_BAN_MS)}
+end
+return redis.error_reply('no twin called ' .. tostring(f))
+";
+
+/// One Redis for every case of the test binary, and a connection to it.
+fn redis() -> &'static Mutex<(crate::test_redis::RedisServer, redis::Connection)> {
+    static REDIS: OnceLock<Mutex<(crate::test_redis::RedisServer, redis::Connection)>> =
+        OnceLock::new();
+    REDIS.get_or_init(|| {
+        let server = crate::test_redis::RedisServer::start();
+        let connection = redis::Client::open(server.url())
+            .expect("a valid URL")
+            .get_connection()
+            .expect("a connection to the test Redis");
+        Mutex::new((server, connection))
+    })
+}
+
+/// The Lua twin `function` called with `args`.
+fn lua<T: redis::FromRedisValue>(function: &str, args: &[String]) -> T {
+    let script = redis::Script::new(&format!("{}{CALL}", include_str!("health.lua")));
+    let mut redis = redis().lock().unwrap_or_else(PoisonError::into_inner);
+    let mut invocation = script.prepare_invoke();
+    invocation.arg(function);
+    for arg in args {
+        invocation.arg(arg);
+    }
+    invocation
+        .invoke(&mut redis.1)
+        .expect("the twin runs in Redis")
+}
+
+fn number(function: &str, args: &[String]) -> u64 {
+    let text: String = lua(function, args);
+    text.parse().expect("a whole number")
+}
+
+/// A health configuration within the ranges a pool may be given.
+fn health_config() -> impl Strategy<Value = HealthConfig> {
+    (
+        100..=86_400_000u64,
+        100..=604_800_000u64,
+        1..=10u32,
+        0..=50u32,
+        100..=604_800_000u64,
+    )
+        .prop_map(
+            |(cooldown_ms, max_cooldown_ms, backoff, jitter_percent, target_ban_ms)| HealthConfig {
+                cooldown_ms,
+                max_cooldown_ms,
+                backoff,
+                jitter_percent,
+                target_ban_ms,
+                ..HealthConfig::default()
+            },
+        )
+}
+
+/// How many in a row: mostly the first few, sometimes very many.
+fn in_a_row() -> impl Strategy<Value = u64> {
+    prop_oneof![4 => 1..=40u64, 1 => 1..=1_000_000u64]
+}
+
+fn policy() -> impl Strategy<Value = RestorePolicy> {
+    prop_oneof![
+        Just(RestorePolicy::Minimum),
+        Just(RestorePolicy::History),
+        Just(RestorePolicy::Zero)
+    ]
+}
+
+#[test]
+fn the_default_rules_of_a_pool_are_the_same_on_both_sides() {
+    let defaults: Vec<String> = lua("defaults", &[]);
+    assert_eq!(
+        defaults,
+        [
+            HealthConfig::default().script_arg(),
+            HealthConfig::DEFAULT_TARGET_BAN_MS.to_string()
+        ]
+    );
+}
+
+proptest! {
+    // A fixed seed: every run tries the same cases, so a failure here fails again there.
+    // Nothing is written to disk; the smallest failing input is in the failure's message.
+    #![proptest_config(ProptestConfig {
+        cases: 2_000,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x7275_6c65),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn a_cooldown_is_the_same_millisecond_on_both_sides(
+        config in health_config(),
+        trips in in_a_row(),
+        draw in prop_oneof![3 => -1.0..=1.0f64, 1 => Just(-1.0), 1 => Just(0.0), 1 => Just(1.0)],
+    ) {
+        let args = [
+            config.cooldown_ms.to_string(),
+            config.max_cooldown_ms.to_string(),
+            config.backoff.to_string(),
+            config.jitter_percent.to_string(),
+            trips.to_string(),
+            // The shortest text that reads back as the same double, as the service sends it.
+            draw.to_string(),
+        ];
+        prop_assert_eq!(number("cooldown_ms", &args), health::cooldown_ms(&config, trips, draw));
+    }
+
+    #[test]
+    fn a_ban_is_the_same_length_on_both_sides(config in health_config(), bans in in_a_row()) {
+        let args = [
+            config.target_ban_ms.to_string(),
+            config.max_cooldown_ms.to_string(),
+            bans.to_string(),
+        ];
+        prop_assert_eq!(number("ban_ms", &args), health::ban_ms(&config, bans));
+    }
+
+    #[test]
+    fn a_returning_member_restarts_at_the_same_count_on_both_sides(
+        policy in policy(),
+        kept in 0..=MAX_COUNT,
+        minimum in proptest::option::of(0..=MAX_COUNT),
+    ) {
+        let args = [
+            policy.as_str().to_owned(),
+            kept.to_string(),
+            minimum.map_or_else(String::new, |m| m.to_string()),
+        ];
+        prop_assert_eq!(
+            number("restored_count", &args),
+            health::restored_count(policy, kept, minimum)
+        );
+    }
+}
