@@ -80,14 +80,16 @@ class RedisServer:
 
 class Service:
     """The service binary on a free port, with the test tokens (``worker_token=None``
-    leaves worker routes open) and a fast background sweep."""
+    leaves worker routes open; ``admin_token`` for an example that names its own) and a fast
+    background sweep."""
 
     def __init__(self, redis_url: Optional[str] = None,
-                 worker_token: Optional[str] = WORKER) -> None:
+                 worker_token: Optional[str] = WORKER, admin_token: str = ADMIN) -> None:
+        self.admin_token = admin_token
         env = {
             "PATH": os.environ.get("PATH", ""),
             "LISTEN_ADDR": "127.0.0.1:0",
-            "ADMIN_TOKEN": ADMIN,
+            "ADMIN_TOKEN": admin_token,
             "KEY_PREFIX": "py" + secrets.token_hex(6),
             "SWEEP_INTERVAL_MS": "100",
             "STORE_TIMEOUT_MS": "500",
@@ -157,7 +159,7 @@ class Service:
 
     def admin(self, method: str, path: str, body: Optional[Any] = None) -> Optional[Dict[str, Any]]:
         """An admin call; the answer's JSON body."""
-        return self.client(ADMIN)._call(method, path, body)[1]
+        return self.client(self.admin_token)._call(method, path, body)[1]
 
     def create_pool(self, config: Optional[Dict[str, Any]] = None) -> str:
         """A new pool with a random id and ``config``; its id."""
