@@ -206,3 +206,50 @@ export async function startProxy(source) {
 export async function deadProxy() {
     return `http://127.0.0.1:${await freePort()}`;
 }
+
+/**
+ * `proxy-allocator demo` as the book's "Try it without proxies" starts it, on free ports
+ * (`--listen` and `--gateway-listen` port 0), and what it printed: `api` (the base URL the
+ * assign line names), `site` (the local page the gateway line fetches), `adminToken` (the
+ * dashboard line's).
+ */
+export async function startDemo() {
+    const child = spawn(binary(), ['demo', '--listen', '127.0.0.1:0', '--gateway-listen', '127.0.0.1:0'], {
+        env: { PATH: process.env.PATH ?? '', LOG_FORMAT: 'json', RUST_LOG: 'warn' },
+        stdio: ['ignore', 'pipe', 'ignore'],
+    });
+    const printed = await new Promise((found, failed) => {
+        const lines = [];
+        const timer = setTimeout(() => failed(new Error(`the demo did not print its lines within 10 s: ${lines}`)), 10_000);
+        // The demo's own lines are text, its log lines JSON; keeps reading so that logging
+        // never blocks.
+        createInterface({ input: child.stdout }).on('line', (line) => {
+            if (line.startsWith('{') || lines.at(-1)?.startsWith('Stop it')) return;
+            lines.push(line);
+            if (line.startsWith('Stop it')) {
+                clearTimeout(timer);
+                found(lines);
+            }
+        });
+        child.once('exit', () => failed(new Error('the demo exited')));
+    });
+    const labelled = Object.fromEntries(printed.slice(1, -1).map((line) => {
+        const at = line.indexOf(':');
+        return [line.slice(0, at), line.slice(at + 1).trim()];
+    }));
+    const api = labelled.assign.split(' ').at(-1).split('/pools/')[0];
+    const site = labelled.gateway.split(' ').at(-1);
+    const adminToken = labelled.dashboard.match(/\(admin token: (\w+)\)/)[1];
+    return {
+        api,
+        site,
+        adminToken,
+        /** The pool `demo`'s members by id, each with its `kind` label's value as `kind`. */
+        async members() {
+            const response = await fetch(`${api}/pools/demo/members`, { headers: { authorization: `Bearer ${adminToken}` } });
+            const listing = await response.json();
+            return Object.fromEntries(listing.members.map((m) => [m.member, { ...m, kind: m.labels.kind }]));
+        },
+        stop: () => stopChild(child),
+    };
+}

@@ -80,14 +80,16 @@ class RedisServer:
 
 class Service:
     """The service binary on a free port, with the test tokens (``worker_token=None``
-    leaves worker routes open) and a fast background sweep."""
+    leaves worker routes open; ``admin_token`` for an example that names its own) and a fast
+    background sweep."""
 
     def __init__(self, redis_url: Optional[str] = None,
-                 worker_token: Optional[str] = WORKER) -> None:
+                 worker_token: Optional[str] = WORKER, admin_token: str = ADMIN) -> None:
+        self.admin_token = admin_token
         env = {
             "PATH": os.environ.get("PATH", ""),
             "LISTEN_ADDR": "127.0.0.1:0",
-            "ADMIN_TOKEN": ADMIN,
+            "ADMIN_TOKEN": admin_token,
             "KEY_PREFIX": "py" + secrets.token_hex(6),
             "SWEEP_INTERVAL_MS": "100",
             "STORE_TIMEOUT_MS": "500",
@@ -157,7 +159,7 @@ class Service:
 
     def admin(self, method: str, path: str, body: Optional[Any] = None) -> Optional[Dict[str, Any]]:
         """An admin call; the answer's JSON body."""
-        return self.client(ADMIN)._call(method, path, body)[1]
+        return self.client(self.admin_token)._call(method, path, body)[1]
 
     def create_pool(self, config: Optional[Dict[str, Any]] = None) -> str:
         """A new pool with a random id and ``config``; its id."""
@@ -174,3 +176,59 @@ class Service:
         info = self.admin("GET", "/pools/" + pool)
         assert info is not None
         return dict(info["stats"])
+
+
+class Demo:
+    """``proxy-allocator demo`` as the book's "Try it without proxies" starts it, on free
+    ports (``--listen`` and ``--gateway-listen`` port 0), and what it printed: ``api`` (the
+    base URL the assign line names), ``site`` (the local page the gateway line fetches),
+    ``admin_token`` (the dashboard line's), ``gateway`` (its proxy URL)."""
+
+    def __init__(self) -> None:
+        env = {"PATH": os.environ.get("PATH", ""), "LOG_FORMAT": "json", "RUST_LOG": "warn"}
+        self._process = subprocess.Popen(
+            [binary(), "demo", "--listen", "127.0.0.1:0", "--gateway-listen", "127.0.0.1:0"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        printed: List[str] = []
+        done = threading.Event()
+
+        def drain() -> None:
+            # The demo's own lines are text, its log lines JSON; keeps the pipe empty after.
+            assert self._process.stdout is not None
+            for raw in self._process.stdout:
+                line = raw.decode("utf-8").rstrip("\n")
+                if not done.is_set() and not line.startswith("{"):
+                    printed.append(line)
+                    if line.startswith("Stop it"):
+                        done.set()
+
+        threading.Thread(target=drain, daemon=True).start()
+        if not done.wait(10):
+            self.stop()
+            raise RuntimeError("the demo did not print its lines within 10 s: {}".format(printed))
+        #: The printed lines by their label (``proxies``, ``dashboard``, ``assign`` ...).
+        self.lines = dict((label, text.strip()) for label, text in
+                          (line.split(":", 1) for line in printed[1:-1]))
+        self.api = self.lines["assign"].split(" ")[-1].split("/pools/")[0]
+        gateway = re.fullmatch(r"curl -x (\S+) (\S+)", self.lines["gateway"])
+        dashboard = re.search(r"\(admin token: (\w+)\)", self.lines["dashboard"])
+        if gateway is None or dashboard is None:
+            self.stop()
+            raise RuntimeError("unexpected demo lines: {}".format(printed))
+        self.gateway, self.site = gateway.group(1), gateway.group(2)
+        self.admin_token = dashboard.group(1)
+
+    def stop(self) -> None:
+        """Stops the process."""
+        if self._process.poll() is None:
+            self._process.kill()
+        self._process.wait()
+
+    def members(self) -> Dict[str, Dict[str, Any]]:
+        """The pool ``demo``'s members by id, each with its ``kind`` label's value as
+        ``kind``."""
+        listing = Client(self.api, token=self.admin_token)._call(
+            "GET", "/pools/demo/members", None)[1]
+        assert listing is not None
+        return {member["member"]: dict(member, kind=member["labels"]["kind"])
+                for member in listing["members"]}
