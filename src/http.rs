@@ -2,6 +2,7 @@
 //!
 //! Handlers live in one file per resource and only ever call the [`Store`] trait.
 
+mod activity;
 mod assign;
 mod auth;
 mod done;
@@ -265,6 +266,13 @@ pub fn routes() -> Vec<Route> {
             Admin,
             Ignored,
             sources::list_sources,
+        ),
+        route(
+            "/pools/{pool}/activity",
+            Method::GET,
+            Admin,
+            Ignored,
+            activity::activity,
         ),
     ]
 }

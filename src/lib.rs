@@ -36,7 +36,7 @@
 //!   (`snapshot.rs`) and recovery (`recovery.rs`).
 //! - [`http`]: the route table (each route with its method, who may call it and what body
 //!   it reads; the router is built from it and the tests walk it), handlers per resource
-//!   (assign, outcomes, leases, pools, members, the import with its own body limit,
+//!   (assign, outcomes, leases, pools, members, activity, the import with its own body limit,
 //!   probes), auth, extractors, the error type.
 //! - [`sweep`]: the background sweep that reclaims expired leases and returns members
 //!   whose cooldown has ended, in the pools that have such work due (each store keeps an
@@ -64,7 +64,8 @@
 //! - [`tickets`]: the tickets of the gateway's tunnels, with which a client reports about
 //!   the member that served a tunnel without learning its credentials (shared by the
 //!   gateway, which issues them, and the outcomes route, which reads them).
-//! - [`monitoring`]: Prometheus metrics and the per-pool gauges.
+//! - [`monitoring`]: Prometheus metrics, the per-pool gauges, and the per-second activity of
+//!   the pools with series of their own (`monitoring/activity.rs`: a ring per pool).
 //! - [`telemetry`]: logging setup.
 
 pub mod checker;

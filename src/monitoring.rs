@@ -9,10 +9,16 @@
 //! pool without series of its own (one that does not exist, or one beyond the bound) are
 //! counted under `pool="_other"`, so neither a flood of random pool ids nor a hundred
 //! thousand real pools can grow the series.
+//!
+//! The same pools, and only they, keep their activity of the last minutes
+//! ([`activity`]): assigns, 204s and reports per second, for the dashboard's chart.
 
-use std::collections::{HashMap, HashSet};
+mod activity;
+
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -21,7 +27,9 @@ use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::time::MissedTickBehavior;
 
-use crate::domain::PoolId;
+use self::activity::Activity;
+pub use self::activity::{ActivityView, Event, SECONDS as ACTIVITY_SECONDS};
+use crate::domain::{OutcomeResult, PoolId, Timestamp};
 use crate::store::{PoolInfo, Store};
 
 /// The label value for a pool that is not known to exist.
@@ -293,15 +301,19 @@ type Gauge = (&'static str, &'static str, fn(&PoolInfo) -> Option<u64>);
 /// pools this replica assigns from (a pool takes a place when the store has just said it
 /// exists, and gives it back once a refresh finds it deleted). Every other pool counts
 /// under [`OTHER_POOL`], so the number of series never grows with the number of pools, and
-/// a refresh reads only these pools and the number of all pools.
+/// a refresh reads only these pools and the number of all pools. The same pools keep their
+/// activity of the last minutes (see [`PoolSnapshot::sample_activity`]).
 #[derive(Clone)]
 pub struct PoolSnapshot {
     inner: Arc<RwLock<Snapshot>>,
+    /// The end of the last second the sampler moved into the rings, in Unix seconds.
+    sampled_until: Arc<AtomicU64>,
 }
 
 struct Snapshot {
-    /// The pools with series, and whether they were named (then none joins).
-    tracked: HashSet<PoolId>,
+    /// The pools with series, each with its activity, and whether they were named (then
+    /// none joins).
+    tracked: HashMap<PoolId, Arc<Activity>>,
     named: bool,
     max: usize,
     /// Their numbers at the last refresh.
@@ -322,7 +334,11 @@ impl PoolSnapshot {
     /// first `max` pools assigned from.
     pub fn new(max: usize, named: Vec<PoolId>) -> Self {
         let is_named = !named.is_empty();
-        let tracked = named.into_iter().take(max).collect();
+        let tracked = named
+            .into_iter()
+            .take(max)
+            .map(|pool| (pool, Arc::default()))
+            .collect();
         Self {
             inner: Arc::new(RwLock::new(Snapshot {
                 tracked,
@@ -331,16 +347,30 @@ impl PoolSnapshot {
                 pools: Vec::new(),
                 total: None,
             })),
+            sampled_until: Arc::new(AtomicU64::new(Timestamp::now().0 / 1000)),
         }
     }
 
     /// The label to use for `pool`: itself when it has series, else [`OTHER_POOL`]. With
     /// `exists` (the store has just answered for it) a pool takes a free place.
     pub fn label<'a>(&self, pool: &'a PoolId, exists: bool) -> &'a str {
-        // A poisoned lock only means a panic while a pool was added: the set is whole.
+        self.count(pool, exists, &[])
+    }
+
+    /// [`PoolSnapshot::label`], counting `events` (each with how many) in the pool's
+    /// activity when it has series. Under the read lock the label takes anyway: counting
+    /// adds no lock and no allocation to a request.
+    pub fn count<'a>(&self, pool: &'a PoolId, exists: bool, events: &[(Event, u32)]) -> &'a str {
+        let record = |activity: &Activity| {
+            for &(event, n) in events {
+                activity.count(event, n);
+            }
+        };
+        // A poisoned lock only means a panic while a pool was added: the map is whole.
         let joins = {
             let snapshot = self.inner.read().unwrap_or_else(PoisonError::into_inner);
-            if snapshot.tracked.contains(pool) {
+            if let Some(activity) = snapshot.tracked.get(pool) {
+                record(activity);
                 return pool.as_str();
             }
             exists && !snapshot.named && snapshot.tracked.len() < snapshot.max
@@ -348,11 +378,79 @@ impl PoolSnapshot {
         if joins {
             let mut snapshot = self.inner.write().unwrap_or_else(PoisonError::into_inner);
             if snapshot.tracked.len() < snapshot.max {
-                snapshot.tracked.insert(pool.clone());
+                record(snapshot.tracked.entry(pool.clone()).or_default());
                 return pool.as_str();
             }
         }
         OTHER_POOL
+    }
+
+    /// Counts reports about members of `pool` (which the store has just said exists) by
+    /// their results.
+    pub fn count_reports(&self, pool: &PoolId, results: impl IntoIterator<Item = OutcomeResult>) {
+        let mut by_result = [
+            (Event::Reported(OutcomeResult::Ok), 0_u32),
+            (Event::Reported(OutcomeResult::Failed), 0),
+            (Event::Reported(OutcomeResult::Blocked), 0),
+        ];
+        for result in results {
+            for (event, n) in &mut by_result {
+                if *event == Event::Reported(result) {
+                    *n = n.saturating_add(1);
+                }
+            }
+        }
+        if by_result.iter().any(|(_, n)| *n > 0) {
+            self.count(pool, true, &by_result);
+        }
+    }
+
+    /// The activity of `pool` (which the store has just said exists) over the last
+    /// [`ACTIVITY_SECONDS`] seconds the sampler finished. Asking takes a free place, as an
+    /// assign does, so that a pool an operator looks at starts counting.
+    pub fn activity(&self, pool: &PoolId) -> ActivityView {
+        self.count(pool, true, &[]);
+        let until = self.sampled_until.load(Ordering::Acquire);
+        let series = self
+            .inner
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .tracked
+            .get(pool)
+            .map(|activity| activity.series(until));
+        ActivityView::new(pool.clone(), until, series)
+    }
+
+    /// Once a second, at the turn of each second of the clock, moves what the pools with
+    /// series counted into their rings, until `stop` completes. One pass touches at most
+    /// `METRICS_MAX_POOLS` pools, and writes the ring only of those that counted something.
+    pub async fn sample_activity(self, stop: impl Future<Output = ()>) {
+        tokio::pin!(stop);
+        loop {
+            let into_second = Duration::from_millis(Timestamp::now().0 % 1000);
+            let to_next = Duration::from_secs(1).saturating_sub(into_second);
+            tokio::select! {
+                () = &mut stop => return,
+                () = tokio::time::sleep(to_next) => {}
+            }
+            self.sample(Timestamp::now().0 / 1000);
+        }
+    }
+
+    /// Moves the counts so far into the rings as the second before `now` (Unix seconds).
+    fn sample(&self, now: u64) {
+        // Woken early by a coarse timer: this second is not over, the next pass takes it.
+        if now <= self.sampled_until.load(Ordering::Acquire) {
+            return;
+        }
+        {
+            let snapshot = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+            for activity in snapshot.tracked.values() {
+                activity.sample(now - 1);
+            }
+        }
+        // Published after the rings are written: a reader that sees `now` sees its counts.
+        self.sampled_until.store(now, Ordering::Release);
     }
 
     /// Reads the pools with series and the number of all pools, once.
@@ -362,7 +460,7 @@ impl PoolSnapshot {
     pub async fn refresh(&self, store: &dyn Store) -> Result<(), crate::store::StoreError> {
         let ids: Vec<PoolId> = {
             let snapshot = self.inner.read().unwrap_or_else(PoisonError::into_inner);
-            snapshot.tracked.iter().cloned().collect()
+            snapshot.tracked.keys().cloned().collect()
         };
         let total = store.pool_count().await?;
         let infos = futures_util::future::join_all(ids.iter().map(|id| store.pool(id))).await;

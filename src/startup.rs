@@ -401,6 +401,7 @@ impl Application {
                 self.config.metrics_refresh(),
                 stopped(),
             )),
+            tokio::spawn(self.snapshot.clone().sample_activity(stopped())),
         ];
         // Both listeners stop accepting when the shutdown signal arrives.
         let (stop_accepting, accepting) = tokio::sync::watch::channel(false);

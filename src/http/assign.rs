@@ -338,6 +338,9 @@ async fn assign_after_done(
         .assign_after_done(pool, &done.done, request, count.unwrap_or(AssignCount::ONE))
         .await
         .map_err(filter_refused)?;
+    state
+        .snapshot
+        .count_reports(pool, summary.applied.iter().map(|applied| applied.result));
     let view = done.view(pool, &summary);
     let outcome = match batch.assigned.first() {
         None => "empty",
@@ -384,6 +387,9 @@ async fn in_session_after_done(
         .assign_in_session_after_done(pool, &done.done, request, session)
         .await
         .map_err(filter_refused)?;
+    state
+        .snapshot
+        .count_reports(pool, summary.applied.iter().map(|applied| applied.result));
     let view = done.view(pool, &summary);
     let (outcome, response) = match &answer.assignment {
         Assignment::Empty { next_return } => ("empty", no_content(*next_return)),

@@ -99,7 +99,8 @@ pub async fn log_request(
 }
 
 /// Counts an assign under its pool — but only pools with series of their own (see
-/// [`monitoring::PoolSnapshot`]) become label values.
+/// [`monitoring::PoolSnapshot`]) become label values, and only they count it in their
+/// activity.
 fn record_assign(
     state: &AppState,
     pool: Option<&PoolId>,
@@ -107,10 +108,13 @@ fn record_assign(
     code: Option<&str>,
     seconds: f64,
 ) {
+    use monitoring::Event;
+    let counted = |p, event| state.snapshot.count(p, true, &[(event, 1)]);
     let (outcome, label): (&'static str, _) = match (outcome, code) {
         // The store has just said the pool exists: it may take a place of its own.
-        ("assigned", _) => ("assigned", pool.map(|p| state.snapshot.label(p, true))),
-        ("empty", _) => ("empty", pool.map(|p| state.snapshot.label(p, true))),
+        // A lease is an assign too (`pa_assigns_total` names no outcome of its own for it).
+        ("assigned" | "leased", _) => ("assigned", pool.map(|p| counted(p, Event::Assigned))),
+        ("empty", _) => ("empty", pool.map(|p| counted(p, Event::Empty))),
         (_, Some("pool_not_found")) => ("not_found", None),
         (_, Some("store_unavailable")) => ("error", pool.map(|p| state.snapshot.label(p, false))),
         // Refused before the store was asked (bad id, token): not an assign.

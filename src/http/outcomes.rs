@@ -170,6 +170,9 @@ pub async fn report_outcomes(
         .store
         .report(&pool, ReportSource::Worker, &reports)
         .await?;
+    state
+        .snapshot
+        .count_reports(&pool, summary.applied.iter().map(|applied| applied.result));
     for Applied {
         member,
         result,

@@ -8,6 +8,7 @@
 )]
 mod helpers;
 
+mod activity;
 mod assign;
 mod auth;
 mod batches;

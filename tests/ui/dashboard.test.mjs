@@ -312,6 +312,11 @@ describe('the operator dashboard in Chromium', () => {
                      ['Eligible', 'Ineligible', 'In flight', 'Spread (max − min)', 'Fewest / most',
                       'Assignments handed out', 'Abandoned leases', 'Max in flight']);
     assert.equal(await page.locator('#pool-facts dd').nth(2).textContent(), '1');
+    const abandoned = page.locator('#abandoned-help');
+    assert.ok(await abandoned.isVisible(), 'the help beside the abandoned leases');
+    assert.equal((await abandoned.textContent()).replace(/\s+/g, ' ').trim(),
+                 'Abandoned leases: leases their worker never released. The service reclaimed each one once ' +
+                 'its ttl ran out; its member counted as busy until then.');
     assert.match(await page.locator('#chart .bar-value').first().textContent(), /^1 · 1 in flight$/);
   });
 
@@ -360,6 +365,10 @@ describe('the operator dashboard in Chromium', () => {
       { proxy: 'site-1', result: 'blocked', target: 'shop.example.com' });
     assert.equal(reported.outcomes[0].effect, 'banned');
     await page.locator('#pool-list button', { hasText: 'sites' }).click();
+    assert.equal((await page.locator('#target-help').textContent()).replace(/\s+/g, ' ').trim(),
+                 "a host: each member then shows its ban for it. A ban, from a blocked report naming the host, " +
+                 "keeps the member out for that host only, for the pool's ban duration (health.target_ban_ms, " +
+                 'doubled on each repeat); other hosts still get it.');
     await page.getByLabel('Bans for target').fill('shop.example.com');
     await page.getByLabel('Bans for target').press('Enter');
     await page.getByLabel('Bans for target').blur();
@@ -465,6 +474,31 @@ describe('the operator dashboard in Chromium', () => {
     } finally {
       list.close();
     }
+  });
+
+  it("charts the pool's assigns per second, and the chart moves when assigns happen", async () => {
+    const chart = page.locator('#activity svg');
+    const assigns = () => chart.getAttribute('data-assigns');
+    // The pool's one assign so far (following assignments live), once the service's sampler
+    // has counted its second: the whole suite runs well within the chart's five minutes.
+    await eventually(async () => (await assigns()) === '1', 'the chart to count the earlier assign');
+    assert.equal(await chart.getAttribute('role'), 'img');
+    assert.deepEqual(await page.locator('#activity-card .legend li').allTextContents(),
+                     ['Assigns: solid', 'Answered 204: dashed', 'Reports ok: dotted', 'Reports failed: dash-dot',
+                      'Reports blocked: short dashes']);
+    const line = page.locator('#activity polyline[data-series="assigns"]');
+    const drawn = await line.getAttribute('points');
+    assert.equal(drawn.split(' ').length, 300, 'one point a second for five minutes');
+    for (let i = 0; i < 3; i += 1) {
+      assert.equal((await fetch(`${service.base}/pools/edge/assign`, { method: 'POST' })).status, 200);
+    }
+    await call('POST', '/pools/edge/outcomes', { proxy: 'dc-fra-07', result: 'ok' });
+    await eventually(async () => (await assigns()) === '4', 'the chart to count three more assigns');
+    await eventually(async () => (await chart.getAttribute('data-ok')) === '1', 'the chart to count the report');
+    assert.notEqual(await line.getAttribute('points'), drawn, 'the line moved');
+    assert.match(await chart.locator('desc').textContent(),
+                 /^Over the 5 minutes up to \d\d:\d\d:\d\d: assigns 4, answered 204 0, reports ok 1, reports failed 0, reports blocked 0; at most [1-3] of one kind in a second\.$/);
+    assert.equal(await page.locator('#abandoned-help').isHidden(), true, 'a least-used pool has no leases');
   });
 
   it('loaded nothing from elsewhere and logged no error', () => {
