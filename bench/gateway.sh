@@ -68,12 +68,16 @@ fi
 
 # ---- start them --------------------------------------------------------------------------
 
-free_port() {
+# Below the ephemeral range (32768 and up), where the rounds' hundreds of thousands of
+# connections leave ports in use; and none handed out twice.
+taken=" "
+free_port() { # VARIABLE: sets it to a free port
     local port
     while :; do
-        port=$((20000 + RANDOM % 40000))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; then
-            echo "${port}"
+        port=$((20000 + RANDOM % 12000))
+        if [[ "${taken}" != *" ${port} "* ]] && ! (exec 3<>"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; then
+            taken+="${port} "
+            printf -v "$1" %s "${port}"
             return
         fi
     done
@@ -116,7 +120,7 @@ cleanup() {
 trap cleanup EXIT
 
 # The target and each upstream proxy in a process of its own, one thread each.
-target=$(free_port) up1=$(free_port) up2=$(free_port)
+free_port target && free_port up1 && free_port up2
 "${TUNNELS_BIN}" serve --target "127.0.0.1:${target}" >"${work}/target.log" 2>&1 &
 pids+=($!)
 for port in "${up1}" "${up2}"; do
@@ -129,7 +133,7 @@ export TARGET="127.0.0.1:${target}" DIRECT="127.0.0.1:${up1},127.0.0.1:${up2}"
 # measured from a start that the other's tunnels have not grown.
 start_service() { # NAME GATEWAY_VARIABLE; sets started (its pid), api_port and gateway_port
     local api gateway
-    api=$(free_port) gateway=$(free_port)
+    free_port api && free_port gateway
     env LISTEN_ADDR="127.0.0.1:${api}" "$2=127.0.0.1:${gateway}" LOG_FORMAT=json \
         GATEWAY_MAX_CONNECTIONS=$((TUNNELS + 1024)) GATEWAY_MAX_CONNECTIONS_PER_CLIENT=$((TUNNELS + 1024)) \
         RUST_LOG=warn "${BIN}" >"${work}/$1.log" 2>&1 &
@@ -143,7 +147,7 @@ start_service service-socks GATEWAY_SOCKS_LISTEN
 export GATEWAY_SOCKS_PID=${started} GATEWAY_SOCKS="127.0.0.1:${gateway_port}"
 apis+=("${api_port}")
 
-squid=$(free_port)
+free_port squid
 mkdir -m 777 "${work}/squid"
 cat >"${work}/squid/squid.conf" <<EOF
 http_port 127.0.0.1:${squid}
@@ -164,13 +168,13 @@ EOF
 pids+=($!)
 export SQUID_PID=$! SQUID="127.0.0.1:${squid}"
 
-proxy_chain=$(free_port)
+free_port proxy_chain
 node bench/proxy-chain/server.mjs "${proxy_chain}" "${WORKER_TOKEN}" \
     "http://127.0.0.1:${up1}" "http://127.0.0.1:${up2}" >"${work}/proxy-chain.log" 2>&1 &
 pids+=($!)
 export PROXY_CHAIN_PID=$! PROXY_CHAIN="127.0.0.1:${proxy_chain}"
 
-pproxy=$(free_port) pproxy_socks=$(free_port)
+free_port pproxy && free_port pproxy_socks
 "${venv}/bin/pproxy" -l "http://127.0.0.1:${pproxy}#bench:${WORKER_TOKEN}" \
     -r "http://127.0.0.1:${up1}" -r "http://127.0.0.1:${up2}" -s rr >"${work}/pproxy.log" 2>&1 &
 pids+=($!)
