@@ -45,6 +45,7 @@ fi
 
 if [[ ! -x /usr/sbin/squid ]]; then
     echo "==> apt-get install squid"
+    apt-get update -qq >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq squid >/dev/null
 fi
 if [[ ! -d bench/proxy-chain/node_modules/proxy-chain ]]; then
