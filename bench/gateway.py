@@ -1,278 +1,136 @@
 #!/usr/bin/env python3
-"""The gateway against the same local upstream proxy used directly, in one run, alternating.
+"""The gateway against Squid, proxy-chain, pproxy and the upstream proxies used directly.
 
-Started by bench/gateway.sh, which runs the service with GATEWAY_LISTEN and hands over its
-addresses. This script starts, each in a process of its own, a local HTTP proxy (CONNECT
-only, as a plain upstream member is) and the targets (a TLS target answering one request per
-connection, a source that streams bytes, a sink that holds connections open), seeds a pool
-with that proxy, then measures, each side in turn for ROUNDS rounds:
+Started by bench/gateway.sh, which starts every program and hands over their addresses.
+Each round measures every side once, in an order that turns by one side a round so that
+none always runs first or last, with bench/tunnels as the client:
 
-- new HTTPS tunnels per second with CONCURRENCY clients (connect, CONNECT, TLS handshake,
-  one GET, close), and the setup latency of each tunnel (connect to the 200 of CONNECT);
-- bytes per second over one long tunnel (BYTES bytes from the source);
-- the service's memory per open tunnel (TUNNELS tunnels through the gateway, held open).
+- new tunnels per second with CONCURRENCY clients for DURATION seconds (connect, CONNECT
+  or the SOCKS5 handshake, one request to the target, close) and the setup latency
+  (connect to the proxy's success reply) at p50 and p99;
+- bytes per second over one tunnel (BYTES bytes from the target).
 
-Ratios are gateway / direct, medians of the rounds.
+After the rounds, each program's resident memory per open tunnel with TUNNELS held open.
+Figures are medians of the rounds; a ratio is the median of the rounds' ratios.
 
     python3 bench/gateway.py   (through bench/gateway.sh)
 """
 
-import asyncio
 import json
-import multiprocessing
 import os
-import socket
-import ssl
 import statistics
+import subprocess
 import sys
-import time
-import urllib.request
 
-API = os.environ["API"]
-GATEWAY = os.environ["GATEWAY"]
-ADMIN = os.environ["ADMIN_TOKEN"]
+ROUNDS = int(os.environ["ROUNDS"])
+DURATION = os.environ["DURATION"]
+CONCURRENCY = os.environ["CONCURRENCY"]
+BYTES = os.environ["BYTES"]
+TUNNELS = os.environ["TUNNELS"]
 WORKER = os.environ["WORKER_TOKEN"]
-SERVICE_PID = int(os.environ["SERVICE_PID"])
-CERT, KEY, CA = os.environ["CERT"], os.environ["KEY"], os.environ["CA"]
-ROUNDS = int(os.environ.get("ROUNDS", "5"))
-DURATION = float(os.environ.get("DURATION", "5"))
-CONCURRENCY = int(os.environ.get("CONCURRENCY", "64"))
-BYTES = int(os.environ.get("BYTES", str(512 * 1024 * 1024)))
-TUNNELS = int(os.environ.get("TUNNELS", "10000"))
-CHUNK = 64 * 1024
+TUNNELS_BIN = os.environ["TUNNELS_BIN"]
+TARGET = os.environ["TARGET"]
+
+# name, address, SOCKS5 or not, the process whose memory is measured (None: not ours to
+# measure), and whether it is one of the programs the gateway is held against.
+SIDES = [
+    ("gateway", os.environ["GATEWAY"], False, os.environ["GATEWAY_PID"], False),
+    ("Squid", os.environ["SQUID"], False, os.environ["SQUID_PID"], True),
+    ("proxy-chain", os.environ["PROXY_CHAIN"], False, os.environ["PROXY_CHAIN_PID"], True),
+    ("pproxy", os.environ["PPROXY"], False, os.environ["PPROXY_PID"], True),
+    ("gateway SOCKS5", os.environ["GATEWAY_SOCKS"], True, os.environ["GATEWAY_SOCKS_PID"], False),
+    ("pproxy SOCKS5", os.environ["PPROXY_SOCKS"], True, os.environ["PPROXY_SOCKS_PID"], True),
+    ("direct", os.environ["DIRECT"], False, None, False),
+]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def tunnels(command, via, socks, *options):
+    """Runs bench/tunnels and returns its JSON line, or None when it failed."""
+    args = [TUNNELS_BIN, command, "--via", via, "--to", TARGET, "--password", WORKER, *options]
+    if socks:
+        args.append("--socks")
+    done = subprocess.run(args, capture_output=True, text=True)
+    sys.stderr.write(done.stderr)
+    return json.loads(done.stdout) if done.returncode == 0 else None
 
 
-# ---- servers, each run in a process of its own ------------------------------------------
-
-
-async def pipe(reader, writer):
-    try:
-        while data := await reader.read(CHUNK):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, asyncio.CancelledError):
-        pass
-    finally:
-        writer.close()
-
-
-async def proxy_connection(reader, writer):
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-        writer.close()
-        return
-    host, port = head.split(b" ", 2)[1].decode().rsplit(":", 1)
-    try:
-        up_reader, up_writer = await asyncio.open_connection(host, int(port))
-    except OSError:
-        writer.write(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\n\r\n")
-        writer.close()
-        return
-    writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-    await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-
-async def tls_target(reader, writer):
-    try:
-        await reader.readuntil(b"\r\n\r\n")
-        body = b"ok"
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n" + body)
-        await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
-        pass
-    writer.close()
-
-
-async def source(reader, writer):
-    chunk = b"x" * CHUNK
-    left = BYTES
-    try:
-        while left > 0:
-            writer.write(chunk[: min(CHUNK, left)])
-            left -= CHUNK
-            await writer.drain()
-    except ConnectionError:
-        pass
-    writer.close()
-
-
-async def hold(reader, writer):
-    await reader.read()
-    writer.close()
-
-
-def serve(ports):
-    async def main():
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(CERT, KEY)
-        servers = [
-            await asyncio.start_server(proxy_connection, "127.0.0.1", ports["proxy"], backlog=4096)
-        ] if "proxy" in ports else [
-            await asyncio.start_server(tls_target, "127.0.0.1", ports["tls"], ssl=context, backlog=4096),
-            await asyncio.start_server(source, "127.0.0.1", ports["source"], backlog=4096),
-            await asyncio.start_server(hold, "127.0.0.1", ports["hold"], backlog=4096),
-        ]
-        await asyncio.gather(*(s.serve_forever() for s in servers))
-
-    asyncio.run(main())
-
-
-# ---- the client --------------------------------------------------------------------------
-
-
-def basic():
-    import base64
-
-    return "Basic " + base64.b64encode(f"bench:{WORKER}".encode()).decode()
-
-
-async def open_tunnel(via, to, authorize):
-    host, port = via.rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
-    auth = f"Proxy-Authorization: {basic()}\r\n" if authorize else ""
-    writer.write(f"CONNECT {to} HTTP/1.1\r\nHost: {to}\r\n{auth}\r\n".encode())
-    head = await reader.readuntil(b"\r\n\r\n")
-    if not head.startswith(b"HTTP/1.1 200"):
-        raise RuntimeError(head.decode(errors="replace"))
-    return reader, writer
-
-
-async def tunnels_per_second(via, authorize, tls_to, context):
-    stop = time.perf_counter() + DURATION
-    done, setups = 0, []
-
-    async def worker():
-        nonlocal done
-        while time.perf_counter() < stop:
-            started = time.perf_counter()
-            reader, writer = await open_tunnel(via, tls_to, authorize)
-            setups.append(time.perf_counter() - started)
-            # TLS inside the tunnel, as a browser's HTTPS request.
-            await writer.start_tls(context, server_hostname="127.0.0.1")
-            writer.write(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            await reader.read()
-            writer.close()
-            done += 1
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-    return done / (time.perf_counter() - started), setups
-
-
-async def bytes_per_second(via, authorize, source_to):
-    reader, writer = await open_tunnel(via, source_to, authorize)
-    started = time.perf_counter()
-    got = 0
-    while data := await reader.read(1 << 20):
-        got += len(data)
-    elapsed = time.perf_counter() - started
-    writer.close()
-    if got < BYTES:
-        raise RuntimeError(f"only {got} of {BYTES} bytes arrived")
-    return got / elapsed
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
-
-
-async def memory_per_tunnel(hold_to):
-    before = rss_kib(SERVICE_PID)
-    held = []
-    batch = 256
-    for start in range(0, TUNNELS, batch):
-        held += await asyncio.gather(
-            *(open_tunnel(GATEWAY, hold_to, True) for _ in range(min(batch, TUNNELS - start)))
-        )
-    await asyncio.sleep(0.5)
-    after = rss_kib(SERVICE_PID)
-    for _, writer in held:
-        writer.close()
-    return (after - before) / TUNNELS, before, after
-
-
-def percentile(values, p):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(len(values) * p))]
-
-
-def request(method, path, body):
-    data = json.dumps(body).encode()
-    req = urllib.request.Request(f"http://{API}{path}", data=data, method=method)
-    req.add_header("authorization", f"Bearer {ADMIN}")
-    req.add_header("content-type", "application/json")
-    with urllib.request.urlopen(req) as answer:
-        return answer.status
+def measured(result):
+    """A measurement every round needs: without it the run stops."""
+    if result is None:
+        raise SystemExit("a measurement failed (above)")
+    return result
 
 
 def main():
-    ports = {"proxy": free_port(), "tls": free_port(), "source": free_port(), "hold": free_port()}
-    servers = [
-        multiprocessing.Process(target=serve, args=({"proxy": ports["proxy"]},), daemon=True),
-        multiprocessing.Process(target=serve, args=({k: ports[k] for k in ("tls", "source", "hold")},), daemon=True),
-    ]
-    for server in servers:
-        server.start()
-    time.sleep(1)
-    request("PUT", "/pools/bench", {"rules": {"allow_private": True}})
-    request("POST", "/pools/bench/members", {"members": [f"http://127.0.0.1:{ports['proxy']}"]})
-    proxy = f"127.0.0.1:{ports['proxy']}"
-    context = ssl.create_default_context(cafile=CA)
+    runs = {name: [] for name, *_ in SIDES}
+    for round_ in range(ROUNDS):
+        turn = round_ % len(SIDES)
+        for name, via, socks, _, _ in SIDES[turn:] + SIDES[:turn]:
+            rate = measured(tunnels("rate", via, socks, "--concurrency", CONCURRENCY, "--duration", DURATION))
+            stream = measured(tunnels("bytes", via, socks, "--bytes", BYTES))
+            runs[name].append({**rate, "bytes_per_second": stream["per_second"]})
+        print(
+            f"round {round_ + 1}: tunnels/s "
+            + ", ".join(f"{name} {runs[name][-1]['per_second']:.0f}" for name, *_ in SIDES),
+            flush=True,
+        )
 
-    async def run():
-        rates = {"gateway": [], "direct": []}
-        speeds = {"gateway": [], "direct": []}
-        setups = {"gateway": [], "direct": []}
-        for round_ in range(ROUNDS):
-            # Alternate which side goes first, so neither always runs on a warmer machine.
-            order = [("gateway", GATEWAY, True), ("direct", proxy, False)]
-            if round_ % 2:
-                order.reverse()
-            for side, via, authorize in order:
-                rate, setup = await tunnels_per_second(via, authorize, f"127.0.0.1:{ports['tls']}", context)
-                rates[side].append(rate)
-                setups[side] += setup
-                speeds[side].append(await bytes_per_second(via, authorize, f"127.0.0.1:{ports['source']}"))
-            print(
-                f"round {round_ + 1}: tunnels/s gateway {rates['gateway'][-1]:.0f} direct {rates['direct'][-1]:.0f}; "
-                f"MB/s gateway {speeds['gateway'][-1] / 1e6:.0f} direct {speeds['direct'][-1] / 1e6:.0f}",
-                flush=True,
-            )
-        per_tunnel, before, after = await memory_per_tunnel(f"127.0.0.1:{ports['hold']}")
-        return rates, speeds, setups, per_tunnel, before, after
+    # A program that cannot hold them all open gets "failed" in its cell, not a lost run.
+    memory = {}
+    for name, via, socks, pid, _ in SIDES:
+        if pid is not None:
+            memory[name] = tunnels("hold", via, socks, "--count", TUNNELS, "--pid", pid)
 
-    rates, speeds, setups, per_tunnel, before, after = asyncio.run(run())
-    med = statistics.median
+    def median(name, key):
+        return statistics.median(run[key] for run in runs[name])
+
     print()
-    print("| measure | gateway | direct | ratio (goal) |")
-    print("|---|---|---|---|")
     print(
-        f"| new HTTPS tunnels/s, {CONCURRENCY} clients | {med(rates['gateway']):.0f} | {med(rates['direct']):.0f} "
-        f"| {med(rates['gateway']) / med(rates['direct']):.2f} (≥ 0.7) |"
+        f"| through | new tunnels/s, {CONCURRENCY} clients | setup p50 | setup p99 | bytes/s over one tunnel "
+        f"| memory per open tunnel, {TUNNELS} open | failed tunnels |"
     )
-    print(
-        f"| bytes/s over one tunnel | {med(speeds['gateway']) / 1e6:.0f} MB/s | {med(speeds['direct']) / 1e6:.0f} MB/s "
-        f"| {med(speeds['gateway']) / med(speeds['direct']):.2f} (≥ 0.9) |"
-    )
-    for name, p in (("p50", 0.5), ("p99", 0.99)):
-        g, d = percentile(setups["gateway"], p) * 1e3, percentile(setups["direct"], p) * 1e3
-        print(f"| tunnel setup {name} | {g:.2f} ms | {d:.2f} ms | +{g - d:.2f} ms |")
-    print(
-        f"| service memory per open tunnel, {TUNNELS} open | {per_tunnel:.1f} KiB | | (≤ 64 KiB; RSS {before} → {after} KiB) |"
-    )
-    for server in servers:
-        server.terminate()
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, *_ in SIDES:
+        held = memory.get(name, {})
+        per_tunnel = (
+            f"{held['per_tunnel_kib']:.1f} KiB (RSS {held['rss_before_kib'] / 1024:.1f} → "
+            f"{held['rss_after_kib'] / 1024:.1f} MiB)"
+            if held
+            else "failed" if name in memory else ""
+        )
+        print(
+            f"| {name} | {median(name, 'per_second'):,.0f} | {median(name, 'p50_ms'):.2f} ms "
+            f"| {median(name, 'p99_ms'):.2f} ms | {median(name, 'bytes_per_second') / 1e6:,.0f} MB/s "
+            f"| {per_tunnel} | {sum(run['errors'] for run in runs[name])} |"
+        )
+
+    def ratio(name, other, key):
+        """The median over the rounds of name's figure over other's (other: a name or a
+        function of the round giving the figure)."""
+        figure = other if callable(other) else lambda i: runs[other][i][key]
+        return statistics.median(runs[name][i][key] / figure(i) for i in range(ROUNDS))
+
+    print()
+    print("| goal | HTTP | SOCKS5 |")
+    print("|---|---|---|")
+    for_each = {"HTTP": ("gateway", False), "SOCKS5": ("gateway SOCKS5", True)}
+    cells = {"peer": [], "direct": [], "bytes": [], "memory": []}
+    for _, (gateway, socks) in for_each.items():
+        peers = [name for name, _, side_socks, _, peer in SIDES if peer and side_socks == socks]
+
+        def fastest(i, peers=peers):
+            return max(runs[peer][i]["per_second"] for peer in peers)
+
+        best = max(peers, key=lambda peer: median(peer, "per_second"))
+        cells["peer"].append(f"{ratio(gateway, fastest, 'per_second'):.2f} (fastest: {best})")
+        cells["direct"].append(f"{ratio(gateway, 'direct', 'per_second'):.2f}")
+        cells["bytes"].append(f"{ratio(gateway, 'direct', 'bytes_per_second'):.2f}")
+        held = memory[gateway]
+        cells["memory"].append(f"{held['per_tunnel_kib']:.1f} KiB" if held else "failed")
+    print(f"| tunnels/s ≥ 1.0 × the fastest peer | {' | '.join(cells['peer'])} |")
+    print(f"| tunnels/s ≥ 0.8 × direct | {' | '.join(cells['direct'])} |")
+    print(f"| bytes/s ≥ 0.95 × direct | {' | '.join(cells['bytes'])} |")
+    print(f"| ≤ 32 KiB per open tunnel | {' | '.join(cells['memory'])} |")
 
 
 if __name__ == "__main__":
