@@ -116,10 +116,12 @@ describe('the operator dashboard in Chromium', () => {
   const problems = [];
   const foreignRequests = [];
 
+  // `PATCH_JSON` sends a JSON merge patch (PATCH with application/merge-patch+json).
   async function call(method, route, body) {
-    const init = { method, headers: { Authorization: `Bearer ${ADMIN}` } };
+    const patch = method === 'PATCH_JSON';
+    const init = { method: patch ? 'PATCH' : method, headers: { Authorization: `Bearer ${ADMIN}` } };
     if (body !== undefined) {
-      init.headers['Content-Type'] = 'application/json';
+      init.headers['Content-Type'] = patch ? 'application/merge-patch+json' : 'application/json';
       init.body = JSON.stringify(body);
     }
     const response = await fetch(service.base + route, init);
@@ -151,8 +153,9 @@ describe('the operator dashboard in Chromium', () => {
     const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
     page = await context.newPage();
     page.on('console', (message) => {
-      // The first test offers a wrong token on purpose; Chromium logs the 401 it gets.
-      const expected = /the server responded with a status of 401/.test(message.text());
+      // The first test offers a wrong token on purpose, the settings test a patch the
+      // service refuses; Chromium logs the 401 and the 400 they get.
+      const expected = /the server responded with a status of 40[01]/.test(message.text());
       if (!expected && (message.type() === 'error' || message.type() === 'warning')) problems.push(message.text());
     });
     page.on('pageerror', (error) => problems.push(String(error)));
@@ -300,6 +303,33 @@ describe('the operator dashboard in Chromium', () => {
     assert.equal((await member('edge', 'http://8.8.4.4:3128')).state, 'eligible');
     await eventually(async () => (await bars().count()) === 5, 'a fifth bar');
     assert.ok(await page.getByRole('button', { name: 'Import', exact: true }).isDisabled(), 'one import per dry run');
+  });
+
+  it("edits the chosen pool's settings with a merge patch, and a refused patch changes nothing", async () => {
+    const before = (await call('GET', '/pools/edge')).config;
+    assert.equal(before.rules.allow_private, false);
+    await page.getByLabel('Change (JSON merge patch)').fill('{"rules": {"allow_private": true}}');
+    await page.getByRole('button', { name: 'Apply' }).click();
+    const result = page.locator('#settings-result .outcome p');
+    await eventually(async () => (await result.textContent()) ===
+      'Saved: the settings the patch named changed, the others stayed.', 'the saved message');
+    const after = (await call('GET', '/pools/edge')).config;
+    assert.deepEqual(after, { ...before, rules: { ...before.rules, allow_private: true } },
+                     'only the named setting changed');
+    assert.deepEqual(JSON.parse(await page.locator('#settings-current').textContent()), after);
+
+    await page.getByLabel('Change (JSON merge patch)').fill('{"restore": "sometimes"}');
+    await page.getByRole('button', { name: 'Apply' }).click();
+    await eventually(async () => (await page.locator('#settings-result .outcome.failed p').textContent()) ===
+      'Not changed: invalid_json (400): unknown variant `sometimes`, expected one of `minimum`, `history`, `zero`',
+      'the refusal');
+    assert.deepEqual((await call('GET', '/pools/edge')).config, after, 'a refused patch changes nothing');
+
+    await page.getByLabel('Change (JSON merge patch)').fill('[1, 2]');
+    await page.getByRole('button', { name: 'Apply' }).click();
+    await eventually(async () => (await page.locator('#settings-result .outcome.failed p').textContent()) ===
+      'A merge patch is a JSON object, such as {"max_in_flight": 4}.', 'the page refusing an array');
+    await call('PATCH_JSON', '/pools/edge', { rules: { allow_private: false } });
   });
 
   it('shows ids that look like markup as text, and in-flight leases', async () => {
