@@ -1,7 +1,8 @@
-//! Every rule of [`super`] against its Lua twin: random inputs (proptest; the smallest
-//! failing one is reported), each run through the Rust function here and the Lua function
-//! of the same name in a real Redis, the same script text the stores' scripts are made of.
-//! A rule changed on one side only fails here.
+//! Every rule of [`super`] against its Lua twin: a constant against its twin's value, a
+//! function on random inputs (proptest; the smallest failing one is reported), each run
+//! through the Rust function here and the Lua function of the same name in a real Redis,
+//! the same script text the stores' scripts are made of. A rule changed on one side only
+//! fails here.
 
 use std::sync::{Mutex, OnceLock, PoisonError};
 
@@ -10,7 +11,7 @@ use proptest::prelude::*;
 use crate::domain::count::MAX_COUNT;
 use crate::domain::{HealthConfig, RestorePolicy};
 
-use super::health;
+use super::{expiry, health};
 
 /// Calls one twin by name with its arguments, as text; answers its result as text (`%.0f`,
 /// as the scripts write numbers into keys).
@@ -30,6 +31,8 @@ elseif f == 'restored_count' then
     return string.format('%.0f', restored_count(ARGV[2], n(3), minimum))
 elseif f == 'defaults' then
     return {DEFAULT_HEALTH, tostring(DEFAULT_TARGET_BAN_MS)}
+elseif f == 'cleanup' then
+    return tostring(CLEANUP)
 end
 return redis.error_reply('no twin called ' .. tostring(f))
 ";
@@ -50,7 +53,11 @@ fn redis() -> &'static Mutex<(crate::test_redis::RedisServer, redis::Connection)
 
 /// The Lua twin `function` called with `args`.
 fn lua<T: redis::FromRedisValue>(function: &str, args: &[String]) -> T {
-    let script = redis::Script::new(&format!("{}{CALL}", include_str!("health.lua")));
+    let script = redis::Script::new(&format!(
+        "{}{}{CALL}",
+        include_str!("expiry.lua"),
+        include_str!("health.lua")
+    ));
     let mut redis = redis().lock().unwrap_or_else(PoisonError::into_inner);
     let mut invocation = script.prepare_invoke();
     invocation.arg(function);
@@ -111,6 +118,11 @@ fn the_default_rules_of_a_pool_are_the_same_on_both_sides() {
             HealthConfig::DEFAULT_TARGET_BAN_MS.to_string()
         ]
     );
+}
+
+#[test]
+fn one_call_clears_as_many_expired_entries_on_both_sides() {
+    assert_eq!(number("cleanup", &[]), expiry::CLEANUP as u64);
 }
 
 proptest! {

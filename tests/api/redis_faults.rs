@@ -27,6 +27,7 @@ async fn assign_recovers_after_the_script_cache_is_flushed() {
         include_str!("../../src/store/scripts/assign_fast.lua"),
         include_str!("../../src/store/scripts/labels.lua"),
         include_str!("../../src/store/scripts/leases.lua"),
+        include_str!("../../src/rules/expiry.lua"),
         include_str!("../../src/rules/health.lua"),
         include_str!("../../src/store/scripts/health.lua"),
         include_str!("../../src/store/scripts/assign.lua")

@@ -8,8 +8,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use crate::domain::{MemberId, Target, Timestamp};
 
-/// How many entries that are over one rest clears, at most (of its set, and of targets).
-const CLEANUP: usize = 16;
+use crate::rules::expiry::CLEANUP;
 
 /// Members resting in one scope (the pool, or one target).
 #[derive(Debug)]

@@ -10,8 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use crate::domain::{MemberId, SessionId, Timestamp};
 
-/// How many ended sessions one assign in a session clears, at most.
-const CLEANUP: usize = 16;
+use crate::rules::expiry::CLEANUP;
 
 /// A pool's sessions: each one's member and end, and the sessions by their end.
 #[derive(Debug, Default)]

@@ -8,7 +8,8 @@ use redis::Script;
 
 /// Declares [`Scripts`] from `name: source` lines, where the source is `plain` (the file
 /// alone), `with_helpers` (the file with `labels.lua`, `leases.lua` and `health.lua` in front
-/// of it, and before `health.lua` the health rules' Lua twins, `src/rules/health.lua`), `with_reports` (the same helpers and `report.lua`, the outcome rules, in front of
+/// of it, and before `health.lua` the rules' Lua twins, `src/rules/expiry.lua` and
+/// `src/rules/health.lua`), `with_reports` (the same helpers and `report.lua`, the outcome rules, in front of
 /// it), `fast_path_then_helpers` (`leases_fast.lua` and `<name>_fast.lua`, then the file with
 /// its helpers: a script that answers its common case before the helpers' closures are
 /// made) or `picking_after_done` (the assign that applies the worker's last outcome first:
@@ -50,6 +51,7 @@ macro_rules! scripts {
             include_str!(concat!("../scripts/", stringify!($name), "_fast.lua")),
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
+            include_str!("../../rules/expiry.lua"),
             include_str!("../../rules/health.lua"),
             include_str!("../scripts/health.lua"),
             include_str!(concat!("../scripts/", stringify!($name), ".lua"))
@@ -59,6 +61,7 @@ macro_rules! scripts {
         Script::new(concat!(
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
+            include_str!("../../rules/expiry.lua"),
             include_str!("../../rules/health.lua"),
             include_str!("../scripts/health.lua"),
             include_str!("../scripts/report.lua"),
@@ -73,12 +76,14 @@ macro_rules! scripts {
             include_str!("../scripts/assign_fast.lua"),
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
+            include_str!("../../rules/expiry.lua"),
             include_str!("../../rules/health.lua"),
             include_str!("../scripts/health.lua"),
             include_str!("../scripts/assign.lua"),
             "end\nif done then\n    return done_reply(done, pick())\nend\n",
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
+            include_str!("../../rules/expiry.lua"),
             include_str!("../../rules/health.lua"),
             include_str!("../scripts/health.lua"),
             include_str!("../scripts/report.lua"),
@@ -93,6 +98,7 @@ macro_rules! scripts {
         Script::new(concat!(
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
+            include_str!("../../rules/expiry.lua"),
             include_str!("../../rules/health.lua"),
             include_str!("../scripts/health.lua"),
             include_str!("../scripts/chunk.lua"),
@@ -103,6 +109,7 @@ macro_rules! scripts {
         Script::new(concat!(
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
+            include_str!("../../rules/expiry.lua"),
             include_str!("../../rules/health.lua"),
             include_str!("../scripts/health.lua"),
             include_str!(concat!("../scripts/", stringify!($name), ".lua"))

@@ -48,7 +48,7 @@
 -- otherwise the member is chosen as without a session and pinned. Every assign slides a
 -- live session; one that finds nothing leaves its member pinned. A session key is valid
 -- only while the index lists it as live, so a deleted pool's (left to expire, see
--- delete_pool.lua) is never read. Up to 16 ended sessions leave the index per assign.
+-- delete_pool.lua) is never read. Up to CLEANUP ended sessions leave the index per assign.
 -- The answer is then {3, session ends_ms (0 when none is live), 1 when re-pinned else 0,
 -- the answer as without a session}, or {-3} when a new session would pass max_sessions.
 -- Exclude: the last ARGV, when it starts with a newline, lists members this call must not
@@ -193,19 +193,19 @@ local function first_free(key, budget, lif)
     return found, earliest
 end
 
--- Up to 16 entries of the sorted set `key` whose time is over leave it.
+-- Up to CLEANUP entries of the sorted set `key` whose time is over leave it.
 local function clear_over(key)
-    local over = redis.call('ZRANGE', key, '-inf', now, 'BYSCORE', 'LIMIT', 0, 16)
+    local over = redis.call('ZRANGE', key, '-inf', now, 'BYSCORE', 'LIMIT', 0, CLEANUP)
     if #over > 0 then
         redis.call('ZREM', key, unpack(over))
     end
 end
 
 -- Rests the member handed out until now + interval. Its entry replaces its last; up to
--- 16 entries already over are removed, and the set expires with its last entry, so the
+-- CLEANUP entries already over are removed, and the set expires with its last entry, so the
 -- set holds no more than what rests now, give or take what the next assigns clear.
 -- A target's set is listed in the pacing index until its last rest ends (GT: a shorter
--- interval set meanwhile never cuts a longer rest short); the index clears up to 16
+-- interval set meanwhile never cuts a longer rest short); the index clears up to CLEANUP
 -- targets whose rests are over and expires with its last. A stale set (see above) is
 -- unlinked first, whatever its size: UNLINK leaves freeing a large one to Redis's
 -- background thread, so the assign stays short.
@@ -265,7 +265,7 @@ end
 local pinned_order = nil
 if session then
     now = now or now_ms()
-    local ended = redis.call('ZRANGE', session.index, '-inf', now, 'BYSCORE', 'LIMIT', 0, 16)
+    local ended = redis.call('ZRANGE', session.index, '-inf', now, 'BYSCORE', 'LIMIT', 0, CLEANUP)
     if #ended > 0 then
         redis.call('ZREM', session.index, unpack(ended))
     end
