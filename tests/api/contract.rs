@@ -49,6 +49,41 @@ fn every_route_is_documented_and_every_documented_route_exists() {
     );
 }
 
+/// The routes the book's API page lists, as `(path, method)`: the code spans of the first
+/// cell of each row of its tables that name a method and a path (`| \`GET /livez\`,
+/// \`GET /readyz\` |`), the query left out.
+fn in_the_book() -> BTreeSet<(String, String)> {
+    let page = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/src/api.md"))
+        .expect("the book's API page");
+    page.lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter_map(|rest| rest.split_once(" |").map(|(cell, _)| cell))
+        .flat_map(|cell| cell.split('`').step_by(2).collect::<Vec<_>>())
+        .filter_map(|route| route.split_once(' '))
+        .filter(|(method, _)| METHODS.contains(method))
+        .map(|(method, target)| {
+            let path = target.split_once('?').map_or(target, |(path, _)| path);
+            (path.to_owned(), method.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn the_books_api_page_lists_exactly_the_routes_of_the_contract() {
+    let documented = documented();
+    let listed = in_the_book();
+    let unlisted: Vec<_> = documented.difference(&listed).collect();
+    let extra: Vec<_> = listed.difference(&documented).collect();
+    assert!(
+        unlisted.is_empty(),
+        "in openapi.yaml but not on docs/src/api.md: {unlisted:?}"
+    );
+    assert!(
+        extra.is_empty(),
+        "on docs/src/api.md but not in openapi.yaml: {extra:?}"
+    );
+}
+
 /// Methods the router is asked for on every documented path.
 const METHODS: [&str; 5] = ["GET", "PUT", "POST", "DELETE", "PATCH"];
 
