@@ -19,11 +19,20 @@
  * what Crawlee tells them about the proxy: `markGood` → `ok`, a blocked status
  * (`retireOnBlockedStatusCodes`, the session pool's `blockedStatusCodes`) → `blocked` with
  * that status, a retirement on a session error (Crawlee's proxy errors: refused, reset, the
- * proxy's own refusal of the tunnel or request) → `failed`. `markBad` reports nothing:
- * Crawlee calls it after every failed request whatever failed, a content type it refused
- * itself, the request handler's own error, a timeout, and cannot say which; the proxy's
- * failures reach the session as the retirements above. Reporting `ok` instead would count
- * a timed-out request as a success. When a
+ * proxy's own refusal of the tunnel or request) → `failed`. `markBad` reports nothing by
+ * itself: Crawlee calls it after every failed request whatever failed, a content type it
+ * refused itself, the request handler's own error, a timeout, and cannot say which.
+ * Reporting `ok` instead would count a timed-out request as a success.
+ *
+ * Crawlee's proxy errors are error messages it knows (`ECONNRESET`, `Proxy responded
+ * with`...), and a proxy that closes the connection without an answer fails the request
+ * with `socket hang up`, which is not one of them: Crawlee retries the request without
+ * retiring the session. Nor does it retire the session on the last try of a request, its
+ * proxy errors included. So the adapter reads the errors itself: Crawlee hands each one to
+ * the request's `pushErrorMessage` before it calls `markBad`, and names the request's
+ * session when it asks for its proxy. A failure of the connection to the proxy (see
+ * {@link isProxyFailure}) that left the session in place retires it on the `markBad` that
+ * follows, as Crawlee's own session errors do, and so reports `failed`. When a
  * report takes the proxy out (or finds it out already), the session is retired, so the
  * next request gets a new session and a new proxy. A retired session's lease
  * (least-in-flight pools) is released; {@link ProxyAllocatorProxies.close} releases the
@@ -38,8 +47,8 @@
  * @module
  */
 
-import { ProxyConfiguration, Session } from '@crawlee/core';
-import type { SessionOptions, SessionPool, SessionPoolOptions } from '@crawlee/core';
+import { ProxyConfiguration, Session, SessionError } from '@crawlee/core';
+import type { Request, SessionOptions, SessionPool, SessionPoolOptions } from '@crawlee/core';
 
 import {
     Client,
@@ -84,6 +93,8 @@ export interface ProxyAllocatorStats {
 
 interface Held {
     assignment: Promise<Assignment>;
+    /** A request through the proxy failed on its connection to it (see #watch). */
+    proxyFailed?: boolean;
     renewing?: Renewing;
     renewer?: { stop(): Promise<void> };
 }
@@ -112,6 +123,8 @@ export class ProxyAllocatorProxies {
     readonly #options: ProxyAllocatorProxiesOptions;
     readonly #warn: (message: string) => void;
     readonly #sessions = new Map<string, Held>();
+    /** The session each watched request last went out with (see #watch). */
+    readonly #requestSessions = new WeakMap<Request, string>();
     readonly #pending = new Set<Promise<void>>();
 
     constructor(options: ProxyAllocatorProxiesOptions) {
@@ -120,7 +133,13 @@ export class ProxyAllocatorProxies {
         this.#options = options;
         this.#warn = options.onWarning ?? ((message: string) => console.warn(message));
         this.proxyConfiguration = new ProxyConfiguration({
-            newUrlFunction: async (sessionId) => this.#proxyFor(sessionId === undefined ? undefined : String(sessionId)),
+            newUrlFunction: async (sessionId, options) => {
+                // Crawlee asks for a proxy before each request it sends (Crawlee 3.6 and
+                // later name the request).
+                const id = sessionId === undefined ? undefined : String(sessionId);
+                if (id !== undefined && options?.request !== undefined) this.#watch(options.request, id);
+                return this.#proxyFor(id);
+            },
         });
         const adapter = this;
         this.sessionPoolOptions = {
@@ -172,6 +191,43 @@ export class ProxyAllocatorProxies {
             );
         }
         return (await held.assignment).proxy;
+    }
+
+    /**
+     * Sees the errors of `request`, about to go out with session `sessionId`: Crawlee hands
+     * each one to the request's `pushErrorMessage` (to keep its message) before it calls the
+     * session's `markBad`, and nowhere else can the adapter see the error itself. A failure
+     * of the connection to the proxy ({@link isProxyFailure}) is noted on the session's
+     * proxy, for its `markBad` ({@link proxyFailed}).
+     */
+    #watch(request: Request, sessionId: string): void {
+        // Crawlee may send the same request object again, with another session.
+        const watched = this.#requestSessions.has(request);
+        this.#requestSessions.set(request, sessionId);
+        if (watched) return;
+        const push = request.pushErrorMessage;
+        const sessions = this.#sessions;
+        const requestSessions = this.#requestSessions;
+        request.pushErrorMessage = function (this: Request, ...args: Parameters<Request['pushErrorMessage']>) {
+            const held = sessions.get(requestSessions.get(request) ?? '');
+            if (held !== undefined && isProxyFailure(args[0])) held.proxyFailed = true;
+            return push.apply(this, args);
+        };
+    }
+
+    /**
+     * Whether a request of `session` failed on its connection to the proxy since the last
+     * call, the session still holding it: Crawlee has not retired it for that (a
+     * `SessionError` it retries retires the session before `markBad`; one it gives up on
+     * does not).
+     *
+     * @internal
+     */
+    proxyFailed(session: Session): boolean {
+        const held = this.#sessions.get(session.id);
+        if (held?.proxyFailed !== true) return false;
+        held.proxyFailed = false;
+        return true;
     }
 
     /** Assigns, waiting out 204 and 503 by their `Retry-After`, up to `maxWaitMs`. */
@@ -320,6 +376,36 @@ export class ProxyAllocatorProxies {
     }
 }
 
+/**
+ * Codes of a connection to the proxy that ended without an answer: refused, closed
+ * (Node's `socket hang up` carries `ECONNRESET` too) or reset by the proxy, or broken
+ * while the request was being written to it.
+ */
+const PROXY_CONNECTION_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE']);
+
+/** What the message of a `SessionError` Crawlee made of a proxy error says (its list). */
+const CRAWLEE_PROXY_ERRORS = /ECONNRESET|ECONNREFUSED|ERR_PROXY_CONNECTION_FAILED|ERR_TUNNEL_CONNECTION_FAILED|Proxy responded with/;
+
+/**
+ * Whether `error` failed a request on its connection to the proxy: the proxy refused,
+ * closed (without an answer) or reset the connection, or refused the tunnel (`CONNECT`
+ * answered 407 or 5xx: "The proxy responded with ..."). An error of got-scraping (Crawlee's
+ * HTTP client) says so with its code and names the proxy the request went through in its
+ * options; Crawlee turns those whose message it knows into a `SessionError` with that
+ * message. Through a proxy the client's connection is to the proxy, which answers for a
+ * site that fails behind it (a 502), as Crawlee's own proxy errors (`ECONNRESET`) assume.
+ * Errors thrown by the request handler, a content type or page Crawlee refused, and
+ * timeouts carry no such options, codes or messages.
+ */
+function isProxyFailure(error: unknown): boolean {
+    if (!(error instanceof Error)) return false;
+    if (error instanceof SessionError) return CRAWLEE_PROXY_ERRORS.test(error.message);
+    const proxyUrl = (error as { options?: { context?: { proxyUrl?: unknown } } }).options?.context?.proxyUrl;
+    if (typeof proxyUrl !== 'string') return false;
+    const code = (error as { code?: unknown }).code;
+    return (typeof code === 'string' && PROXY_CONNECTION_CODES.has(code)) || /\bproxy responded with\b/i.test(error.message);
+}
+
 /** A Crawlee session that tells the adapter what happened to its requests. */
 class ReportingSession extends Session {
     readonly #adapter: ProxyAllocatorProxies;
@@ -339,8 +425,11 @@ class ReportingSession extends Session {
     }
 
     override markBad(): void {
-        // Not a report: see the module's doc. A session error retired the session (and
-        // reported) before this.
+        // A request that failed on its connection to the proxy and did not retire the
+        // session: retired as Crawlee retires on a session error, reporting `failed`.
+        // Anything else is not a report (see the module's doc); a session error Crawlee
+        // retries on retired the session (and reported) before this.
+        if (this.#adapter.proxyFailed(this)) this.retire();
         this.#quietly(() => super.markBad());
     }
 
@@ -368,7 +457,8 @@ class ReportingSession extends Session {
             // Crawlee rotating the session on a session error: for an HTTP crawler, a
             // proxy that refused or reset the connection or answered the tunnel with an
             // error (Crawlee's proxy errors), or a page its retryOnBlocked check found
-            // blocked. The only failure report a session makes.
+            // blocked; or markBad after a request failed on its connection to the proxy.
+            // The only failure report a session makes.
             report = ['failed', undefined];
         }
         super.retire();

@@ -8,7 +8,7 @@ import { Configuration, log } from '@crawlee/core';
 import { HttpCrawler } from '@crawlee/http';
 
 import { ProxyAllocatorProxies } from '../dist/crawlee.js';
-import { callsSince, deadProxy, startProxy, startRedis, startService, startSite } from './harness.mjs';
+import { callsSince, deadProxy, startBrokenProxy, startProxy, startRedis, startService, startSite } from './harness.mjs';
 
 const GOOD_SOURCE = '127.0.0.2';
 const BLOCKED_SOURCE = '127.0.0.3';
@@ -140,6 +140,39 @@ for (const store of ['redis', 'embedded']) {
             assert.deepEqual(warnings, []);
         });
 
+        // What the proxy does with each request, and the page asked for: an https page makes
+        // Crawlee ask the proxy for a tunnel (CONNECT) first, which the refusing one answers 502.
+        for (const [behaviour, does, https] of [
+            ['close', 'closes the connection without answering', false],
+            ['reset', 'resets the connection', false],
+            ['refuse', 'answers the tunnel with 502', true],
+        ]) {
+            test(`reports failed for each try through a proxy that ${does}`, async () => {
+                const broken = await startBrokenProxy(behaviour);
+                try {
+                    // Four failures in a row leave the member in: each shows in its count.
+                    const pool = await service.createPool({
+                        rules: { allow_private: true },
+                        health: { max_consecutive_failures: 10, cooldown_ms: 600_000, jitter_percent: 0 },
+                    });
+                    await service.seed(pool, [broken.url]);
+                    const url = site.urls(1)[0].replace('http:', https ? 'https:' : 'http:');
+                    // Crawlee sends the page four times, each time through a new session, and
+                    // gives up: three retries (maxRequestRetries), or three new sessions on
+                    // the proxy errors it knows (maxSessionRotations).
+                    const { pages, stats, warnings } = await crawl(service, pool, [url], 1, { maxWaitMs: 0 }, {}, { maxSessionRotations: 3 });
+                    assert.deepEqual([pages, site.hits, broken.heads()], [[], [], 4]);
+                    assert.deepEqual([stats.assigned, stats.reported, stats.tripped], [4, { ok: 0, failed: 4, blocked: 0 }, 0]);
+                    assert.deepEqual(warnings, []);
+                    // The service recorded each of them against the member.
+                    const member = (await service.members(pool))[broken.url];
+                    assert.deepEqual([member.assignments, member.consecutive_failures, member.state], [4, 4, 'eligible']);
+                } finally {
+                    await broken.stop();
+                }
+            });
+        }
+
         test('reports nothing when Crawlee refuses a content type or the request handler throws', async () => {
             // One failure would take the proxy out, and a crawl waits for none: a report
             // against it would show.
@@ -167,7 +200,7 @@ for (const store of ['redis', 'embedded']) {
             assert.deepEqual(site.byClient(), { [`${GOOD_SOURCE} 200`]: 4 });
             assert.deepEqual(thrown.stats.reported, { ok: 0, failed: 0, blocked: 0 });
             const member = (await service.members(pool))[good.url];
-            assert.deepEqual([member.state, member.reason ?? null], ['eligible', null]);
+            assert.deepEqual([member.state, member.reason ?? null, member.consecutive_failures], ['eligible', null, 0]);
         });
 
         test('labels keep every session on the members carrying them', async () => {

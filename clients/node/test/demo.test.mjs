@@ -52,9 +52,12 @@ test("the book's Crawlee example fetches the demo page through the demo's proxie
         assert.ok(['healthy', 'slow'].includes(members[proxy]?.kind), `${line}: ${JSON.stringify(members[proxy])}`);
     }
     // The two proxies that fetched were handed out once each and reported ok (markGood).
-    // (What the adapter reports when the failing proxy drops a request is left out: today
-    // Crawlee retries the request without retiring the session for a proxy error, so the
-    // adapter reports nothing about that proxy.)
     const answered = Object.values(members).filter((m) => m.kind !== 'failing' && m.assignments > 0);
     assert.deepEqual(answered.map((m) => [m.assignments, m.consecutive_failures]), [[1, 0], [1, 0]]);
+    // The failing proxy, if it was handed out (least used first: at most once for two pages
+    // and a retry among four members), dropped its request and was reported failed for it.
+    const failing = Object.values(members).filter((m) => m.kind === 'failing');
+    assert.equal(failing.length, 1);
+    assert.ok(failing[0].assignments <= 1, JSON.stringify(failing[0]));
+    assert.equal(failing[0].consecutive_failures, failing[0].assignments, JSON.stringify(failing[0]));
 });

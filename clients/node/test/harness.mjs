@@ -202,6 +202,40 @@ export async function startProxy(source) {
     };
 }
 
+/**
+ * A proxy that reads each request head and serves none: `close` ends the connection
+ * without an answer (a FIN, as the demo's failing proxy does), `reset` resets it (an RST),
+ * `refuse` answers 502 and closes. `heads` counts the request heads it read.
+ */
+export async function startBrokenProxy(behaviour) {
+    let heads = 0;
+    const sockets = new Set();
+    const server = createTcpServer((socket) => {
+        sockets.add(socket);
+        socket.once('close', () => sockets.delete(socket));
+        socket.on('error', () => {});
+        let head = '';
+        socket.on('data', (data) => {
+            head += data.toString('latin1');
+            if (!head.includes('\r\n\r\n')) return;
+            heads += 1;
+            socket.removeAllListeners('data');
+            if (behaviour === 'reset') socket.resetAndDestroy();
+            else if (behaviour === 'refuse') socket.end('HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\nconnection: close\r\n\r\n');
+            else socket.end();
+        });
+    });
+    await new Promise((done) => server.listen(0, '127.0.0.1', done));
+    return {
+        url: `http://127.0.0.1:${server.address().port}`,
+        heads: () => heads,
+        stop: () => {
+            for (const socket of sockets) socket.destroy();
+            return new Promise((done) => server.close(done));
+        },
+    };
+}
+
 /** The URL of a proxy that is not there: nothing listens on its port. */
 export async function deadProxy() {
     return `http://127.0.0.1:${await freePort()}`;
