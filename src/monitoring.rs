@@ -63,6 +63,14 @@ fn describe() {
         "pa_assigns_total",
         "Assign requests by pool and outcome (assigned, empty, not_found, error)."
     );
+    describe_counter!(
+        "pa_large_work_steps_total",
+        "Steps of large operations (seed, import, disable, enable, remove, the sweep, listing pieces)."
+    );
+    describe_counter!(
+        "pa_large_work_rests_total",
+        "Steps of large operations followed by a rest, by what made the step contended: local (this replica's calls waited through it) or remote (on Redis, it waited behind other clients' work)."
+    );
     describe_histogram!(
         "pa_assign_duration_seconds",
         Unit::Seconds,

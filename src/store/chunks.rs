@@ -513,10 +513,19 @@ impl MemberChunks {
     /// Books the rest of a chunk that started as `started`, ended now and took `took`,
     /// when it was contended: this replica's calls waited through it, or (`queued`) it
     /// waited behind other clients' work.
+    ///
+    /// Counted in `/metrics` too (steps, and rests by what earned them), so that an
+    /// operator can tell whether a long import rested and for whom; a step is a fraction of
+    /// a millisecond, so the macros' lookup is nothing beside it.
     fn book(&self, started: Started, took: Duration, queued: bool) {
         self.chunks_run.fetch_add(1, Ordering::Relaxed);
-        if queued || started.0.busy_until(self.traffic.seen()) {
+        metrics::counter!("pa_large_work_steps_total").increment(1);
+        let local = started.0.busy_until(self.traffic.seen());
+        if queued || local {
             self.rests_earned.fetch_add(1, Ordering::Relaxed);
+            // This replica's calls first: when both hold, the rest protected them for sure.
+            let cause = if local { "local" } else { "remote" };
+            metrics::counter!("pa_large_work_rests_total", "cause" => cause).increment(1);
             self.duty.book(Instant::now(), took);
         }
     }
@@ -556,6 +565,49 @@ const SWEEP_FIRST_STEP: usize = 200;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn steps_and_their_rests_are_counted_in_the_metrics_by_what_earned_them() {
+        // A recorder of this test's own: the process's one is shared by every test.
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        let chunks = MemberChunks::default();
+        metrics::with_local_recorder(&recorder, || {
+            // Nobody waits: no rest.
+            chunks.ran_piece(Started(chunks.traffic.seen()), Duration::from_micros(100));
+            // One of this replica's calls is in flight through the step.
+            let started = Started(chunks.traffic.seen());
+            let call = chunks.traffic.enter();
+            chunks.ran_piece(started, Duration::from_micros(100));
+            drop(call);
+            // A Redis step sets the shortest wait (100 µs), the next one waits 4.9 ms.
+            let ran = Duration::from_micros(100);
+            chunks.ran_script(
+                Started(chunks.traffic.seen()),
+                Duration::from_micros(200),
+                ran,
+            );
+            chunks.ran_script(
+                Started(chunks.traffic.seen()),
+                Duration::from_millis(5),
+                ran,
+            );
+        });
+        let text = handle.render();
+        let mut counted: Vec<&str> = text
+            .lines()
+            .filter(|line| line.starts_with("pa_large_work"))
+            .collect();
+        counted.sort_unstable();
+        assert_eq!(
+            counted,
+            [
+                "pa_large_work_rests_total{cause=\"local\"} 1",
+                "pa_large_work_rests_total{cause=\"remote\"} 1",
+                "pa_large_work_steps_total 4",
+            ]
+        );
+    }
 
     #[test]
     fn chunks_grow_toward_the_budget_at_most_twofold_and_stay_whole_granules() {
