@@ -846,15 +846,17 @@ async fn an_open_tunnel_keeps_its_lease_past_its_ttl_and_gives_it_back_when_it_c
     app.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_lets_open_tunnels_finish_and_closes_those_left_at_the_drain_timeout() {
-    use crate::process::ServiceProcess;
-    let site = target(None).await;
-    let proxy = http_proxy().await;
+/// A service process whose gateway port `listen` (`GATEWAY_LISTEN` or
+/// `GATEWAY_SOCKS_LISTEN`) serves a least-in-flight pool `web` of one member, `proxy`,
+/// and whose drain on SIGTERM lasts 1.5 s, logging the gateway's lines; and that port.
+pub(crate) async fn draining_service(
+    listen: &str,
+    proxy: &Server,
+) -> (crate::process::ServiceProcess, SocketAddr) {
     let port = closed_port();
-    let mut service = ServiceProcess::start(&[
+    let service = crate::process::ServiceProcess::start(&[
         ("WORKER_TOKEN", TOKEN.to_owned()),
-        ("GATEWAY_LISTEN", format!("127.0.0.1:{port}")),
+        (listen, format!("127.0.0.1:{port}")),
         ("SHUTDOWN_TIMEOUT_MS", "1500".to_owned()),
         (
             "RUST_LOG",
@@ -874,12 +876,19 @@ async fn sigterm_lets_open_tunnels_finish_and_closes_those_left_at_the_drain_tim
         .expect("created");
     assert_eq!(created.status(), 201);
     let seeded = admin(reqwest::Method::POST, "/pools/web/members")
-        .json(&json!({"members": [member("http", &proxy)]}))
+        .json(&json!({"members": [member("http", proxy)]}))
         .send()
         .await
         .expect("seeded");
     assert_eq!(seeded.status(), 200);
-    let gateway = SocketAddr::from(([127, 0, 0, 1], port));
+    (service, SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_open_tunnels_finish_and_closes_those_left_at_the_drain_timeout() {
+    let site = target(None).await;
+    let proxy = http_proxy().await;
+    let (mut service, gateway) = draining_service("GATEWAY_LISTEN", &proxy).await;
     let to = format!("127.0.0.1:{}", site.port());
     let (status, busy) = open_tunnel(gateway, "web", &to).await;
     assert_eq!(status, 200);

@@ -548,6 +548,30 @@ async fn max_in_flight_1_holds_with_50_concurrent_socks5_tunnels_and_closing_one
     }
 }
 
+/// Two connections held open on the HTTP gateway port and a third on the SOCKS5 port,
+/// which is served; a fourth on the SOCKS5 port is closed, for the reason `why`.
+async fn fourth_connection_is_closed(app: &TestApp, why: &str) {
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(
+            TcpStream::connect(crate::gateway::gateway(app))
+                .await
+                .expect("connected"),
+        );
+    }
+    let mut third = TcpStream::connect(socks(app)).await.expect("connected");
+    third.write_all(&[5, 1, 2]).await.expect("greeted");
+    assert_eq!(
+        read::<2>(&mut third).await,
+        Some([5, 2]),
+        "the third connection is served"
+    );
+    let mut fourth = TcpStream::connect(socks(app)).await.expect("connected");
+    let _ = fourth.write_all(&[5, 1, 2]).await;
+    assert_eq!(read::<2>(&mut fourth).await, None, "{why}");
+    drop(held);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_socks5_port_counts_under_the_gateways_connection_cap_with_the_http_port() {
     let app = spawn_on(Backend::Embedded, |config| {
@@ -555,29 +579,7 @@ async fn the_socks5_port_counts_under_the_gateways_connection_cap_with_the_http_
         config.gateway_max_connections_per_client = Some(10);
     })
     .await;
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        held.push(
-            TcpStream::connect(crate::gateway::gateway(&app))
-                .await
-                .expect("connected"),
-        );
-    }
-    let mut third = TcpStream::connect(socks(&app)).await.expect("connected");
-    third.write_all(&[5, 1, 2]).await.expect("greeted");
-    assert_eq!(
-        read::<2>(&mut third).await,
-        Some([5, 2]),
-        "the third connection is served"
-    );
-    let mut fourth = TcpStream::connect(socks(&app)).await.expect("connected");
-    let _ = fourth.write_all(&[5, 1, 2]).await;
-    assert_eq!(
-        read::<2>(&mut fourth).await,
-        None,
-        "the fourth is closed at the cap"
-    );
-    drop(held);
+    fourth_connection_is_closed(&app, "the fourth is closed at the cap").await;
     app.stop().await;
 }
 
@@ -625,62 +627,16 @@ async fn a_clients_share_of_connections_spans_the_http_and_socks5_ports() {
         config.gateway_max_connections_per_client = Some(3);
     })
     .await;
-    let mut held = Vec::new();
-    for _ in 0..2 {
-        held.push(
-            TcpStream::connect(crate::gateway::gateway(&app))
-                .await
-                .expect("connected"),
-        );
-    }
-    let mut third = TcpStream::connect(socks(&app)).await.expect("connected");
-    third.write_all(&[5, 1, 2]).await.expect("greeted");
-    assert_eq!(
-        read::<2>(&mut third).await,
-        Some([5, 2]),
-        "within the share"
-    );
-    let mut fourth = TcpStream::connect(socks(&app)).await.expect("connected");
-    let _ = fourth.write_all(&[5, 1, 2]).await;
-    assert_eq!(read::<2>(&mut fourth).await, None, "over the share: closed");
-    drop(held);
+    fourth_connection_is_closed(&app, "over the share: closed").await;
     app.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_open_socks5_tunnels_finish_and_closes_those_left_at_the_drain_timeout() {
-    use crate::process::ServiceProcess;
     let site = target(None).await;
     let proxy = http_proxy().await;
-    let port = closed_port();
-    let mut service = ServiceProcess::start(&[
-        ("WORKER_TOKEN", TOKEN.to_owned()),
-        ("GATEWAY_SOCKS_LISTEN", format!("127.0.0.1:{port}")),
-        ("SHUTDOWN_TIMEOUT_MS", "1500".to_owned()),
-        (
-            "RUST_LOG",
-            "warn,proxy_allocator::startup=info,proxy_allocator::gateway=info".to_owned(),
-        ),
-    ]);
-    let client = reqwest::Client::new();
-    let admin = |method, path: &str| {
-        client
-            .request(method, format!("{}{path}", service.base))
-            .bearer_auth(crate::helpers::ADMIN)
-    };
-    let created = admin(reqwest::Method::PUT, "/pools/web")
-        .json(&json!({"policy": "least-in-flight", "rules": {"allow_private": true}}))
-        .send()
-        .await
-        .expect("created");
-    assert_eq!(created.status(), 201);
-    let seeded = admin(reqwest::Method::POST, "/pools/web/members")
-        .json(&json!({"members": [member("http", &proxy)]}))
-        .send()
-        .await
-        .expect("seeded");
-    assert_eq!(seeded.status(), 200);
-    let gateway = SocketAddr::from(([127, 0, 0, 1], port));
+    let (mut service, gateway) =
+        crate::gateway::draining_service("GATEWAY_SOCKS_LISTEN", &proxy).await;
     let to = To::V4([127, 0, 0, 1], site.port());
     let (reply, mut busy) = connect(gateway, "web", &to).await;
     assert_eq!(reply, 0);
