@@ -69,7 +69,7 @@ fn describe() {
     );
     describe_counter!(
         "pa_large_work_rests_total",
-        "Steps of large operations followed by a rest, by what made the step contended: local (this replica's calls waited through it) or remote (on Redis, it waited behind other clients' work)."
+        "Steps of large operations followed by a rest, by what made the step contended: local (this replica's calls waited through it) or remote (on Redis, others sent it at least 16 KiB a second since the reading before)."
     );
     describe_histogram!(
         "pa_assign_duration_seconds",

@@ -33,24 +33,26 @@
 //! operation runs its chunks back to back. A call that finds the store rested starts at
 //! once.
 //!
-//! What makes a chunk contended (see [`Traffic`] and [`RemoteWaits`]):
+//! What makes a chunk contended (see [`Traffic`] and [`RemoteLoad`]):
 //! - this replica's own calls: the store counts its calls in flight (queued for a
 //!   connection or the lock included), all but the chunks of large operations, and a chunk
 //!   is contended when one was in flight as it started or ended, or started meanwhile;
-//! - on Redis, other replicas' (and other clients') calls, which no counter here sees: a
-//!   chunk script answers how long it ran by Redis's clock, and its round trip less that is
-//!   how long it waited, on the network and behind whatever Redis was running when it
-//!   arrived. A wait longer than the shortest of the last few seconds by more than
-//!   [`QUEUE_MARGIN`] means Redis was still busy with others' work when the chunk came: the
-//!   queue the previous chunk left behind had not drained, which is what the rest is for.
-//!   A chunk that waited no longer than that found it drained, and a rest would protect
-//!   nobody.
+//! - on Redis, other replicas' (and other clients') calls, which no counter here sees:
+//!   at most every [`LOAD_SAMPLE_INTERVAL`] a large operation reads how many bytes Redis
+//!   has received from all its clients, and the bytes others sent since the reading before
+//!   (all of them less this replica's chunks, which it counts as it sends them) say
+//!   whether others kept Redis busy: at [`BUSY_BYTES_PER_SECOND`] or more, every chunk
+//!   rests until the next reading says otherwise. Redis's own count is the same whichever
+//!   replica reads it, and no wait on this machine moves it.
 
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use crate::domain::PoolId;
 
 /// What one chunk should cost the store. Well under the 5 ms a step may take at most: on a
 /// busy machine the same chunk's time varies severalfold from one call to the next. And
@@ -225,21 +227,6 @@ pub(crate) fn rest_after(took: Duration) -> Duration {
     took.mul_f64((1.0 - LARGE_WORK_SHARE) / LARGE_WORK_SHARE)
 }
 
-/// How much longer than the shortest wait of late a Redis chunk's wait (its round trip less
-/// the script's own time) may be and still count as finding Redis idle. A queue shorter
-/// than that ahead of the chunk (about three assigns: 16 take Redis about half a
-/// millisecond) delays the calls behind it less than a fifth of what one chunk does, which
-/// any call may meet whatever the rests; and a margin keeps the jitter of a round trip on
-/// one machine (tens of microseconds when quiet) from passing for contention.
-pub(crate) const QUEUE_MARGIN: Duration = Duration::from_micros(100);
-
-/// How long the shortest wait seen stays the reference: a wait is compared with the
-/// shortest of the current window and the one before, so that a reference follows a
-/// network that became slower within two windows, while a few seconds of others' steady
-/// traffic cannot raise it (some chunks among thousands find Redis idle between their
-/// calls).
-const WAIT_WINDOW: Duration = Duration::from_secs(5);
-
 /// When the next chunk of a store's large operations may start: after the last contended
 /// chunk's end and the rest it earned. Shared by every large operation of the store, so
 /// that two at once, or a caller sending one call after another, share one budget instead
@@ -341,63 +328,131 @@ impl Seen {
     }
 }
 
-/// The waits of a store's Redis chunks (round trip less the script's own time), and the
-/// shortest of late they are compared with: a chunk that waited more than [`QUEUE_MARGIN`]
-/// longer came while Redis was busy with other clients' work.
+/// How often, at most, a large operation on Redis reads how many bytes Redis has received
+/// from all its clients (`INFO stats`, one short script in the pool's hash slot). Four reads
+/// a second cost Redis about 80 µs; a load that starts between two reads is seen within
+/// this long (this replica's own calls are seen at once, through [`Traffic`]).
+pub(crate) const LOAD_SAMPLE_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Bytes per second that others (every client but this replica's large operations) send to
+/// Redis at and above which a large operation rests after each chunk. About 25 plain
+/// assigns a second (an `EVALSHA` with its 22 keys is 600–700 bytes), and 35 times what an
+/// idle replica sends (its due-work polls: about 460 bytes a second). Below it, a call of
+/// someone else rarely arrives during a chunk, and a rest would not lower its p99 anyway:
+/// what one call meets is at most one chunk, rests or not; the rests are for a queue,
+/// which only steady traffic builds.
+pub(crate) const BUSY_BYTES_PER_SECOND: u64 = 16 * 1024;
+
+/// How old a pool's last reading may be and still be the start of the next one: older,
+/// and the bytes between the two would say how busy Redis was long ago, so the next reading
+/// starts afresh.
+const LOAD_SAMPLE_STALE: u32 = 4;
+
+/// What Redis received from others while this replica's large operations ran, read at most
+/// every [`LOAD_SAMPLE_INTERVAL`]: the bytes Redis counts as received from every client,
+/// less the bytes this replica's chunks sent it (counted exactly as they are written),
+/// over the time between two readings. Kept per pool, because on a cluster each pool's
+/// readings come from the node that serves its hash slot.
+///
+/// Why bytes: every call of every client crosses the network (a call's bytes, unlike its
+/// commands, are not counted again for the commands a script runs), the count is Redis's
+/// own and so is the same for every replica, and nothing on this machine (a core taken by
+/// another process, a slow wake-up) changes it, where a round trip measured here did:
+/// on two shared cores an idle import rested after more than half its steps for waits
+/// that were the service's own.
 #[derive(Debug)]
-pub(crate) struct RemoteWaits {
-    /// [`QUEUE_MARGIN`], or in tests one no jitter reaches.
-    margin: Duration,
-    windows: Mutex<WaitWindows>,
+pub(crate) struct RemoteLoad {
+    /// [`LOAD_SAMPLE_INTERVAL`], or in tests zero (a reading before every chunk) or none
+    /// (no reading, for tests that count a large operation's calls).
+    interval: Option<Duration>,
+    pools: Mutex<HashMap<PoolId, Reading>>,
 }
 
-impl Default for RemoteWaits {
+/// A pool's last reading, and this replica's bytes to Redis since it.
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    at: Instant,
+    /// `total_net_input_bytes` as Redis answered it.
+    received: u64,
+    /// What this replica's large operations on the pool have sent Redis since then,
+    /// including the next reading's own call.
+    own: u64,
+    /// Whether others sent at least [`BUSY_BYTES_PER_SECOND`] between this reading and the
+    /// one before it.
+    busy: bool,
+}
+
+impl Default for RemoteLoad {
     fn default() -> Self {
-        Self {
-            margin: QUEUE_MARGIN,
-            windows: Mutex::default(),
-        }
+        Self::every(Some(LOAD_SAMPLE_INTERVAL))
     }
 }
 
-/// The shortest waits of the current [`WAIT_WINDOW`] and of the one before it.
-#[derive(Debug, Default)]
-struct WaitWindows {
-    /// When the current window started; `None` before the first chunk.
-    started: Option<Instant>,
-    current: Option<Duration>,
-    before: Option<Duration>,
-}
-
-impl RemoteWaits {
-    /// Records a chunk that ended at `now` having waited `waited`, and answers whether it
-    /// waited behind others' work. The first chunk of all, with nothing to compare with,
-    /// counts as waiting for nobody: it sets the reference.
-    pub(crate) fn queued(&self, now: Instant, waited: Duration) -> bool {
-        let mut windows = self
-            .windows
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match windows.started {
-            Some(started) if now.saturating_duration_since(started) < WAIT_WINDOW => {}
-            Some(started) if now.saturating_duration_since(started) < 2 * WAIT_WINDOW => {
-                windows.before = windows.current.take();
-                windows.started = Some(now);
-            }
-            // The first chunk, or none for two windows: what was seen then is too old.
-            _ => {
-                *windows = WaitWindows {
-                    started: Some(now),
-                    ..WaitWindows::default()
-                }
-            }
+impl RemoteLoad {
+    fn every(interval: Option<Duration>) -> Self {
+        Self {
+            interval,
+            pools: Mutex::default(),
         }
-        let shortest = match (windows.current, windows.before) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        windows.current = Some(windows.current.map_or(waited, |c| c.min(waited)));
-        shortest.is_some_and(|shortest| waited > shortest + self.margin)
+    }
+
+    fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<PoolId, Reading>> {
+        // A panic elsewhere cannot leave a reading half-written: each is replaced whole.
+        self.pools
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a chunk of `pool` starting at `now` should read Redis's count first.
+    pub(crate) fn due(&self, pool: &PoolId, now: Instant) -> bool {
+        self.interval.is_some_and(|interval| {
+            self.pools()
+                .get(pool)
+                .is_none_or(|last| now.saturating_duration_since(last.at) >= interval)
+        })
+    }
+
+    /// Counts `bytes` that a large operation of `pool` is about to send Redis. Bytes sent
+    /// before the pool's first reading are in that reading already.
+    pub(crate) fn sent(&self, pool: &PoolId, bytes: usize) {
+        if let Some(last) = self.pools().get_mut(pool) {
+            last.own = last.own.saturating_add(bytes as u64);
+        }
+    }
+
+    /// Records that Redis answered at `now` that it had received `received` bytes in all,
+    /// and says whether others are busy: they sent at least [`BUSY_BYTES_PER_SECOND`] since
+    /// the reading before. The first reading (or one after a long pause) has nothing to
+    /// compare with, and counts as idle.
+    pub(crate) fn read(&self, pool: &PoolId, now: Instant, received: u64) -> bool {
+        let mut pools = self.pools();
+        // The map holds the pools with large work of late: forget the others.
+        let stale = self.interval.unwrap_or_default().max(LOAD_SAMPLE_INTERVAL) * LOAD_SAMPLE_STALE;
+        pools.retain(|_, last| now.saturating_duration_since(last.at) < stale);
+        let busy = pools.get(pool).is_some_and(|last| {
+            let others = received.saturating_sub(last.received.saturating_add(last.own));
+            let elapsed = now.saturating_duration_since(last.at);
+            // `others / elapsed >= BUSY_BYTES_PER_SECOND`, in integers: with readings
+            // microseconds apart (tests read before every chunk), any byte of others counts.
+            u128::from(others) * 1_000_000
+                >= u128::from(BUSY_BYTES_PER_SECOND) * elapsed.as_micros()
+                && others > 0
+        });
+        pools.insert(
+            pool.clone(),
+            Reading {
+                at: now,
+                received,
+                own: 0,
+                busy,
+            },
+        );
+        busy
+    }
+
+    /// Whether the last reading of `pool` found others busy.
+    pub(crate) fn busy(&self, pool: &PoolId) -> bool {
+        self.pools().get(pool).is_some_and(|last| last.busy)
     }
 }
 
@@ -421,8 +476,8 @@ pub(crate) struct MemberChunks {
     /// The rests between contended chunks of all of them, and of the pieces of member
     /// listings.
     duty: DutyCycle,
-    /// The waits of Redis chunks, which tell of other replicas' calls.
-    waits: RemoteWaits,
+    /// What Redis received from others of late, which tells of other replicas' calls.
+    pub(crate) load: RemoteLoad,
     /// Chunks run, and those of them that earned a rest (contended): for tests, which
     /// count rests rather than time them.
     chunks_run: AtomicU64,
@@ -431,10 +486,24 @@ pub(crate) struct MemberChunks {
     bound: Duration,
 }
 
-/// A chunk about to run: the store's traffic as it started.
+/// A chunk about to run: the store's traffic as it started, and whether others kept Redis
+/// busy of late (see [`RemoteLoad`]).
 #[derive(Debug, Clone, Copy)]
 #[must_use = "a chunk's start is given back when it has run"]
-pub(crate) struct Started(Seen);
+pub(crate) struct Started {
+    seen: Seen,
+    others_busy: bool,
+}
+
+impl Started {
+    /// This start, on a Redis whose last reading found others busy or not.
+    pub(crate) fn others_busy(self, busy: bool) -> Self {
+        Self {
+            others_busy: busy,
+            ..self
+        }
+    }
+}
 
 impl MemberChunks {
     /// Chunks whose scripts stop at `bound` instead of [`CHUNK_BOUND`]: with zero, every
@@ -447,13 +516,11 @@ impl MemberChunks {
         }
     }
 
-    /// These chunks, with Redis chunks that wait less than `margin` longer than the
-    /// shortest wait of late counting as waiting for nobody (instead of [`QUEUE_MARGIN`]):
-    /// with a long one only this replica's own calls make a chunk contended, whatever a
-    /// loaded machine does to round trips.
+    /// These chunks, reading Redis's count of received bytes every `interval` instead of
+    /// every [`LOAD_SAMPLE_INTERVAL`] (with zero, before every chunk), or never.
     #[cfg(test)]
-    pub(crate) fn with_queue_margin(mut self, margin: Duration) -> Self {
-        self.waits.margin = margin;
+    pub(crate) fn reading_load_every(mut self, interval: Option<Duration>) -> Self {
+        self.load = RemoteLoad::every(interval);
         self
     }
 
@@ -467,7 +534,10 @@ impl MemberChunks {
     /// the store's traffic as the chunk starts.
     pub(crate) async fn rest(&self) -> Started {
         self.duty.rest().await;
-        Started(self.traffic.seen())
+        Started {
+            seen: self.traffic.seen(),
+            others_busy: false,
+        }
     }
 
     /// Records that a chunk of `members`, sized by `sizer`, that started as `started` just
@@ -475,53 +545,38 @@ impl MemberChunks {
     /// if any.
     pub(crate) fn ran(&self, started: Started, sizer: &ChunkSizer, members: usize, took: Duration) {
         sizer.record(members, took);
-        self.book(started, took, false);
+        self.ran_piece(started, took);
     }
 
     /// Records that a Redis chunk script sized by `sizer`, asked about `asked` members, just
-    /// ended having handled `handled` of them, that its round trip took `took` and the
-    /// script itself `ran` by Redis's clock: sizes the next chunk from the script's own
-    /// bound (see [`ChunkSizer::record_bounded`]) and books the rest the round trip earned,
-    /// if any.
+    /// ended having handled `handled` of them, and that its round trip took `took`: sizes
+    /// the next chunk from the script's own bound (see [`ChunkSizer::record_bounded`]) and
+    /// books the rest it earned, if any.
     pub(crate) fn ran_bounded(
         &self,
         started: Started,
         sizer: &ChunkSizer,
         (asked, handled): (usize, usize),
         took: Duration,
-        ran: Duration,
     ) {
         sizer.record_bounded(asked, handled);
-        self.ran_script(started, took, ran);
+        self.ran_piece(started, took);
     }
 
-    /// Records that a Redis chunk script no sizer sizes (a pool's last sweep step) that
-    /// started as `started` just ended, its round trip having taken `took` and the script
-    /// itself `ran`: books the rest it earned, if any.
-    pub(crate) fn ran_script(&self, started: Started, took: Duration, ran: Duration) {
-        let queued = self.waits.queued(Instant::now(), took.saturating_sub(ran));
-        self.book(started, took, queued);
-    }
-
-    /// Records that a step no sizer sizes (a piece of a member listing) that started as
-    /// `started` just ended and took `took`: books the rest it earned, if any. A piece does
-    /// not say how long Redis ran it, so only this replica's calls can make it contended.
-    pub(crate) fn ran_piece(&self, started: Started, took: Duration) {
-        self.book(started, took, false);
-    }
-
-    /// Books the rest of a chunk that started as `started`, ended now and took `took`,
-    /// when it was contended: this replica's calls waited through it, or (`queued`) it
-    /// waited behind other clients' work.
+    /// Records that a step no sizer sizes (a piece of a member listing, a pool's last
+    /// sweep step) that started as `started` just ended and took `took`: books the rest it
+    /// earned, if any.
     ///
-    /// Counted in `/metrics` too (steps, and rests by what earned them), so that an
-    /// operator can tell whether a long import rested and for whom; a step is a fraction of
-    /// a millisecond, so the macros' lookup is nothing beside it.
-    fn book(&self, started: Started, took: Duration, queued: bool) {
+    /// A step is contended, and rests, when this replica's calls waited through it or
+    /// others kept Redis busy of late. Counted in `/metrics` too (steps, and rests by what
+    /// earned them), so that an operator can tell whether a long import rested and for
+    /// whom; a step is a fraction of a millisecond, so the macros' lookup is nothing beside
+    /// it.
+    pub(crate) fn ran_piece(&self, started: Started, took: Duration) {
         self.chunks_run.fetch_add(1, Ordering::Relaxed);
         metrics::counter!("pa_large_work_steps_total").increment(1);
-        let local = started.0.busy_until(self.traffic.seen());
-        if queued || local {
+        let local = started.seen.busy_until(self.traffic.seen());
+        if started.others_busy || local {
             self.rests_earned.fetch_add(1, Ordering::Relaxed);
             // This replica's calls first: when both hold, the rest protected them for sure.
             let cause = if local { "local" } else { "remote" };
@@ -550,7 +605,7 @@ impl Default for MemberChunks {
             sweep: ChunkSizer::starting_at(SWEEP_FIRST_STEP),
             traffic: Traffic::default(),
             duty: DutyCycle::default(),
-            waits: RemoteWaits::default(),
+            load: RemoteLoad::default(),
             chunks_run: AtomicU64::new(0),
             rests_earned: AtomicU64::new(0),
             bound: CHUNK_BOUND,
@@ -574,24 +629,25 @@ mod tests {
         let chunks = MemberChunks::default();
         metrics::with_local_recorder(&recorder, || {
             // Nobody waits: no rest.
-            chunks.ran_piece(Started(chunks.traffic.seen()), Duration::from_micros(100));
+            let idle = Started {
+                seen: chunks.traffic.seen(),
+                others_busy: false,
+            };
+            chunks.ran_piece(idle, Duration::from_micros(100));
             // One of this replica's calls is in flight through the step.
-            let started = Started(chunks.traffic.seen());
+            let started = Started {
+                seen: chunks.traffic.seen(),
+                others_busy: false,
+            };
             let call = chunks.traffic.enter();
             chunks.ran_piece(started, Duration::from_micros(100));
             drop(call);
-            // A Redis step sets the shortest wait (100 µs), the next one waits 4.9 ms.
-            let ran = Duration::from_micros(100);
-            chunks.ran_script(
-                Started(chunks.traffic.seen()),
-                Duration::from_micros(200),
-                ran,
-            );
-            chunks.ran_script(
-                Started(chunks.traffic.seen()),
-                Duration::from_millis(5),
-                ran,
-            );
+            // A Redis step after a reading that found others busy.
+            let started = Started {
+                seen: chunks.traffic.seen(),
+                others_busy: true,
+            };
+            chunks.ran_piece(started, Duration::from_micros(100));
         });
         let text = handle.render();
         let mut counted: Vec<&str> = text
@@ -604,7 +660,7 @@ mod tests {
             [
                 "pa_large_work_rests_total{cause=\"local\"} 1",
                 "pa_large_work_rests_total{cause=\"remote\"} 1",
-                "pa_large_work_steps_total 4",
+                "pa_large_work_steps_total 3",
             ]
         );
     }
@@ -813,36 +869,57 @@ mod tests {
     }
 
     #[test]
-    fn a_wait_longer_than_the_shortest_of_late_by_more_than_the_margin_is_queued() {
-        let waits = RemoteWaits::default();
+    fn others_are_busy_when_redis_received_more_than_this_replicas_chunks_sent_it() {
+        let load = RemoteLoad::default();
+        let web = PoolId::parse("web").expect("a pool id");
         let start = Instant::now();
         let at = |millis| start + Duration::from_millis(millis);
-        let micros = Duration::from_micros;
-        // The first sets the reference.
-        assert!(!waits.queued(at(0), micros(400)));
-        assert!(!waits.queued(at(1), micros(80)));
-        assert!(!waits.queued(at(2), micros(80) + QUEUE_MARGIN));
-        assert!(waits.queued(at(3), micros(81) + QUEUE_MARGIN));
-        // The window before still holds the reference.
-        assert!(waits.queued(at(6_000), micros(300)));
-        // Two windows on it is forgotten: the slower network is the new reference.
-        assert!(!waits.queued(at(11_000), micros(300)));
-        assert!(!waits.queued(at(11_001), micros(300)));
-        // After a long pause nothing seen before counts.
-        assert!(!waits.queued(at(60_000), micros(900)));
-        assert!(waits.queued(at(60_001), micros(1_100)));
+        // The first reading has nothing to compare with; bytes before it are in it.
+        assert!(load.due(&web, at(0)));
+        load.sent(&web, 500);
+        assert!(!load.read(&web, at(0), 1_000_000));
+        assert!(!load.due(&web, at(249)));
+        assert!(load.due(&web, at(250)));
+        // Redis received exactly what this replica's chunks (and the reading) sent.
+        load.sent(&web, 40_000);
+        load.sent(&web, 60);
+        assert!(!load.read(&web, at(250), 1_040_060));
+        assert!(!load.busy(&web));
+        // 4,096 bytes of others in 250 ms: 16 KiB a second, busy.
+        load.sent(&web, 60);
+        assert!(load.read(&web, at(500), 1_040_060 + 60 + 4_096));
+        assert!(load.busy(&web));
+        // 4,095: just under, idle again.
+        load.sent(&web, 60);
+        assert!(!load.read(&web, at(750), 1_044_216 + 60 + 4_095));
+        assert!(!load.busy(&web));
+        // Another pool's readings are its own.
+        let other = PoolId::parse("other").expect("a pool id");
+        assert!(load.due(&other, at(750)));
+        assert!(!load.busy(&other));
+    }
+
+    #[test]
+    fn a_reading_long_after_the_last_starts_afresh() {
+        let load = RemoteLoad::default();
+        let web = PoolId::parse("web").expect("a pool id");
+        let start = Instant::now();
+        let at = |millis| start + Duration::from_millis(millis);
+        assert!(!load.read(&web, at(0), 1_000));
+        // A megabyte of others, but over a pause of four readings: not compared.
+        assert!(!load.read(&web, at(1_000), 1_001_000));
+        assert!(load.read(&web, at(1_250), 1_101_000));
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_redis_chunk_that_waited_behind_other_clients_earns_its_rest() {
+    async fn a_redis_chunk_after_a_reading_that_found_others_busy_earns_its_rest() {
         let chunks = MemberChunks::default();
         let ms = Duration::from_millis;
-        // Round trip 1 ms, the script 0.9 ms: the reference wait, 0.1 ms.
         let started = chunks.rest().await;
-        chunks.ran_bounded(started, &chunks.seed, (100, 100), ms(1), ms(1) * 9 / 10);
-        // A script of 1 ms, 1 ms longer in coming back: it queued behind others' work.
-        let started = chunks.rest().await;
-        chunks.ran_script(started, ms(2), ms(1));
+        chunks.ran_bounded(started, &chunks.seed, (100, 100), ms(1));
+        assert_eq!(chunks.rests(), (1, 0));
+        let started = chunks.rest().await.others_busy(true);
+        chunks.ran_bounded(started, &chunks.seed, (200, 200), ms(2));
         assert_eq!(chunks.rests(), (2, 1));
         let ended = Instant::now();
         let _next = chunks.rest().await;

@@ -443,13 +443,19 @@ async fn a_missing_pool_is_answered_2_and_an_empty_one_3() {
     proxy_pool(&app, "socksempty").await;
     let (reply, _) = connect(socks(&app), "socksempty", &To::V4([127, 0, 0, 1], 80)).await;
     assert_eq!(reply, 3, "network unreachable: nothing eligible");
-    let metrics = metrics(&app).await;
-    assert!(
-        metrics.contains(
-            "pa_gateway_requests_total{listener=\"socks5\",pool=\"socksempty\",outcome=\"no_eligible_proxy\"} 1\n"
-        ),
-        "{metrics}"
-    );
+    // Counted as the connection ends, which may be just after the client read the reply.
+    let line = "pa_gateway_requests_total{listener=\"socks5\",pool=\"socksempty\",outcome=\"no_eligible_proxy\"} 1\n";
+    let counted = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let metrics = metrics(&app).await;
+            if metrics.contains(line) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(counted.is_ok(), "{}", metrics(&app).await);
     app.stop().await;
 }
 

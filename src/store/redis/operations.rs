@@ -19,6 +19,7 @@ use crate::domain::{
     AssignCount, LabelFilter, LeaseId, LeaseTtl, MAX_SESSIONS, MemberId, OutcomeResult, PoolConfig,
     PoolId, RestorePolicy, SessionId, SessionTtl, Target, Timestamp,
 };
+use crate::store::chunks::Started;
 use crate::store::{
     Applied, AssignRequest, Assignment, BAN_CLEANUP, Batch, CHUNK_GRANULE, CheckRound,
     ClaimedSource, Cursor, DisableReport, Done, DoneSummary, EnableReport, FetchOutcome, Lease,
@@ -500,12 +501,13 @@ impl RedisStore {
         let mut next_due = None;
         let bound = self.chunk_bound();
         let steps = self.for_chunks();
+        let mut step = 0;
         for _ in 0..MAX_SWEEP_STEPS {
             // Each step sized by where the steps before it stopped (see chunks.rs).
             let size = sizer.size();
             let batch = size as u64;
             let limit = batch.to_string();
-            let started = self.chunks.rest().await;
+            let started = self.chunk_start(pool, &mut step).await;
             let sent = Instant::now();
             let value = steps
                 .eval(
@@ -515,7 +517,6 @@ impl RedisStore {
                 )
                 .await?;
             let took = sent.elapsed();
-            let (value, ran) = reply::chunk_ran("sweep.lua", value)?;
             let step = match SweepReply::decode(value) {
                 Ok(step) => step,
                 // Deleted since it was indexed: it leaves the index.
@@ -528,14 +529,13 @@ impl RedisStore {
             if step.stopped {
                 // The size it reached before its bound sizes the next step.
                 self.chunks
-                    .ran_bounded(started, sizer, (size, done.max(1)), took, ran);
+                    .ran_bounded(started, sizer, (size, done.max(1)), took);
             } else if full {
                 // Ran whole: the next may be twice as large.
-                self.chunks
-                    .ran_bounded(started, sizer, (size, size), took, ran);
+                self.chunks.ran_bounded(started, sizer, (size, size), took);
             } else {
                 // The pool's last step says nothing of the size.
-                self.chunks.ran_script(started, took, ran);
+                self.chunks.ran_piece(started, took);
             }
             swept = swept + step.swept;
             next_due = step.next_due;
@@ -594,7 +594,7 @@ impl RedisStore {
         members: &[MemberId],
         start: Option<u64>,
         pending_adds: u64,
-    ) -> Result<(SeedReport, Duration), StoreError> {
+    ) -> Result<SeedReport, StoreError> {
         let start = start.map(|n| n.to_string()).unwrap_or_default();
         let flag = |on: bool| -> &'static [u8] { if on { b"1" } else { b"0" } };
         let pending = pending_adds.to_string();
@@ -637,7 +637,6 @@ impl RedisStore {
             args.extend(members.iter().map(|m| m.as_str().as_bytes()));
         }
         let value = self.eval(&self.scripts.seed, pool, &args).await?;
-        let (value, ran) = reply::chunk_ran("seed.lua", value)?;
         let reply = SeedReply::decode(value, members.len())?;
         let mut report = SeedReport {
             added: Vec::new(),
@@ -652,24 +651,24 @@ impl RedisStore {
                 SeedOutcome::Existing => report.existing.push(member.clone()),
             }
         }
-        Ok((report, ran))
+        Ok(report)
     }
 
     /// Runs a chunk script (see `chunk.lua`) named `name` whose arguments after the bound
-    /// are `first`, when given, then member ids; its reply and how long it ran.
+    /// are `first`, when given, then member ids; its reply.
     async fn member_script(
         &self,
-        (name, script): (&'static str, &Script),
+        script: &Script,
         pool: &PoolId,
         first: Option<&[u8]>,
         members: &[MemberId],
-    ) -> Result<(Value, Duration), StoreError> {
+    ) -> Result<Value, StoreError> {
         let bound = self.chunk_bound();
         let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() + 3);
         args.extend(bound.iter().map(|a| a.as_bytes()));
         args.extend(first);
         args.extend(members.iter().map(|m| m.as_str().as_bytes()));
-        reply::chunk_ran(name, self.eval(script, pool, &args).await?)
+        self.eval(script, pool, &args).await
     }
 
     /// A handle for a large operation's chunks: the same store, whose calls do not count
@@ -679,6 +678,40 @@ impl RedisStore {
             foreground: false,
             ..self.clone()
         }
+    }
+
+    /// Waits out the rest the store is owed before the chunk `step` of a call on `pool`
+    /// (counted from zero, and counted on), reads what Redis has received when a reading is
+    /// due (see `RemoteLoad` in chunks.rs), and notes how the chunk starts.
+    ///
+    /// A call's first chunk reads nothing: most calls (a sweep of one pool, a small
+    /// disable) are one chunk, and a reading before each would double their commands. A
+    /// reading that fails (a Redis that refuses `INFO` to this user, say) leaves the chunk
+    /// to this replica's own count: a large operation never fails for it.
+    pub(super) async fn chunk_start(&self, pool: &PoolId, step: &mut usize) -> Started {
+        let started = self.chunks.rest().await;
+        let load = &self.chunks.load;
+        let first = *step == 0;
+        *step += 1;
+        if !first && load.due(pool, tokio::time::Instant::now()) {
+            match self.for_chunks().received(pool).await {
+                Ok(received) => {
+                    load.read(pool, tokio::time::Instant::now(), received);
+                }
+                Err(error) => {
+                    tracing::debug!(pool = pool.as_str(), %error, "could not read what Redis received");
+                }
+            }
+        }
+        started.others_busy(load.busy(pool))
+    }
+
+    /// How many bytes the Redis that serves `pool` has received from all its clients.
+    async fn received(&self, pool: &PoolId) -> Result<u64, StoreError> {
+        let value = self
+            .eval_parts(&self.scripts.received, pool, &[POOL_KEY_PARTS[0]], &[])
+            .await?;
+        reply::received(value)
     }
 
     /// The two arguments every chunk script starts with (see `chunk.lua`): how many
@@ -1217,15 +1250,16 @@ impl Store for RedisStore {
         let mut pending_adds = seed.pending_adds;
         let steps = self.for_chunks();
         let mut chunks = sizer.chunks(&seed.members);
+        let mut step = 0;
         while let Some(chunk) = chunks.next() {
-            let started = self.chunks.rest().await;
+            let started = self.chunk_start(pool, &mut step).await;
             let sent = Instant::now();
-            let (part, ran) = steps
+            let part = steps
                 .seed_chunk(pool, seed, chunk, start, pending_adds)
                 .await?;
             let handled = part.added.len() + part.existing.len() + part.full.len();
             self.chunks
-                .ran_bounded(started, sizer, (chunk.len(), handled), sent.elapsed(), ran);
+                .ran_bounded(started, sizer, (chunk.len(), handled), sent.elapsed());
             if handled < chunk.len() {
                 // Stopped at its bound: the rest goes first in the next chunk.
                 chunks.stopped_after(handled);
@@ -1274,6 +1308,7 @@ impl Store for RedisStore {
         // call each, so that a page of 1,000 members with their health never makes one long
         // script. A page is a position, not a snapshot (see `Cursor`), so members moving
         // between two pieces are no different from members moving between two pages.
+        let mut step = 0;
         loop {
             let take = |left: usize| left.min(LISTING_PIECE);
             let (eligible_count, ineligible_count) = (take(eligible_left), take(ineligible_left));
@@ -1286,7 +1321,7 @@ impl Store for RedisStore {
             let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
             // Paced like a large operation's chunks: a client paging through a large pool
             // sends piece after piece.
-            let started = self.chunks.rest().await;
+            let started = self.chunk_start(pool, &mut step).await;
             let sent = Instant::now();
             let value = steps
                 .eval_keyed(&self.scripts.members, pool, None, &extra, &args)
@@ -1325,21 +1360,17 @@ impl Store for RedisStore {
         let mut report = DisableReport::default();
         let steps = self.for_chunks();
         let mut chunks = sizer.chunks(members);
+        let mut step = 0;
         while let Some(chunk) = chunks.next() {
-            let started = self.chunks.rest().await;
+            let started = self.chunk_start(pool, &mut step).await;
             let sent = Instant::now();
-            let (value, ran) = steps
-                .member_script(
-                    ("disable.lua", &self.scripts.disable),
-                    pool,
-                    Some(reason.as_bytes()),
-                    chunk,
-                )
+            let value = steps
+                .member_script(&self.scripts.disable, pool, Some(reason.as_bytes()), chunk)
                 .await?;
             let took = sent.elapsed();
             let DisableReply(outcomes) = DisableReply::decode(value, chunk.len())?;
             self.chunks
-                .ran_bounded(started, sizer, (chunk.len(), outcomes.len()), took, ran);
+                .ran_bounded(started, sizer, (chunk.len(), outcomes.len()), took);
             if outcomes.len() < chunk.len() {
                 // Stopped at its bound: the rest goes first in the next chunk.
                 chunks.stopped_after(outcomes.len());
@@ -1368,26 +1399,17 @@ impl Store for RedisStore {
         let mut report: Option<EnableReport> = None;
         let steps = self.for_chunks();
         let mut chunks = sizer.chunks(members);
+        let mut step = 0;
         while let Some(chunk) = chunks.next() {
-            let started = self.chunks.rest().await;
+            let started = self.chunk_start(pool, &mut step).await;
             let sent = Instant::now();
-            let (value, ran) = steps
-                .member_script(
-                    ("enable.lua", &self.scripts.enable),
-                    pool,
-                    Some(policy.as_bytes()),
-                    chunk,
-                )
+            let value = steps
+                .member_script(&self.scripts.enable, pool, Some(policy.as_bytes()), chunk)
                 .await?;
             let took = sent.elapsed();
             let reply = EnableReply::decode(value, chunk.len())?;
-            self.chunks.ran_bounded(
-                started,
-                sizer,
-                (chunk.len(), reply.outcomes.len()),
-                took,
-                ran,
-            );
+            self.chunks
+                .ran_bounded(started, sizer, (chunk.len(), reply.outcomes.len()), took);
             if reply.outcomes.len() < chunk.len() {
                 // Stopped at its bound: the rest goes first in the next chunk.
                 chunks.stopped_after(reply.outcomes.len());
@@ -1426,16 +1448,17 @@ impl Store for RedisStore {
         let mut report = RemoveReport::default();
         let steps = self.for_chunks();
         let mut chunks = sizer.chunks(members);
+        let mut step = 0;
         while let Some(chunk) = chunks.next() {
-            let started = self.chunks.rest().await;
+            let started = self.chunk_start(pool, &mut step).await;
             let sent = Instant::now();
-            let (value, ran) = steps
-                .member_script(("remove.lua", &self.scripts.remove), pool, None, chunk)
+            let value = steps
+                .member_script(&self.scripts.remove, pool, None, chunk)
                 .await?;
             let took = sent.elapsed();
             let RemoveReply(removed) = RemoveReply::decode(value, chunk.len())?;
             self.chunks
-                .ran_bounded(started, sizer, (chunk.len(), removed.len()), took, ran);
+                .ran_bounded(started, sizer, (chunk.len(), removed.len()), took);
             if removed.len() < chunk.len() {
                 // Stopped at its bound: the rest goes first in the next chunk.
                 chunks.stopped_after(removed.len());

@@ -1173,25 +1173,9 @@ impl WalkReply {
     }
 }
 
-/// A chunk script's reply (`chunk.lua`: seed, disable, enable, remove, sweep) parted from
-/// how long the script ran by Redis's clock, which `chunk_answer` puts after its last item:
-/// the reply without it, for the script's own decoder, and the time. `{-1}` (no such pool)
-/// carries no time and is given back whole, with zero.
-pub(super) fn chunk_ran(
-    answered_by: &'static str,
-    value: Value,
-) -> Result<(Value, Duration), StoreError> {
-    decode(answered_by, value, |value| {
-        let mut items = array(value)?;
-        if items.first().map(int).transpose()? != Some(1) {
-            return Ok((Value::Array(items), Duration::ZERO));
-        }
-        let micros = count(&items.pop().ok_or("reply too short")?)?;
-        if items.len() < 2 {
-            return Err("no time after the reply".into());
-        }
-        Ok((Value::Array(items), Duration::from_micros(micros)))
-    })
+/// `received.lua`: how many bytes Redis has received from all its clients.
+pub(super) fn received(value: Value) -> Result<u64, StoreError> {
+    decode("received.lua", value, |value| count(&value))
 }
 
 /// `SSCAN` of an earlier version's pool registry: the cursor to go on from (`0` once the walk is through)

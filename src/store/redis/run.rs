@@ -188,7 +188,7 @@ impl RedisStore {
             parts: &POOL_KEY_PARTS,
             graveyard,
         };
-        self.evalsha(script, &pool_evalsha(script, &keys, extra, args))
+        self.evalsha_of(pool, script, &pool_evalsha(script, &keys, extra, args))
             .await
     }
 
@@ -206,7 +206,7 @@ impl RedisStore {
             parts,
             graveyard: None,
         };
-        self.evalsha(script, &pool_evalsha(script, &keys, &[], args))
+        self.evalsha_of(pool, script, &pool_evalsha(script, &keys, &[], args))
             .await
     }
 
@@ -226,7 +226,7 @@ impl RedisStore {
             parts,
             graveyard,
         };
-        self.evalsha(script, &pool_evalsha(script, &keys, &[], args))
+        self.evalsha_of(pool, script, &pool_evalsha(script, &keys, &[], args))
             .await
     }
 
@@ -313,6 +313,21 @@ impl RedisStore {
             .arg(keys)
             .arg(args);
         self.evalsha(script, &evalsha).await
+    }
+
+    /// Sends `evalsha`, a call on `pool`'s keys; a large operation's (the store is not
+    /// `foreground`) counts its bytes first, so that what Redis received from others can be
+    /// told from it (see `RemoteLoad` in chunks.rs).
+    async fn evalsha_of(
+        &self,
+        pool: &PoolId,
+        script: &Script,
+        evalsha: &redis::Cmd,
+    ) -> Result<Value, StoreError> {
+        if !self.foreground {
+            self.chunks.load.sent(pool, packed_len(evalsha));
+        }
+        self.evalsha(script, evalsha).await
     }
 
     /// Sends `evalsha`, loading `script` and sending it again after NOSCRIPT.
@@ -423,6 +438,26 @@ impl Heads {
     }
 }
 
+/// How many bytes `cmd` takes on the wire, as the client writes it (RESP2 and RESP3 alike:
+/// an array of bulk strings), without writing it.
+fn packed_len(cmd: &redis::Cmd) -> usize {
+    let digits = |n: usize| n.checked_ilog10().unwrap_or(0) as usize + 1;
+    let mut args = 0;
+    let mut bytes = 0;
+    for arg in cmd.args_iter() {
+        let len = match arg {
+            redis::Arg::Simple(data) => data.len(),
+            // Only SCAN's cursor is written otherwise, and no script call has one.
+            _ => 1,
+        };
+        args += 1;
+        // `$<len>\r\n<data>\r\n`
+        bytes += 1 + digits(len) + 2 + len + 2;
+    }
+    // `*<args>\r\n`
+    1 + digits(args) + 2 + bytes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -486,5 +521,17 @@ mod tests {
         let kept = heads.0.read().expect("heads");
         assert_eq!(kept.len(), 1);
         assert_eq!(kept.get(&pool("one-more")).map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn a_commands_length_on_the_wire_is_what_the_client_writes() {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg("0123456789abcdef0123456789abcdef01234567")
+            .arg(2)
+            .arg("{web}:meta")
+            .arg("{web}:eligible")
+            .arg(&[b"x".repeat(1_000), Vec::new(), b"1".to_vec()]);
+        assert_eq!(packed_len(&cmd), cmd.get_packed_command().len());
+        assert_eq!(packed_len(&cmd), 1_131);
     }
 }

@@ -140,4 +140,5 @@ scripts! {
     prune: with_helpers,
     claim_due: plain,
     walk: plain,
+    received: plain,
 }

@@ -6,9 +6,6 @@
 -- core): so a chunk looks at the clock after every whole ARGV[2] members and stops at the
 -- first look past the bound. What it did is a whole, smaller chunk; its reply answers for
 -- those members only, and the service sends the rest as the next chunk.
--- A chunk's reply ends with how long the script ran (`chunk_answer`), in microseconds by
--- the store's clock: its round trip less that is how long it waited behind other clients'
--- work, which tells the service whether the rest after it protects anyone.
 local chunk_bound = tonumber(ARGV[1])
 local chunk_granule = tonumber(ARGV[2])
 local chunk_started = redis.call('TIME')
@@ -20,12 +17,4 @@ local function chunk_spent(handled, asked)
     end
     local now = redis.call('TIME')
     return (now[1] - chunk_started[1]) * 1000000 + (now[2] - chunk_started[2]) >= chunk_bound
-end
-
--- `reply` (a pool script's `{1, ...}`) with the microseconds the script has run so far
--- after its last item.
-local function chunk_answer(reply)
-    local now = redis.call('TIME')
-    reply[#reply + 1] = (now[1] - chunk_started[1]) * 1000000 + (now[2] - chunk_started[2])
-    return reply
 end

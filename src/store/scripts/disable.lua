@@ -34,4 +34,4 @@ for i = 4, #ARGV do
         break
     end
 end
-return chunk_answer({1, outcome})
+return {1, outcome}

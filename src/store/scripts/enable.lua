@@ -43,4 +43,4 @@ for i = 4, #ARGV do
         break
     end
 end
-return chunk_answer({1, policy, outcome})
+return {1, policy, outcome}

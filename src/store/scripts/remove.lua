@@ -37,4 +37,4 @@ if holding then
         end
     end
 end
-return chunk_answer({1, outcome})
+return {1, outcome}

@@ -33,4 +33,4 @@ if next_due then
 else
     redis.call('HDEL', KEYS[1], 'due')
 end
-return chunk_answer({1, reclaimed, returned, next_due or 0, stopped and 1 or 0})
+return {1, reclaimed, returned, next_due or 0, stopped and 1 or 0}
