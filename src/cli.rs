@@ -1,7 +1,7 @@
 //! The command line: `serve` runs the service (and is what runs when no subcommand is
 //! given); `demo` runs it with a pool of local proxies to try it on (see
-//! [`crate::demo`]); `pools`, `members` and `sessions` are operator commands that talk to a
-//! running service over HTTP with the admin token.
+//! [`crate::demo`]); `pools`, `members`, `sessions` and `clients` are operator commands
+//! that talk to a running service over HTTP with the admin token.
 //!
 //! The operator commands print human-readable tables, or with `--json` the service's JSON
 //! answer. They exit with [`EXIT_REFUSED`] when the service refused the request (its error
@@ -9,6 +9,7 @@
 //! the service or its store could not answer (retrying may help), and [`EXIT_PARTIAL`] when
 //! some of the members a command named were unknown or rejected (the others were applied).
 
+mod clients;
 mod render;
 mod service;
 
@@ -20,6 +21,7 @@ use clap::builder::PossibleValuesParser;
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use serde_json::{Value, json};
 
+pub use self::clients::{ClientsArgs, ClientsCommand};
 use self::render::Report;
 use self::service::{Body, Service};
 use crate::config::Config;
@@ -117,6 +119,9 @@ pub enum Command {
     Members(MembersArgs),
     /// End a sticky session of a pool of a running service.
     Sessions(SessionsArgs),
+    /// Create, list, show, rotate the token of and delete the clients of a running
+    /// service: tokens of their own for some pools.
+    Clients(ClientsArgs),
     /// Exit 0 when the service answers its liveness probe with 200, else 1: for container
     /// health checks in images without curl or a shell.
     Healthcheck(HealthcheckArgs),
@@ -493,6 +498,11 @@ pub async fn pools(args: PoolsArgs) -> ExitCode {
 /// Runs a `members` command, printing its result; the process exit code.
 pub async fn members(args: MembersArgs) -> ExitCode {
     finish(run_members(&args.remote, args.command).await)
+}
+
+/// Runs a `clients` command, printing its result; the process exit code.
+pub async fn clients(args: ClientsArgs) -> ExitCode {
+    finish(clients::run(&args.remote, args.command).await)
 }
 
 /// Runs a `sessions` command, printing its result; the process exit code.

@@ -2,6 +2,7 @@
 //! of the service never sees an unchecked id or configuration value again.
 
 mod candidate;
+mod client;
 pub mod count;
 mod exclude;
 mod gateway_rules;
@@ -24,6 +25,10 @@ mod timestamp;
 pub use candidate::{
     Candidate, Host, MASKED_MAX_CHARS, Rejection, Scheme, canonical_member_id, looks_like_address,
     mask_credentials,
+};
+pub use client::{
+    ClientConfig, ClientConfigBody, ClientId, ClientToken, InvalidClientConfig, InvalidClientId,
+    InvalidPoolPattern, MAX_CLIENT_POOLS, MAX_CLIENTS, PoolPattern, TokenHash,
 };
 pub use count::{AssignCount, InvalidAssignCount};
 pub use exclude::{Exclude, InvalidExclude, MAX_EXCLUDED};

@@ -5,6 +5,7 @@
 mod activity;
 mod assign;
 mod auth;
+mod clients;
 mod done;
 pub mod error;
 mod extract;
@@ -273,6 +274,41 @@ pub fn routes() -> Vec<Route> {
             Admin,
             Ignored,
             activity::activity,
+        ),
+        route(
+            "/clients",
+            Method::GET,
+            Admin,
+            Ignored,
+            clients::list_clients,
+        ),
+        route(
+            "/clients/{client}",
+            Method::PUT,
+            Admin,
+            Json,
+            clients::put_client,
+        ),
+        route(
+            "/clients/{client}",
+            Method::GET,
+            Admin,
+            Ignored,
+            clients::get_client,
+        ),
+        route(
+            "/clients/{client}",
+            Method::DELETE,
+            Admin,
+            Ignored,
+            clients::delete_client,
+        ),
+        route(
+            "/clients/{client}/token",
+            Method::POST,
+            Admin,
+            Ignored,
+            clients::rotate_token,
         ),
     ]
 }

@@ -24,6 +24,7 @@ async fn main() -> ExitCode {
         Command::Pools(args) => cli::pools(args).await,
         Command::Members(args) => cli::members(args).await,
         Command::Sessions(args) => cli::sessions(args).await,
+        Command::Clients(args) => cli::clients(args).await,
         Command::Healthcheck(args) => cli::healthcheck(args).await,
     }
 }

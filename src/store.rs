@@ -41,6 +41,7 @@
 //!   cooling-down member cancels its return, and enabling one brings it back at once.
 
 mod chunks;
+mod clients;
 mod embedded;
 mod redis;
 
@@ -50,11 +51,13 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use self::chunks::{CHUNK_BUDGET, CHUNK_GRANULE, LARGE_WORK_SHARE, MAX_CHUNK, MIN_CHUNK};
+pub use self::clients::{ClientRecord, PutClient};
 pub use self::embedded::{DataDirOptions, EmbeddedStore, OpenError};
 pub use self::redis::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
-    AssignCount, Exclude, LabelFilter, Labels, LeaseId, LeaseTtl, MemberId, OutcomeResult,
-    PoolConfig, PoolId, RestorePolicy, SessionId, SessionTtl, Target, Timestamp,
+    AssignCount, ClientConfig, ClientId, Exclude, LabelFilter, Labels, LeaseId, LeaseTtl, MemberId,
+    OutcomeResult, PoolConfig, PoolId, RestorePolicy, SessionId, SessionTtl, Target, Timestamp,
+    TokenHash,
 };
 
 /// How many expired leases an assign reclaims before it chooses, at most. It keeps the
@@ -184,6 +187,13 @@ pub enum StoreError {
     /// A pool's policy can only change while it has no members.
     #[error("the policy of a pool can only change while it has no members")]
     PolicyChangeRequiresEmptyPool,
+    /// The client does not exist.
+    #[error("client not found")]
+    ClientNotFound,
+    /// The store keeps [`MAX_CLIENTS`](crate::domain::MAX_CLIENTS) clients: a new one is
+    /// not created; nothing changed.
+    #[error("the store keeps the most clients it may")]
+    TooManyClients,
     /// The store did not answer within its configured timeout.
     #[error("the store did not answer within {0:?}")]
     Timeout(Duration),
@@ -1097,6 +1107,31 @@ pub trait Store: Send + Sync + 'static {
         pool: &PoolId,
         members: &[MemberId],
     ) -> Result<RemoveReport, StoreError>;
+
+    /// Creates the client `id` with `config` and the token whose hash is `token`, or, when
+    /// it exists, replaces its configuration and keeps its token (`token` is then unused).
+    async fn put_client(
+        &self,
+        id: &ClientId,
+        config: &ClientConfig,
+        token: TokenHash,
+    ) -> Result<PutClient, StoreError>;
+
+    /// Gives the client `id` the token whose hash is `token`; the old one stops working
+    /// at once.
+    async fn rotate_client_token(&self, id: &ClientId, token: TokenHash) -> Result<(), StoreError>;
+
+    /// The client `id`.
+    async fn client(&self, id: &ClientId) -> Result<ClientRecord, StoreError>;
+
+    /// Every client, by id.
+    async fn clients(&self) -> Result<Vec<ClientRecord>, StoreError>;
+
+    /// Deletes the client `id`; its token stops working at once.
+    async fn delete_client(&self, id: &ClientId) -> Result<(), StoreError>;
+
+    /// The client whose token hashes to `token`, if any.
+    async fn client_by_token(&self, token: TokenHash) -> Result<Option<ClientRecord>, StoreError>;
 
     /// Called once at shutdown, after the requests have drained: makes everything
     /// answered so far durable and refuses what comes after. Nothing to do for a store

@@ -2,16 +2,20 @@
 //!
 //! Admin routes need the admin token. Worker routes (assign, lease release and renewal, and
 //! outcome reports) need the worker token when one is configured; the admin token is accepted there
-//! too. Tokens are compared in constant time and are only accepted in the `Authorization`
-//! header, never in a query string, where they would end up in access logs.
+//! too, and so is a client's token (`PUT /clients/{client}`) on the pools its client lists
+//! (403 `pool_not_allowed` on another). Tokens are compared in constant time and are only
+//! accepted in the `Authorization` header, never in a query string, where they would end
+//! up in access logs. A client token is looked up by its SHA-256, which is all the store
+//! keeps of it.
 
-use axum::extract::FromRequestParts;
+use axum::extract::{FromRequestParts, RawPathParams};
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use subtle::ConstantTimeEq;
 
 use super::AppState;
 use super::error::ApiError;
+use crate::domain::{PoolId, TokenHash};
 
 /// The configured tokens.
 #[derive(Clone)]
@@ -65,7 +69,9 @@ impl FromRequestParts<AppState> for Admin {
     }
 }
 
-/// Proof that the request may use worker routes.
+/// Proof that the request may use worker routes, on the pool it names: with the worker or
+/// the admin token (or on an open service), or with the token of a client that lists the
+/// pool.
 #[derive(Debug, Clone, Copy)]
 pub struct Worker;
 
@@ -77,9 +83,27 @@ impl FromRequestParts<AppState> for Worker {
         let Some(worker) = tokens.worker.as_deref() else {
             return Ok(Self);
         };
-        match bearer(parts) {
-            Some(given) if same(given, worker) || same(given, &tokens.admin) => Ok(Self),
-            _ => Err(ApiError::Unauthorized),
+        let Some(given) = bearer(parts) else {
+            return Err(ApiError::Unauthorized);
+        };
+        if same(given, worker) || same(given, &tokens.admin) {
+            return Ok(Self);
+        }
+        let Some(client) = state.store.client_by_token(TokenHash::of(given)).await? else {
+            return Err(ApiError::Unauthorized);
+        };
+        // Every worker route names its pool; the router has matched it already.
+        let params = RawPathParams::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::Unauthorized)?;
+        let pool = params
+            .iter()
+            .find_map(|(name, value)| (name == "pool").then_some(value));
+        match pool.map(PoolId::parse) {
+            Some(Ok(pool)) if client.config.allows(&pool) => Ok(Self),
+            Some(Ok(_)) => Err(ApiError::PoolNotAllowed),
+            Some(Err(e)) => Err(ApiError::InvalidPoolId(e)),
+            None => Err(ApiError::PoolNotAllowed),
         }
     }
 }

@@ -17,6 +17,9 @@ pub enum ApiError {
     /// 400 `invalid_pool_id`: the pool id in the path is not a valid id.
     #[error("{0}")]
     InvalidPoolId(#[from] crate::domain::InvalidPoolId),
+    /// 400 `invalid_client_id`: the client id in the path is not a valid id.
+    #[error("{0}")]
+    InvalidClientId(#[from] crate::domain::InvalidClientId),
     /// 400 `invalid_json`: the body is not JSON of the expected shape.
     #[error("{0}")]
     InvalidJson(String),
@@ -35,9 +38,15 @@ pub enum ApiError {
     /// 403 `forbidden`: a valid token without the right to this route.
     #[error("this route needs the admin token")]
     Forbidden,
+    /// 403 `pool_not_allowed`: a client token used on a pool its client does not list.
+    #[error("this client's token is not for this pool")]
+    PoolNotAllowed,
     /// 404 `pool_not_found`.
     #[error("pool not found")]
     PoolNotFound,
+    /// 404 `client_not_found`.
+    #[error("client not found")]
+    ClientNotFound,
     /// 404 `lease_not_found`: no such live lease in the pool (never issued, already
     /// released, expired, or ended with its member).
     #[error("no such live lease in this pool")]
@@ -63,6 +72,12 @@ pub enum ApiError {
         crate::domain::MAX_SESSIONS
     )]
     TooManySessions,
+    /// 409 `too_many_clients`: the store keeps the most clients it may; nothing changed.
+    #[error(
+        "the store keeps {} clients, the most it may; delete some first",
+        crate::domain::MAX_CLIENTS
+    )]
+    TooManyClients,
     /// 408 `request_timeout`: the request's body did not arrive within its timeout; the
     /// connection is closed after this answer.
     #[error("the request body did not arrive within {} ms", .0.as_millis())]
@@ -91,18 +106,22 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::InvalidPoolId(_)
+            | Self::InvalidClientId(_)
             | Self::InvalidJson(_)
             | Self::InvalidQuery(_)
             | Self::InvalidRequest(_)
             | Self::TooManyMembers(_) => StatusCode::BAD_REQUEST,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
-            Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::Forbidden | Self::PoolNotAllowed => StatusCode::FORBIDDEN,
             Self::PoolNotFound
+            | Self::ClientNotFound
             | Self::LeaseNotFound
             | Self::SessionNotFound
             | Self::RouteNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::PolicyChangeRequiresEmptyPool | Self::TooManySessions => StatusCode::CONFLICT,
+            Self::PolicyChangeRequiresEmptyPool | Self::TooManySessions | Self::TooManyClients => {
+                StatusCode::CONFLICT
+            }
             Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -114,6 +133,10 @@ impl ApiError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::InvalidPoolId(_) => "invalid_pool_id",
+            Self::InvalidClientId(_) => "invalid_client_id",
+            Self::PoolNotAllowed => "pool_not_allowed",
+            Self::ClientNotFound => "client_not_found",
+            Self::TooManyClients => "too_many_clients",
             Self::InvalidJson(_) => "invalid_json",
             Self::InvalidQuery(_) => "invalid_query",
             Self::InvalidRequest(_) => "invalid_request",
@@ -146,6 +169,8 @@ impl From<StoreError> for ApiError {
             StoreError::SessionNotFound => Self::SessionNotFound,
             StoreError::TooManySessions => Self::TooManySessions,
             StoreError::PolicyChangeRequiresEmptyPool => Self::PolicyChangeRequiresEmptyPool,
+            StoreError::ClientNotFound => Self::ClientNotFound,
+            StoreError::TooManyClients => Self::TooManyClients,
             other => Self::StoreUnavailable(other),
         }
     }

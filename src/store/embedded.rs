@@ -23,6 +23,7 @@
 //! jitter draw the operations used.
 
 mod bans;
+mod clients;
 mod codec;
 mod due;
 mod files;
@@ -42,18 +43,19 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use super::{
-    Applied, AssignRequest, Assignment, Batch, CHECK_CLAIM_HOLD, CheckRound, ClaimedSource, Cursor,
-    DisableReport, Done, DoneSummary, Effect, EnableReport, FetchOutcome, Health, LastCheck, Lease,
-    MAX_LABEL_CHECKS, MAX_PROBES_PER_ROUND, MemberPage, MemberState, MemberView, Origin,
-    PRUNE_BATCH, PoolInfo, PoolPage, PoolStats, Pruned, PutPool, RECLAIM_ON_ASSIGN,
-    RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored,
-    SOURCE_CLAIM_HOLD, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport, SessionAssignment,
-    SessionPin, SessionRequest, SourceFetch, SourceState, StateFilter, Store, StoreError,
-    StoreStatus, Swept,
+    Applied, AssignRequest, Assignment, Batch, CHECK_CLAIM_HOLD, CheckRound, ClaimedSource,
+    ClientRecord, Cursor, DisableReport, Done, DoneSummary, Effect, EnableReport, FetchOutcome,
+    Health, LastCheck, Lease, MAX_LABEL_CHECKS, MAX_PROBES_PER_ROUND, MemberPage, MemberState,
+    MemberView, Origin, PRUNE_BATCH, PoolInfo, PoolPage, PoolStats, Pruned, PutClient, PutPool,
+    RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
+    ReportSummary, Restored, SOURCE_CLAIM_HOLD, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport,
+    SessionAssignment, SessionPin, SessionRequest, SourceFetch, SourceState, StateFilter, Store,
+    StoreError, StoreStatus, Swept,
 };
 use crate::domain::{
-    AssignCount, Exclude, LabelFilter, LeaseId, LeaseTtl, MAX_SESSIONS, MemberId, OutcomeResult,
-    Policy, PoolConfig, PoolId, RestorePolicy, SessionId, Target, Timestamp,
+    AssignCount, ClientConfig, ClientId, Exclude, LabelFilter, LeaseId, LeaseTtl, MAX_SESSIONS,
+    MemberId, OutcomeResult, Policy, PoolConfig, PoolId, RestorePolicy, SessionId, Target,
+    Timestamp, TokenHash,
 };
 
 use self::codec::{MemberImage, PoolImage, Provenance, SourceBook};
@@ -75,6 +77,8 @@ pub struct EmbeddedStore {
 #[derive(Debug, Default)]
 struct Inner {
     pools: BTreeMap<PoolId, Pool>,
+    /// Every client, and which one each token opens.
+    clients: self::clients::Clients,
     /// Pools by when their next lease expires or member returns: what the sweep visits.
     sweep_due: DueIndex,
     /// Pools with checks by when their next round is due: what the checker visits.
@@ -1657,6 +1661,7 @@ impl EmbeddedStore {
         let recovered = recovery::recover(&options)?;
         let mut inner = Inner {
             pools: recovered.pools,
+            clients: recovered.clients,
             ..Inner::default()
         };
         // The indexes are not on disk: one pass over the recovered pools rebuilds them.
@@ -1688,7 +1693,7 @@ impl EmbeddedStore {
     /// the same lines. For comparing a recovered store with the one it came from.
     pub fn state_lines(&self) -> Vec<String> {
         let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        snapshot::describe(&inner.pools)
+        snapshot::describe(&inner.pools, &inner.clients)
     }
 
     /// The lock, for a call that counts as in flight (see [`Held`]).
@@ -2603,6 +2608,67 @@ impl Store for EmbeddedStore {
             })
             .await?;
         self.settle((report, end), Change::Durable).await
+    }
+
+    async fn put_client(
+        &self,
+        id: &ClientId,
+        config: &ClientConfig,
+        token: TokenHash,
+    ) -> Result<PutClient, StoreError> {
+        let answer = {
+            let mut inner = self.lock()?;
+            let Inner {
+                clients, journal, ..
+            } = &mut *inner;
+            let (put, record) = clients.put(id, config, token)?;
+            (put, journal.as_mut().map(|journal| journal.client(record)))
+        };
+        self.settle(answer, Change::Durable).await
+    }
+
+    async fn rotate_client_token(&self, id: &ClientId, token: TokenHash) -> Result<(), StoreError> {
+        let answer = {
+            let mut inner = self.lock()?;
+            let Inner {
+                clients, journal, ..
+            } = &mut *inner;
+            let record = clients.rotate(id, token)?;
+            ((), journal.as_mut().map(|journal| journal.client(record)))
+        };
+        self.settle(answer, Change::Durable).await
+    }
+
+    async fn client(&self, id: &ClientId) -> Result<ClientRecord, StoreError> {
+        let inner = self.lock()?;
+        inner
+            .clients
+            .get(id)
+            .cloned()
+            .ok_or(StoreError::ClientNotFound)
+    }
+
+    async fn clients(&self) -> Result<Vec<ClientRecord>, StoreError> {
+        Ok(self.lock()?.clients.all().cloned().collect())
+    }
+
+    async fn delete_client(&self, id: &ClientId) -> Result<(), StoreError> {
+        let answer = {
+            let mut inner = self.lock()?;
+            let Inner {
+                clients, journal, ..
+            } = &mut *inner;
+            clients.delete(id)?;
+            (
+                (),
+                journal.as_mut().map(|journal| journal.client_deleted(id)),
+            )
+        };
+        self.settle(answer, Change::Durable).await
+    }
+
+    async fn client_by_token(&self, token: TokenHash) -> Result<Option<ClientRecord>, StoreError> {
+        Ok(self.lock()?.clients.by_token(token).cloned())
     }
 
     async fn close(&self) {

@@ -34,6 +34,7 @@
 //! connection task then runs after the requests already woken, not right after the first):
 //! 0.31 Redis writes per assign instead of 0.83, and again the same rate.
 
+mod clients;
 mod connection;
 mod keys;
 mod operations;

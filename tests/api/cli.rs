@@ -509,6 +509,58 @@ async fn sessions_end_ends_a_live_session_once_and_escapes_its_id() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_create_list_show_rotate_and_delete_print_what_they_did() {
+    let app = TestApp::spawn(Backend::Embedded).await;
+    let created = run(
+        &app,
+        &[
+            "clients", "create", "team-a", "--pool", "web", "--pool", "eu-*",
+        ],
+    )
+    .await;
+    assert_eq!(created.code, 0, "{created:?}");
+    let token = created
+        .stdout
+        .strip_prefix("client team-a: token ")
+        .and_then(|rest| rest.split_once('\n'))
+        .map(|(token, _)| token.to_owned())
+        .expect("the token line");
+    assert_eq!(token.len(), 43);
+    assert_eq!(
+        created.stdout,
+        format!(
+            "client team-a: token {token}\n(shown this once: the service keeps only its hash)\n"
+        )
+    );
+    assert_eq!(
+        run(&app, &["clients", "create", "team-a", "--pool", "web"]).await,
+        Run::ok("client team-a: pools replaced, token kept\n")
+    );
+    assert_eq!(
+        run(&app, &["clients", "list"]).await,
+        Run::ok("team-a\tweb\n")
+    );
+    assert_eq!(
+        run(&app, &["clients", "show", "team-a"]).await,
+        Run::ok("team-a\tweb\n")
+    );
+    let rotated = run(&app, &["clients", "rotate", "team-a", "--json"]).await;
+    assert_eq!(rotated.code, 0, "{rotated:?}");
+    let answer: Value = serde_json::from_str(&rotated.stdout).expect("JSON");
+    assert_eq!(answer["client"], json!("team-a"));
+    assert_ne!(answer["token"], json!(token));
+    assert_eq!(
+        run(&app, &["clients", "delete", "team-a"]).await,
+        Run::ok("deleted client team-a\n")
+    );
+    assert_eq!(
+        run(&app, &["clients", "show", "team-a"]).await,
+        Run::failed(1, "error: client not found (client_not_found, HTTP 404)\n")
+    );
+    app.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_exit_non_zero_with_the_services_message_on_stderr() {
     let app = TestApp::spawn(Backend::Embedded).await;
     assert_eq!(

@@ -492,7 +492,7 @@ impl Drop for TestApp {
 }
 
 /// A path of the route table with every `{param}` filled in with a valid sample: the pool
-/// `p`, a well-formed lease id, the session `s`. A new kind of parameter needs a sample here; until it has
+/// `p`, a well-formed lease id, the session `s`, the client `c`. A new kind of parameter needs a sample here; until it has
 /// one, every test that walks the route table fails and says so.
 pub fn concrete_path(template: &str) -> String {
     let mut path = String::new();
@@ -504,6 +504,7 @@ pub fn concrete_path(template: &str) -> String {
             "pool" => "p",
             "lease" => "0123456789abcdef0123456789abcdef",
             "session" => "s",
+            "client" => "c",
             other => panic!("no sample value for the path parameter {{{other}}} of {template}"),
         });
         rest = &rest[close + 1..];

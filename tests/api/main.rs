@@ -15,6 +15,7 @@ mod batches;
 mod check_targets;
 mod checks;
 mod cli;
+mod clients;
 mod concurrency;
 mod contract;
 mod demo;

@@ -11,15 +11,15 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use proxy_allocator::config::Config;
 use proxy_allocator::domain::{
-    AssignCount, LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig, PoolId, RestorePolicy,
-    SessionId, Target,
+    AssignCount, ClientConfig, ClientId, LabelFilter, LeaseId, LeaseTtl, MemberId, PoolConfig,
+    PoolId, RestorePolicy, SessionId, Target, TokenHash,
 };
 use proxy_allocator::store::{
-    AssignRequest, Assignment, Batch, CheckRound, ClaimedSource, Cursor, DisableReport, Done,
-    DoneSummary, EnableReport, FetchOutcome, MemberPage, PoolInfo, PoolPage, Pruned, PutPool,
-    RemoveReport, Renewed, Report, ReportSource, ReportSummary, Seed, SeedReport,
-    SessionAssignment, SessionRequest, SourceState, StateFilter, Store, StoreError, StoreStatus,
-    Swept,
+    AssignRequest, Assignment, Batch, CheckRound, ClaimedSource, ClientRecord, Cursor,
+    DisableReport, Done, DoneSummary, EnableReport, FetchOutcome, MemberPage, PoolInfo, PoolPage,
+    Pruned, PutClient, PutPool, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Seed,
+    SeedReport, SessionAssignment, SessionRequest, SourceState, StateFilter, Store, StoreError,
+    StoreStatus, Swept,
 };
 
 use crate::helpers::TestApp;
@@ -391,5 +391,34 @@ impl Store for Spy {
         members: &[MemberId],
     ) -> Result<RemoveReport, StoreError> {
         self.inner.remove_members(pool, members).await
+    }
+
+    async fn put_client(
+        &self,
+        id: &ClientId,
+        config: &ClientConfig,
+        token: TokenHash,
+    ) -> Result<PutClient, StoreError> {
+        self.inner.put_client(id, config, token).await
+    }
+
+    async fn rotate_client_token(&self, id: &ClientId, token: TokenHash) -> Result<(), StoreError> {
+        self.inner.rotate_client_token(id, token).await
+    }
+
+    async fn client(&self, id: &ClientId) -> Result<ClientRecord, StoreError> {
+        self.inner.client(id).await
+    }
+
+    async fn clients(&self) -> Result<Vec<ClientRecord>, StoreError> {
+        self.inner.clients().await
+    }
+
+    async fn delete_client(&self, id: &ClientId) -> Result<(), StoreError> {
+        self.inner.delete_client(id).await
+    }
+
+    async fn client_by_token(&self, token: TokenHash) -> Result<Option<ClientRecord>, StoreError> {
+        self.inner.client_by_token(token).await
     }
 }

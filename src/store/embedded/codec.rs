@@ -18,8 +18,11 @@
 
 use std::borrow::Cow;
 
-use crate::domain::{Labels, LeaseId, MemberId, OutcomeResult, PoolConfig, PoolId, Timestamp};
-use crate::store::{Health, LastCheck};
+use crate::domain::{
+    ClientConfig, ClientId, Labels, LeaseId, MemberId, OutcomeResult, PoolConfig, PoolId,
+    Timestamp, TokenHash,
+};
+use crate::store::{ClientRecord, Health, LastCheck};
 
 const POOL: u8 = 1;
 const POOL_DELETED: u8 = 2;
@@ -39,6 +42,10 @@ const TRACED_MEMBER: u8 = 10;
 /// A pool record followed by its prune count and its [`SourceBook`]: pools with neither
 /// keep the shorter [`POOL`] record.
 const SOURCED_POOL: u8 = 11;
+/// A client with its configuration (JSON, as the API shows it) and its token's SHA-256.
+const CLIENT: u8 = 12;
+/// A client deleted.
+const CLIENT_DELETED: u8 = 13;
 
 /// Where a member came from and what pruning keeps about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -139,6 +146,10 @@ pub(super) enum Record<'a> {
     },
     /// The last record of a complete snapshot, with how many records came before it.
     SnapshotEnd { generation: u64, records: u64 },
+    /// A client exists, exactly like this (created, reconfigured or given a new token).
+    Client(ClientRecord),
+    /// The client is gone.
+    ClientDeleted(&'a str),
 }
 
 /// Why bytes that passed their checksum are not records: a bug or a file written by
@@ -208,6 +219,19 @@ pub(super) fn pool(buf: &mut Vec<u8>, id: &PoolId, image: &PoolImage<'_>) {
 /// Appends a pool's deletion.
 pub(super) fn pool_deleted(buf: &mut Vec<u8>, id: &PoolId) {
     buf.push(POOL_DELETED);
+    text(buf, id.as_str());
+}
+
+/// Appends a client's whole state.
+pub(super) fn client(buf: &mut Vec<u8>, client: &ClientRecord) {
+    buf.push(CLIENT);
+    text(buf, client.id.as_str());
+    text(buf, &client.config.to_json());
+    buf.extend_from_slice(client.token.bytes());
+}
+
+pub(super) fn client_deleted(buf: &mut Vec<u8>, id: &ClientId) {
+    buf.push(CLIENT_DELETED);
     text(buf, id.as_str());
 }
 
@@ -551,6 +575,24 @@ impl<'a> Reader<'a> {
                 generation: self.varint()?,
                 records: self.varint()?,
             },
+            CLIENT => {
+                let id =
+                    ClientId::parse(self.text()?).or_else(|_| self.fail("invalid client id"))?;
+                let config = ClientConfig::from_json(self.text()?)
+                    .or_else(|_| self.fail("invalid client configuration"))?;
+                let Some(token) = self.data.get(self.at..self.at + 32) else {
+                    return self.fail("record cut short");
+                };
+                let mut hash = [0; 32];
+                hash.copy_from_slice(token);
+                self.at += 32;
+                Record::Client(ClientRecord {
+                    id,
+                    config,
+                    token: TokenHash::from_bytes(hash),
+                })
+            }
+            CLIENT_DELETED => Record::ClientDeleted(self.text()?),
             _ => {
                 self.at -= 1;
                 return self.fail("unknown record kind");
@@ -641,6 +683,13 @@ mod tests {
         assigned(&mut buf, &pool_id(), &member_id("a"), 128, 1 << 40);
         pool_deleted(&mut buf, &pool_id());
         snapshot_end(&mut buf, 3, 6);
+        let client_record = ClientRecord {
+            id: ClientId::parse("team-a").expect("a client id"),
+            config: ClientConfig::from_json(r#"{"pools":["web","eu-*"]}"#).expect("valid"),
+            token: TokenHash::of(b"a token"),
+        };
+        client(&mut buf, &client_record);
+        client_deleted(&mut buf, &client_record.id);
 
         assert_eq!(
             decode_all(&buf),
@@ -673,6 +722,8 @@ mod tests {
                     generation: 3,
                     records: 6
                 },
+                Record::Client(client_record.clone()),
+                Record::ClientDeleted("team-a"),
             ]
         );
     }

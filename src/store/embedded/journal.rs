@@ -101,6 +101,20 @@ impl Buffer {
         self.check_size();
     }
 
+    /// Appends a client's after-image; the log offset after it.
+    pub(super) fn client(&mut self, client: &crate::store::ClientRecord) -> u64 {
+        codec::client(&mut self.bytes, client);
+        self.check_size();
+        self.end()
+    }
+
+    /// Appends a client's deletion; the log offset after it.
+    pub(super) fn client_deleted(&mut self, id: &crate::domain::ClientId) -> u64 {
+        codec::client_deleted(&mut self.bytes, id);
+        self.check_size();
+        self.end()
+    }
+
     /// Starts the next log generation after the records appended so far; returns it.
     pub(super) fn rotate(&mut self) -> u64 {
         self.rotation = Some(self.end());

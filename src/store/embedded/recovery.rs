@@ -13,6 +13,7 @@ use std::io::{Read, Seek, Write};
 use std::path::Path;
 use std::time::Instant;
 
+use super::clients::Clients;
 use super::codec::{MemberImage, PoolImage, Provenance, Reader, Record};
 use super::journal::{LogFile, Recovered as ForDisk};
 use super::{DataDirOptions, OpenError, Pool, files};
@@ -22,6 +23,7 @@ use crate::store::Health;
 /// The state found, and the open files to go on with.
 pub(super) struct Recovered {
     pub(super) pools: BTreeMap<PoolId, Pool>,
+    pub(super) clients: Clients,
     pub(super) disk: ForDisk,
 }
 
@@ -109,10 +111,11 @@ pub(super) fn recover(options: &DataDirOptions) -> Result<Recovered, OpenError> 
     }
 
     let mut pools = BTreeMap::new();
+    let mut clients = Clients::default();
     let mut snapshot_bytes = 0;
     if let Some(generation) = snapshot {
         let path = files::path(dir, &files::snapshot_name(generation));
-        snapshot_bytes = load_snapshot(&path, generation, &mut pools)?;
+        snapshot_bytes = load_snapshot(&path, generation, &mut pools, &mut clients)?;
         if logs.first() != Some(&generation) {
             return Err(missing(dir, &files::log_name(generation)));
         }
@@ -127,7 +130,7 @@ pub(super) fn recover(options: &DataDirOptions) -> Result<Recovered, OpenError> 
             *generation,
             Some(*generation) == last,
             |payload, offset| {
-                replayed += apply_frame(&mut pools, payload, &path, offset)?;
+                replayed += apply_frame(&mut pools, &mut clients, payload, &path, offset)?;
                 Ok(())
             },
         )?;
@@ -182,6 +185,7 @@ pub(super) fn recover(options: &DataDirOptions) -> Result<Recovered, OpenError> 
     );
     Ok(Recovered {
         pools,
+        clients,
         disk: ForDisk {
             lock,
             log,
@@ -204,6 +208,7 @@ fn load_snapshot(
     path: &Path,
     generation: u64,
     pools: &mut BTreeMap<PoolId, Pool>,
+    clients: &mut Clients,
 ) -> Result<u64, OpenError> {
     let mut records = 0u64;
     let mut ended = false;
@@ -249,7 +254,7 @@ fn load_snapshot(
                     }
                     Some(record) => {
                         records += 1;
-                        apply(pools, record);
+                        apply(pools, clients, record);
                     }
                 }
             }
@@ -272,6 +277,7 @@ fn corrupt(path: &Path, offset: u64, reason: &str) -> OpenError {
 /// Applies every record of one log frame; how many there were.
 fn apply_frame(
     pools: &mut BTreeMap<PoolId, Pool>,
+    clients: &mut Clients,
     payload: &[u8],
     path: &Path,
     offset: u64,
@@ -289,7 +295,7 @@ fn apply_frame(
             Some(Record::SnapshotEnd { .. }) => {
                 return Err(corrupt(path, offset, "a snapshot's end inside a log"));
             }
-            Some(record) => apply(pools, record),
+            Some(record) => apply(pools, clients, record),
         }
         count += 1;
     }
@@ -297,8 +303,12 @@ fn apply_frame(
 
 /// Sets what `record` names to the value it holds. Records of pools that do not exist are
 /// skipped: under a fuzzy snapshot they describe a pool deleted later (see `snapshot.rs`).
-pub(super) fn apply(pools: &mut BTreeMap<PoolId, Pool>, record: Record<'_>) {
+pub(super) fn apply(pools: &mut BTreeMap<PoolId, Pool>, clients: &mut Clients, record: Record<'_>) {
     match record {
+        Record::Client(client) => clients.set(client),
+        Record::ClientDeleted(id) => {
+            clients.remove(id);
+        }
         Record::Pool(id, image) => set_pool(pools, id, *image),
         Record::PoolDeleted(id) => {
             pools.remove(id);

@@ -32,6 +32,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::clients::Clients;
 use super::codec::{self, Reader};
 use super::journal::{Shared, fail, lock_inner};
 use super::{DataDirOptions, Inner, Pool, files};
@@ -43,6 +44,9 @@ const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// Where the copying of a snapshot has got to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Cursor {
+    /// Every client, in the first turn: at most `MAX_CLIENTS` records of a few hundred
+    /// bytes.
+    Clients,
     /// The next pool after this one (all pools from the first when `None`).
     Pools(Option<PoolId>),
     /// Eligible members of the pool after this one.
@@ -66,6 +70,7 @@ fn after<T: Ord + Clone>(key: &Option<T>) -> (Bound<T>, Bound<T>) {
 /// returns how many records it appended.
 pub(super) fn copy_chunk(
     pools: &std::collections::BTreeMap<PoolId, Pool>,
+    clients: &Clients,
     cursor: &mut Cursor,
     out: &mut Vec<u8>,
     budget: usize,
@@ -74,6 +79,13 @@ pub(super) fn copy_chunk(
     while copied < budget {
         let next = match &*cursor {
             Cursor::Done => break,
+            Cursor::Clients => {
+                for client in clients.all() {
+                    codec::client(out, client);
+                    copied += 1;
+                }
+                Cursor::Pools(None)
+            }
             Cursor::Pools(last) => match pools.range(after(last)).next() {
                 Some((id, pool)) => {
                     codec::pool(out, id, &pool.image());
@@ -139,9 +151,12 @@ pub(super) fn copy_chunk(
 }
 
 /// Every record of the whole state, decoded and written out one per line.
-pub(super) fn describe(pools: &std::collections::BTreeMap<PoolId, Pool>) -> Vec<String> {
+pub(super) fn describe(
+    pools: &std::collections::BTreeMap<PoolId, Pool>,
+    clients: &Clients,
+) -> Vec<String> {
     let mut bytes = Vec::new();
-    copy_chunk(pools, &mut Cursor::Pools(None), &mut bytes, usize::MAX);
+    copy_chunk(pools, clients, &mut Cursor::Clients, &mut bytes, usize::MAX);
     let mut reader = Reader::new(&bytes);
     let mut lines = Vec::new();
     while let Ok(Some(record)) = reader.next_record() {
@@ -269,7 +284,7 @@ impl Compaction {
             out,
             bytes: files::FILE_HEADER,
             records: 0,
-            cursor: Cursor::Pools(None),
+            cursor: Cursor::Clients,
             chunk: Vec::new(),
             framed: Vec::new(),
             started,
@@ -280,12 +295,16 @@ impl Compaction {
     /// true once the snapshot's end is written.
     pub(super) fn step(&mut self, inner: &Mutex<Inner>, entries: usize) -> io::Result<bool> {
         self.chunk.clear();
+        let inner = lock_inner(inner);
         self.records += copy_chunk(
-            &lock_inner(inner).pools,
+            &inner.pools,
+            &inner.clients,
             &mut self.cursor,
             &mut self.chunk,
             entries.max(1),
         );
+        // Written outside the lock.
+        drop(inner);
         let done = self.cursor == Cursor::Done;
         if done {
             codec::snapshot_end(&mut self.chunk, self.generation, self.records);

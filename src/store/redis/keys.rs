@@ -259,6 +259,13 @@ impl RedisStore {
     }
 
     /// The sweep's due index.
+    /// The clients' two hashes, in one hash slot of their own (a pool id has no `:`, so no
+    /// pool's tag is this one): each client by id, and each token hash's client.
+    pub(super) fn client_keys(&self) -> [String; 2] {
+        let tag = format!("{{{}:clients}}", self.prefix);
+        [format!("{tag}:records"), format!("{tag}:tokens")]
+    }
+
     pub(super) fn due_key(&self) -> String {
         format!("{}:due", self.prefix)
     }

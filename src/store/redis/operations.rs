@@ -16,16 +16,17 @@ use super::reply::{
     SessionAssignReply, SourceStatesReply, SweepReply, WalkReply,
 };
 use crate::domain::{
-    AssignCount, LabelFilter, LeaseId, LeaseTtl, MAX_SESSIONS, MemberId, OutcomeResult, PoolConfig,
-    PoolId, RestorePolicy, SessionId, SessionTtl, Target, Timestamp,
+    AssignCount, ClientConfig, ClientId, LabelFilter, LeaseId, LeaseTtl, MAX_SESSIONS, MemberId,
+    OutcomeResult, PoolConfig, PoolId, RestorePolicy, SessionId, SessionTtl, Target, Timestamp,
+    TokenHash,
 };
 use crate::store::chunks::Started;
 use crate::store::{
     Applied, AssignRequest, Assignment, BAN_CLEANUP, Batch, CHUNK_GRANULE, CheckRound,
-    ClaimedSource, Cursor, DisableReport, Done, DoneSummary, EnableReport, FetchOutcome, Lease,
-    MAX_BAN_TARGETS, MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND, MemberPage,
-    PRUNE_BATCH, PoolInfo, PoolPage, Pruned, PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN,
-    RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored,
+    ClaimedSource, ClientRecord, Cursor, DisableReport, Done, DoneSummary, EnableReport,
+    FetchOutcome, Lease, MAX_BAN_TARGETS, MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND,
+    MemberPage, PRUNE_BATCH, PoolInfo, PoolPage, Pruned, PutClient, PutPool, RECLAIM_ON_ASSIGN,
+    RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored,
     SAFETY_NET_POOLS_PER_SWEEP, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport,
     SessionAssignment, SessionPin, SessionRequest, SourceState, StateFilter, Store, StoreError,
     StoreStatus, Swept,
@@ -729,6 +730,35 @@ impl RedisStore {
 impl Store for RedisStore {
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    async fn put_client(
+        &self,
+        id: &ClientId,
+        config: &ClientConfig,
+        token: TokenHash,
+    ) -> Result<PutClient, StoreError> {
+        self.put_client_record(id, config, token).await
+    }
+
+    async fn rotate_client_token(&self, id: &ClientId, token: TokenHash) -> Result<(), StoreError> {
+        self.rotate_client_record(id, token).await
+    }
+
+    async fn client(&self, id: &ClientId) -> Result<ClientRecord, StoreError> {
+        self.client_record(id).await
+    }
+
+    async fn clients(&self) -> Result<Vec<ClientRecord>, StoreError> {
+        self.client_records().await
+    }
+
+    async fn delete_client(&self, id: &ClientId) -> Result<(), StoreError> {
+        self.delete_client_record(id).await
+    }
+
+    async fn client_by_token(&self, token: TokenHash) -> Result<Option<ClientRecord>, StoreError> {
+        self.client_record_by_token(token).await
     }
 
     async fn status(&self) -> Result<StoreStatus, StoreError> {

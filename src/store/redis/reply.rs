@@ -18,11 +18,13 @@ use std::time::Duration;
 use redis::Value;
 
 use crate::domain::{
-    Labels, LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId, RestorePolicy, Timestamp,
+    ClientConfig, ClientId, Labels, LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId,
+    RestorePolicy, Timestamp, TokenHash,
 };
 use crate::store::{
-    CheckRound, ClaimedSource, Effect, FetchOutcome, Health, LastCheck, MemberState, MemberView,
-    Origin, PoolInfo, PoolStats, Pruned, SourceFetch, SourceState, StoreError, Swept,
+    CheckRound, ClaimedSource, ClientRecord, Effect, FetchOutcome, Health, LastCheck, MemberState,
+    MemberView, Origin, PoolInfo, PoolStats, Pruned, PutClient, SourceFetch, SourceState,
+    StoreError, Swept,
 };
 
 /// A reply of a shape its script never returns: the script and this decoder disagree.
@@ -1171,6 +1173,93 @@ impl WalkReply {
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
         decode("walk.lua", value, |value| pool_id_list(value).map(Self))
     }
+}
+
+/// One client as `put_client.lua` keeps it: `"<token sha-256 hex> <config json>"`.
+fn client_record(id: &str, record: &str) -> Read<ClientRecord> {
+    let id = ClientId::parse(id).map_err(|_| "expected a client id")?;
+    let (token, config) = record
+        .split_once(' ')
+        .ok_or("expected a token hash and a configuration")?;
+    Ok(ClientRecord {
+        id,
+        config: ClientConfig::from_json(config)
+            .map_err(|e| format!("a client configuration: {e}"))?,
+        token: TokenHash::from_hex(token).ok_or("expected a token hash")?,
+    })
+}
+
+/// `HGET` of one client's record: the client, or `None` when there is none.
+pub(super) fn client(id: &ClientId, value: Value) -> Result<Option<ClientRecord>, StoreError> {
+    decode("HGET", value, |value| match value {
+        Value::Nil => Ok(None),
+        value => client_record(id.as_str(), &string(value)?).map(Some),
+    })
+}
+
+/// `HGETALL` of every client's record, by id.
+pub(super) fn clients(value: Value) -> Result<Vec<ClientRecord>, StoreError> {
+    decode("HGETALL", value, |value| {
+        let pairs: Vec<(String, String)> = match value {
+            Value::Map(pairs) => pairs
+                .into_iter()
+                .map(|(id, record)| Ok((string(id)?, string(record)?)))
+                .collect::<Read<_>>()?,
+            Value::Array(items) => {
+                let mut items = items.into_iter();
+                let mut pairs = Vec::new();
+                while let Some(id) = items.next() {
+                    let record = items.next().ok_or("expected pairs")?;
+                    pairs.push((string(id)?, string(record)?));
+                }
+                pairs
+            }
+            _ => return Err("expected a hash".into()),
+        };
+        let mut clients = pairs
+            .iter()
+            .map(|(id, record)| client_record(id, record))
+            .collect::<Read<Vec<_>>>()?;
+        clients.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(clients)
+    })
+}
+
+/// `put_client.lua`: created, replaced, or refused for the bound.
+pub(super) fn put_client(value: Value) -> Result<PutClient, StoreError> {
+    match decode("put_client.lua", value, |value| int(&value))? {
+        1 => Ok(PutClient::Created),
+        0 => Ok(PutClient::Replaced),
+        -1 => Err(StoreError::TooManyClients),
+        _ => decode("put_client.lua", Value::Nil, |_| {
+            Err::<PutClient, _>("expected 1, 0 or -1".into())
+        }),
+    }
+}
+
+/// `rotate_client.lua` and `delete_client.lua`: done, or no such client.
+pub(super) fn client_changed(answered_by: &'static str, value: Value) -> Result<(), StoreError> {
+    match decode(answered_by, value, |value| int(&value))? {
+        1 => Ok(()),
+        0 => Err(StoreError::ClientNotFound),
+        _ => decode(answered_by, Value::Nil, |_| {
+            Err::<(), _>("expected 1 or 0".into())
+        }),
+    }
+}
+
+/// `client_by_token.lua`: the client the token opens, if any.
+pub(super) fn client_by_token(value: Value) -> Result<Option<ClientRecord>, StoreError> {
+    decode("client_by_token.lua", value, |value| match value {
+        Value::Nil => Ok(None),
+        value => {
+            let mut items = array(value)?.into_iter();
+            let (Some(id), Some(record), None) = (items.next(), items.next(), items.next()) else {
+                return Err("expected an id and a record".into());
+            };
+            client_record(&string(id)?, &string(record)?).map(Some)
+        }
+    })
 }
 
 /// `received.lua`: how many bytes Redis has received from all its clients.

@@ -141,4 +141,8 @@ scripts! {
     claim_due: plain,
     walk: plain,
     received: plain,
+    put_client: plain,
+    rotate_client: plain,
+    delete_client: plain,
+    client_by_token: plain,
 }

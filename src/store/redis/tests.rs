@@ -255,6 +255,9 @@ async fn every_script_s_replies_decode_from_a_real_redis() {
             "prune" => prune(&redis).await,
             "walk" => walk(&redis).await,
             "received" => received(&redis).await,
+            "put_client" | "rotate_client" | "delete_client" | "client_by_token" => {
+                clients(&redis, name).await;
+            }
             other => panic!("{other}.lua has no reply test: add its case to this match"),
         }
     }
@@ -1692,6 +1695,78 @@ async fn claim_due(redis: &TestRedis) {
     assert_eq!(take("10", "0").await, ClaimDueReply(vec![]));
     let left: Vec<String> = redis.side(&["ZRANGE", &index, "0", "-1"]).await;
     assert_eq!(left, ["b", "c", "later"]);
+}
+
+/// The client scripts, each run through the store's own call of it, whose replies decode
+/// into what the embedded store answers for the same calls.
+async fn clients(redis: &TestRedis, name: &str) {
+    use crate::domain::{ClientConfig, ClientId, TokenHash};
+    use crate::store::{ClientRecord, PutClient};
+    let store = &redis.store;
+    let id = ClientId::parse(&format!("client-{name}")).expect("a client id");
+    let web = ClientConfig::from_json(r#"{"pools":["web"]}"#).expect("valid");
+    let every = ClientConfig::from_json(r#"{"pools":["*"]}"#).expect("valid");
+    // Tokens of this case only: every token opens one client.
+    let first = TokenHash::of(format!("{name} first").as_bytes());
+    let second = TokenHash::of(format!("{name} second").as_bytes());
+    let record = |config: &ClientConfig, token| ClientRecord {
+        id: id.clone(),
+        config: config.clone(),
+        token,
+    };
+    match name {
+        "put_client" => {
+            assert_eq!(
+                store.put_client(&id, &web, first).await.ok(),
+                Some(PutClient::Created)
+            );
+            assert_eq!(
+                store.put_client(&id, &every, second).await.ok(),
+                Some(PutClient::Replaced)
+            );
+            assert_eq!(store.client(&id).await.ok(), Some(record(&every, first)));
+            assert!(
+                store
+                    .clients()
+                    .await
+                    .expect("listed")
+                    .contains(&record(&every, first))
+            );
+        }
+        "rotate_client" => {
+            store.put_client(&id, &web, first).await.expect("created");
+            store
+                .rotate_client_token(&id, second)
+                .await
+                .expect("rotated");
+            assert_eq!(store.client_by_token(first).await.ok(), Some(None));
+            let nobody = ClientId::parse("nobody").expect("a client id");
+            assert!(matches!(
+                store.rotate_client_token(&nobody, first).await,
+                Err(StoreError::ClientNotFound)
+            ));
+        }
+        "delete_client" => {
+            store.put_client(&id, &web, first).await.expect("created");
+            store.delete_client(&id).await.expect("deleted");
+            assert!(matches!(
+                store.delete_client(&id).await,
+                Err(StoreError::ClientNotFound)
+            ));
+            assert!(matches!(
+                store.client(&id).await,
+                Err(StoreError::ClientNotFound)
+            ));
+        }
+        _ => {
+            store.put_client(&id, &web, first).await.expect("created");
+            assert_eq!(
+                store.client_by_token(first).await.ok(),
+                Some(Some(record(&web, first)))
+            );
+            assert_eq!(store.client_by_token(second).await.ok(), Some(None));
+        }
+    }
 }
 
 /// `received.lua` answers Redis's count of bytes received, which a call of 10,000 bytes
