@@ -43,6 +43,8 @@
 mod chunks;
 mod embedded;
 mod redis;
+#[cfg(test)]
+mod twins;
 
 use std::time::Duration;
 
