@@ -44,6 +44,8 @@ mod chunks;
 mod clients;
 mod embedded;
 mod redis;
+#[cfg(test)]
+mod twins;
 
 use std::time::Duration;
 

@@ -71,6 +71,28 @@ pub struct EmbeddedStore {
     disk: Option<Disk>,
     /// The chunk sizes of the member operations, learned from their time under the lock.
     chunks: MemberChunks,
+    /// The store's clock.
+    clock: Clock,
+}
+
+/// The embedded store's clock: the process clock, or in this crate's tests one the test
+/// sets, so that a test can give both stores the same time (`store/twins.rs`). Outside
+/// tests it is [`Timestamp::now`] and nothing else.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Clock {
+    /// Unix milliseconds the test has set.
+    #[cfg(test)]
+    set: Option<Arc<std::sync::atomic::AtomicU64>>,
+}
+
+impl Clock {
+    fn now(&self) -> Timestamp {
+        #[cfg(test)]
+        if let Some(ms) = &self.set {
+            return Timestamp(ms.load(std::sync::atomic::Ordering::SeqCst));
+        }
+        Timestamp::now()
+    }
 }
 
 /// What the lock guards.
@@ -1650,6 +1672,18 @@ impl EmbeddedStore {
         Self::default()
     }
 
+    /// An empty store in memory whose clock reads `ms` (Unix milliseconds), which the test
+    /// sets.
+    #[cfg(test)]
+    pub(crate) fn on_test_clock(ms: Arc<std::sync::atomic::AtomicU64>) -> Self {
+        Self {
+            inner: Arc::default(),
+            disk: None,
+            chunks: MemberChunks::default(),
+            clock: Clock { set: Some(ms) },
+        }
+    }
+
     /// Opens (or creates) a data directory, recovers the state it holds and keeps every
     /// change there from now on.
     ///
@@ -1681,6 +1715,7 @@ impl EmbeddedStore {
             inner,
             disk: Some(disk),
             chunks: MemberChunks::default(),
+            clock: Clock::default(),
         })
     }
 
@@ -1859,7 +1894,7 @@ impl Store for EmbeddedStore {
         request: &AssignRequest,
     ) -> Result<Assignment, StoreError> {
         let answer = self.with_pool(pool, |p, journal| {
-            let now = Timestamp::now();
+            let now = self.clock.now();
             p.return_due(now, RETURN_ON_ASSIGN);
             let assignment = if p.config.policy == Policy::LeastInFlight {
                 p.assign_least_in_flight(request, now)
@@ -1883,7 +1918,7 @@ impl Store for EmbeddedStore {
         count: AssignCount,
     ) -> Result<Batch, StoreError> {
         let answer = self.with_pool(pool, |p, journal| {
-            let now = Timestamp::now();
+            let now = self.clock.now();
             p.return_due(now, RETURN_ON_ASSIGN);
             let batch = p.assign_several(request, count, now)?;
             journal_batch(journal, pool, &batch, p.total_assignments);
@@ -1902,7 +1937,7 @@ impl Store for EmbeddedStore {
     ) -> Result<(Batch, DoneSummary), StoreError> {
         let draw = super::jitter_draw();
         let answer = self.with_pool(pool, |p, journal| {
-            let now = Timestamp::now();
+            let now = self.clock.now();
             // `done` first, in the same turn of the lock as the pick, as assign_done.lua
             // does it in the same script: the pick sees what the report and the release did.
             let summary = p.apply_done(done, now, draw);
@@ -1940,7 +1975,7 @@ impl Store for EmbeddedStore {
         session: &SessionRequest,
     ) -> Result<SessionAssignment, StoreError> {
         let answer = self.with_pool(pool, |p, journal| {
-            let now = Timestamp::now();
+            let now = self.clock.now();
             p.return_due(now, RETURN_ON_ASSIGN);
             let answer = p.assign_in_session(request, session, now)?;
             if let Some(journal) = journal {
@@ -1962,7 +1997,7 @@ impl Store for EmbeddedStore {
     ) -> Result<(SessionAssignment, DoneSummary), StoreError> {
         let draw = super::jitter_draw();
         let answer = self.with_pool(pool, |p, journal| {
-            let now = Timestamp::now();
+            let now = self.clock.now();
             // `done` first, in the same turn of the lock: the session's member is judged
             // after what the report and the release did to it.
             let summary = p.apply_done(done, now, draw);
@@ -1978,7 +2013,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn end_session(&self, pool: &PoolId, session: &SessionId) -> Result<(), StoreError> {
-        let (ended, _) = self.with_pool(pool, |p, _| p.sessions.end(session, Timestamp::now()))?;
+        let (ended, _) = self.with_pool(pool, |p, _| p.sessions.end(session, self.clock.now()))?;
         if ended {
             Ok(())
         } else {
@@ -1988,7 +2023,7 @@ impl Store for EmbeddedStore {
 
     async fn release(&self, pool: &PoolId, lease: &LeaseId) -> Result<(), StoreError> {
         let (released, end) = self.with_pool(pool, |p, _| {
-            p.live_lease(lease, Timestamp::now())?;
+            p.live_lease(lease, self.clock.now())?;
             p.end_lease(lease);
             Ok(())
         })?;
@@ -2006,7 +2041,7 @@ impl Store for EmbeddedStore {
         // in the due index as every operation does (`with_pool` sets it to `next_due`), so a
         // lease renewed shorter is reclaimed at its new expiry.
         let answer = self.with_pool(pool, |p, _| {
-            let now = Timestamp::now();
+            let now = self.clock.now();
             let member = p.live_lease(lease, now)?;
             // Re-issued under the same id: the old expiry entry goes, the new one comes.
             if let Some((_, expires_at)) = p.leases.remove(lease) {
@@ -2031,7 +2066,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn sweep(&self) -> Result<Swept, StoreError> {
-        let now = Timestamp::now();
+        let now = self.clock.now();
         // Only the pools the index says are due, taken out of it; `with_pool` puts each back
         // at its next due time after every step.
         let due = self.lock()?.sweep_due.take_due(now, SWEEP_POOLS_PER_CALL);
@@ -2089,7 +2124,7 @@ impl Store for EmbeddedStore {
     ) -> Result<ReportSummary, StoreError> {
         let draw = super::jitter_draw();
         let answer = self.with_pool(pool, |p, _| {
-            let now = Timestamp::now();
+            let now = self.clock.now();
             let mut summary = ReportSummary::default();
             for report in reports {
                 match p.apply(source, report, now, draw) {
@@ -2112,7 +2147,7 @@ impl Store for EmbeddedStore {
         let mut inner = self.lock()?;
         Ok(inner
             .checks_due
-            .take_due_holding(Timestamp::now(), limit, CHECK_CLAIM_HOLD))
+            .take_due_holding(self.clock.now(), limit, CHECK_CLAIM_HOLD))
     }
 
     async fn claim_check_round(
@@ -2121,7 +2156,7 @@ impl Store for EmbeddedStore {
         interval: Duration,
     ) -> Result<Option<CheckRound>, StoreError> {
         let answer = self.with_pool(pool, |p, _| {
-            let now = Timestamp::now();
+            let now = self.clock.now();
             if let Some(until) = p.check_round_until.filter(|until| *until > now) {
                 return (None, until);
             }
@@ -2160,7 +2195,7 @@ impl Store for EmbeddedStore {
         let mut inner = self.lock()?;
         Ok(inner
             .sources_due
-            .take_due_holding(Timestamp::now(), limit, SOURCE_CLAIM_HOLD))
+            .take_due_holding(self.clock.now(), limit, SOURCE_CLAIM_HOLD))
     }
 
     async fn claim_sources(
@@ -2170,7 +2205,7 @@ impl Store for EmbeddedStore {
         hold: Duration,
     ) -> Result<Vec<ClaimedSource>, StoreError> {
         let ((claimed, next), end) = self.with_pool(pool, |p, _| {
-            let now = Timestamp::now();
+            let now = self.clock.now();
             let hold = u64::try_from(hold.as_millis()).unwrap_or(u64::MAX).max(1);
             p.sources.retain(|url, _| urls.contains(url));
             let book = &mut p.book;
@@ -2242,7 +2277,7 @@ impl Store for EmbeddedStore {
         let (next, end) = self.with_pool(pool, |p, _| {
             let id = p.book.current_id(url);
             let state = p.sources.get_mut(url)?;
-            let now = Timestamp::now();
+            let now = self.clock.now();
             match outcome {
                 FetchOutcome::Ok { .. } => {
                     state.failures = 0;
@@ -2282,7 +2317,7 @@ impl Store for EmbeddedStore {
     }
 
     async fn prune(&self, pool: &PoolId, absent: Option<(u64, u64)>) -> Result<Pruned, StoreError> {
-        let answer = self.with_pool(pool, |p, _| p.prune(absent, Timestamp::now()))?;
+        let answer = self.with_pool(pool, |p, _| p.prune(absent, self.clock.now()))?;
         self.settle(answer, Change::Durable).await
     }
 
@@ -2304,17 +2339,17 @@ impl Store for EmbeddedStore {
                 existing.config = config.clone();
                 PutPool::Updated
             } else {
-                pools.insert(pool.clone(), Pool::new(config.clone(), Timestamp::now()));
+                pools.insert(pool.clone(), Pool::new(config.clone(), self.clock.now()));
                 PutPool::Created
             };
             let p = pools.get_mut(pool).ok_or(StoreError::PoolNotFound)?;
             p.changes.pool = true;
             let end = finish(journal.as_mut(), pool, p);
             // A pool with checks is due for a round now; one without leaves the index.
-            let round = config.health.check.as_ref().map(|_| Timestamp::now());
+            let round = config.health.check.as_ref().map(|_| self.clock.now());
             checks_due.set(pool, round);
             // Likewise for sources: those not due yet are left alone by their claim.
-            let fetch = (!config.sources.is_empty()).then(Timestamp::now);
+            let fetch = (!config.sources.is_empty()).then(|| self.clock.now());
             sources_due.set(pool, fetch);
             (put, end)
         };
@@ -2500,7 +2535,7 @@ impl Store for EmbeddedStore {
                 (&eligible_start, &ineligible_start),
             );
             if let Some(target) = target {
-                let now = Timestamp::now();
+                let now = self.clock.now();
                 for view in &mut page.members {
                     view.banned_until = Some(p.bans.banned_until(target, &view.member, now));
                 }
@@ -2519,7 +2554,7 @@ impl Store for EmbeddedStore {
         let mut report = DisableReport::default();
         let end = self
             .in_chunks(pool, &self.chunks.disable, members, |p, chunk| {
-                let now = Timestamp::now();
+                let now = self.clock.now();
                 for member in chunk {
                     if p.take_out(member, reason, now) {
                         report.disabled.push(member.clone());

@@ -108,6 +108,34 @@ impl RedisStore {
     /// # Errors
     /// [`StoreError::Unavailable`] when a URL cannot be parsed or the pool cannot be built.
     pub async fn connect(options: RedisStoreOptions) -> Result<Self, StoreError> {
+        Self::connect_with(options, Scripts::new()).await
+    }
+
+    /// [`RedisStore::connect`] with every script reading its time from the key `clock`
+    /// (Unix milliseconds) instead of Redis's `TIME`, so that a test sets this store's
+    /// clock (see `Scripts::on_test_clock`).
+    #[cfg(test)]
+    pub(crate) async fn connect_on_test_clock(
+        options: RedisStoreOptions,
+        clock: &str,
+    ) -> Result<Self, StoreError> {
+        Self::connect_with(options, Scripts::on_test_clock(clock)).await
+    }
+
+    /// Holds the safety net's walk of the registry off for good (its next turn set to a
+    /// time no clock reaches), so that a sweep follows the due index alone: in a test of a
+    /// few pools the walk would otherwise reach every pool at every sweep.
+    #[cfg(test)]
+    pub(crate) async fn hold_off_safety_net(&self) -> Result<(), StoreError> {
+        let mut hset = redis::cmd("HSET");
+        hset.arg(self.walk_key()).arg("next").arg(u64::MAX / 4);
+        self.command(hset).await.map(drop)
+    }
+
+    async fn connect_with(
+        options: RedisStoreOptions,
+        scripts: Scripts,
+    ) -> Result<Self, StoreError> {
         let pool = connection::pool(&options.topology, options.timeout, options.connections)?;
         // Every connection is dialled now, all at once (a pool only grows when checkouts
         // overlap): no request pays for dialling later, and steady-state traffic carries
@@ -119,7 +147,7 @@ impl RedisStore {
             pool,
             prefix: options.key_prefix.into(),
             timeout: options.timeout,
-            scripts: Arc::new(Scripts::new()),
+            scripts: Arc::new(scripts),
             heads: Arc::default(),
             chunks: Arc::default(),
             foreground: true,

@@ -525,6 +525,25 @@ async fn the_listing_filters_on_label_parameters_and_pages_through_them(app: Tes
     assert_eq!(seen, ["us-1", "de-1", "de-2"]);
 }
 
+async fn a_labelled_listing_that_ends_on_a_full_page_gives_no_next_cursor_for_values_nobody_carries(
+    app: TestApp,
+) {
+    mixed_pool(&app, json!({})).await;
+    // Both de members fill the page; nobody carries country=nl, so nothing follows.
+    let (status, body) = app
+        .get("/pools/p/members?label=country=de&label=country=nl&limit=2")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let ids: Vec<&str> = body["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .map(|m| m["member"].as_str().expect("id"))
+        .collect();
+    assert_eq!(ids, ["de-1", "de-2"]);
+    assert_eq!(body["next_cursor"], Value::Null);
+}
+
 async fn an_import_gives_every_member_the_label_parameters(app: TestApp) {
     app.create_pool("p", json!({})).await;
     let response = app
@@ -840,6 +859,7 @@ for_each_store!(
     labelled_members_follow_cooldowns_and_removal,
     a_least_in_flight_assign_with_a_label_takes_the_least_busy_member_carrying_it,
     the_listing_filters_on_label_parameters_and_pages_through_them,
+    a_labelled_listing_that_ends_on_a_full_page_gives_no_next_cursor_for_values_nobody_carries,
     an_import_gives_every_member_the_label_parameters,
     invalid_labels_answer_400_invalid_request_naming_the_field,
     a_filter_over_several_keys_that_would_check_too_many_members_is_refused,

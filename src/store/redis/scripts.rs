@@ -31,8 +31,13 @@ macro_rules! scripts {
 
         impl Scripts {
             pub(super) fn new() -> Self {
+                Self::made_by(Script::new)
+            }
+
+            /// Every script, each made from its source by `make`.
+            fn made_by(make: impl Fn(&str) -> Script) -> Self {
                 Self {
-                    $($name: scripts!(@$source $name),)*
+                    $($name: make(scripts!(@$source $name)),)*
                 }
             }
 
@@ -43,10 +48,10 @@ macro_rules! scripts {
         }
     };
     (@plain $name:ident) => {
-        Script::new(include_str!(concat!("../scripts/", stringify!($name), ".lua")))
+        include_str!(concat!("../scripts/", stringify!($name), ".lua"))
     };
     (@fast_path_then_helpers $name:ident) => {
-        Script::new(concat!(
+        concat!(
             include_str!("../scripts/leases_fast.lua"),
             include_str!(concat!("../scripts/", stringify!($name), "_fast.lua")),
             include_str!("../scripts/labels.lua"),
@@ -55,10 +60,10 @@ macro_rules! scripts {
             include_str!("../../rules/health.lua"),
             include_str!("../scripts/health.lua"),
             include_str!(concat!("../scripts/", stringify!($name), ".lua"))
-        ))
+        )
     };
     (@with_reports $name:ident) => {
-        Script::new(concat!(
+        concat!(
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
             include_str!("../../rules/expiry.lua"),
@@ -66,10 +71,10 @@ macro_rules! scripts {
             include_str!("../scripts/health.lua"),
             include_str!("../scripts/report.lua"),
             include_str!(concat!("../scripts/", stringify!($name), ".lua"))
-        ))
+        )
     };
     (@picking_after_done $name:ident) => {
-        Script::new(concat!(
+        concat!(
             include_str!("../scripts/leases_fast.lua"),
             include_str!(concat!("../scripts/", stringify!($name), "_fast.lua")),
             "local function pick()\n",
@@ -92,10 +97,10 @@ macro_rules! scripts {
             include_str!("../scripts/assign_fast.lua"),
             include_str!("../scripts/assign.lua"),
             "end\nreturn with_done(done, pick_after_done())\n"
-        ))
+        )
     };
     (@chunked $name:ident) => {
-        Script::new(concat!(
+        concat!(
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
             include_str!("../../rules/expiry.lua"),
@@ -103,17 +108,17 @@ macro_rules! scripts {
             include_str!("../scripts/health.lua"),
             include_str!("../scripts/chunk.lua"),
             include_str!(concat!("../scripts/", stringify!($name), ".lua"))
-        ))
+        )
     };
     (@with_helpers $name:ident) => {
-        Script::new(concat!(
+        concat!(
             include_str!("../scripts/labels.lua"),
             include_str!("../scripts/leases.lua"),
             include_str!("../../rules/expiry.lua"),
             include_str!("../../rules/health.lua"),
             include_str!("../scripts/health.lua"),
             include_str!(concat!("../scripts/", stringify!($name), ".lua"))
-        ))
+        )
     };
 }
 
@@ -145,4 +150,51 @@ scripts! {
     rotate_client: plain,
     delete_client: plain,
     client_by_token: plain,
+}
+
+/// How every script reads Redis's clock; the test clock replaces this text.
+#[cfg(test)]
+const CLOCK_CALL: &str = "redis.call('TIME')";
+
+#[cfg(test)]
+impl Scripts {
+    /// Every script with its clock read from the key `clock` (Unix milliseconds, set by
+    /// the test) instead of Redis's `TIME`: how the tests that give both stores one clock
+    /// (`store/twins.rs`) set this store's time. It rewrites the scripts' text, so the
+    /// production scripts ([`Scripts::new`]) carry nothing of it.
+    pub(super) fn on_test_clock(clock: &str) -> Self {
+        let head = format!(
+            "local function test_clock()\n    \
+                 local ms = tonumber(redis.call('GET', '{clock}'))\n    \
+                 return {{string.format('%.0f', math.floor(ms / 1000)), \
+                 string.format('%.0f', (ms % 1000) * 1000)}}\n\
+             end\n"
+        );
+        Self::made_by(|source| {
+            Script::new(&format!(
+                "{head}{}",
+                source.replace(CLOCK_CALL, "test_clock()")
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every script that reads the time reads it as [`CLOCK_CALL`], so the test clock
+    /// reaches each of them: one written otherwise would keep Redis's own clock in the
+    /// tests that compare the stores.
+    #[test]
+    fn every_script_reads_the_clock_one_way() {
+        let scripts = Scripts::made_by(|source| {
+            let rest = source.replace(CLOCK_CALL, "");
+            for other in ["'TIME'", "\"TIME\""] {
+                assert!(!rest.contains(other), "a script reads the clock as {other}");
+            }
+            Script::new(source)
+        });
+        assert!(scripts.all().count() > 20);
+    }
 }

@@ -46,7 +46,8 @@ if groups then
         local pair = walk.key .. '=' .. value
         local low, high = '[' .. pair .. '\0', '(' .. pair .. '\1'
         local total = redis.call('ZLEXCOUNT', KEYS[15], low, high)
-        if skip >= position + total then
+        -- A value nobody carries holds nothing to list: a full page before it is the last.
+        if total == 0 or skip >= position + total then
             position = position + total
         else
             if found == size or budget == 0 then
