@@ -401,6 +401,7 @@ impl Pool {
             self.returns.remove(&(at, member.clone()));
         }
         self.checks.remove(&member);
+        self.drop_exit(&member);
         self.set_provenance(&member, Provenance::default());
     }
 
@@ -416,8 +417,12 @@ impl Pool {
             last_check,
             labels,
             provenance,
+            exit,
         } = image;
         self.set_provenance(&member, provenance);
+        if let Some((ip, at)) = exit {
+            self.set_exit(&member, ip, at);
+        }
         if let Some((reason, since)) = taken_out {
             self.taken_out
                 .insert(member.clone(), (reason.into_owned(), since));
@@ -483,6 +488,7 @@ impl Pool {
                 self.returns.remove(&(at, member.clone()));
             }
             self.checks.remove(&member);
+            self.drop_exit(&member);
         }
         let MemberImage {
             taken_out,
@@ -491,9 +497,13 @@ impl Pool {
             last_check,
             labels,
             provenance,
+            exit,
             ..
         } = image;
         self.set_provenance(&member, provenance);
+        if let Some((ip, at)) = exit {
+            self.set_exit(&member, ip, at);
+        }
         if let Some((reason, since)) = taken_out {
             self.taken_out
                 .insert(member.clone(), (reason.into_owned(), since));
