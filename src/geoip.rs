@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Deserialize;
 
-use crate::domain::{Candidate, Host, Labels, MAX_LABEL_VALUE_LEN, MemberId, Scheme};
+use crate::domain::{Labels, MAX_LABEL_VALUE_LEN, MemberId};
 
 /// The label keys the file gives.
 pub const GEO_COUNTRY: &str = "geo_country";
@@ -263,12 +263,29 @@ pub fn org_value(name: &str) -> Option<String> {
     (!value.is_empty()).then_some(value)
 }
 
-/// The IP literal a member's id names as its host, if any.
+/// The IP literal a member's id names as its host, if any: `[scheme://][userinfo@]host:port`
+/// as the pools keep ids (canonical, see [`crate::domain::canonical_member_id`]), read
+/// without building the canonical form again, which would cost more than the lookup.
 fn member_ip(member: &MemberId) -> Option<IpAddr> {
-    match Candidate::parse(member.as_str(), Scheme::Http).ok()?.host() {
-        Host::Ip(ip) => Some(*ip),
-        Host::Name(_) => None,
-    }
+    let text = member.as_str();
+    let rest = text.split_once("://").map_or(text, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host_port = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let host = match host_port.strip_prefix('[') {
+        Some(bracketed) => {
+            let (host, after) = bracketed.split_once(']')?;
+            if !(after.is_empty() || after.starts_with(':')) {
+                return None;
+            }
+            host
+        }
+        None => host_port
+            .rsplit_once(':')
+            .map_or(host_port, |(host, _)| host),
+    };
+    host.parse().ok()
 }
 
 #[cfg(test)]
@@ -302,7 +319,12 @@ mod tests {
             ip("socks5://[2001:db8::1]:1080"),
             "2001:db8::1".parse().ok()
         );
+        assert_eq!(
+            ip("203.0.113.8:3128/path?q=1"),
+            Some(IpAddr::from([203, 0, 113, 8]))
+        );
         assert_eq!(ip("http://proxy.example.com:3128"), None);
+        assert_eq!(ip("http://user:p@ss@[::1]x:80"), None);
         assert_eq!(ip("proxy-7"), None);
     }
 
