@@ -24,13 +24,20 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 pub use self::fetch::{FetchError, Fetcher, MAX_REDIRECTS, masked_url};
 pub(crate) use self::probe::percent_decode;
-pub use self::probe::{Probed, Prober, ProxyAddr, guarded_addresses};
+pub use self::probe::{ExitIp, Probed, Prober, ProxyAddr, guarded_addresses, parse_exit_ip};
 use crate::domain::{MemberId, PoolId};
-use crate::store::{Effect, Report, ReportSource, Store};
+use crate::geoip::GeoIp;
+use crate::store::{Effect, ExitSeen, Report, ReportSource, Store};
 
 /// Looks for due check rounds every `tick` until `stop` completes; rounds still running
-/// then are cancelled (they hold nothing a cancelled probe would leak).
-pub async fn run(store: Arc<dyn Store>, tick: Duration, stop: impl Future<Output = ()>) {
+/// then are cancelled (they hold nothing a cancelled probe would leak). The exit addresses
+/// `exit_ip` checks see get their labels from `geoip`.
+pub async fn run(
+    store: Arc<dyn Store>,
+    geoip: GeoIp,
+    tick: Duration,
+    stop: impl Future<Output = ()>,
+) {
     let mut ticks = tokio::time::interval(tick);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     tokio::pin!(stop);
@@ -42,7 +49,7 @@ pub async fn run(store: Arc<dyn Store>, tick: Duration, stop: impl Future<Output
             _ = ticks.tick() => {}
         }
         rounds.retain(|_, round| !round.is_finished());
-        match start_due_rounds(&store, &mut rounds).await {
+        match start_due_rounds(&store, &geoip, &mut rounds).await {
             Ok(()) if failing => {
                 tracing::info!("active checks reach the store again");
                 failing = false;
@@ -66,6 +73,7 @@ const DUE_ROUNDS_PER_TICK: usize = 256;
 
 async fn start_due_rounds(
     store: &Arc<dyn Store>,
+    geoip: &GeoIp,
     rounds: &mut HashMap<PoolId, JoinHandle<()>>,
 ) -> Result<(), crate::store::StoreError> {
     for pool in store.due_check_pools(DUE_ROUNDS_PER_TICK).await? {
@@ -108,6 +116,7 @@ async fn start_due_rounds(
                 .is_some_and(|prune| prune.after_failed_checks.is_some());
             let task = tokio::spawn(run_round(
                 Arc::clone(store),
+                geoip.clone(),
                 pool.clone(),
                 prober,
                 targets,
@@ -119,11 +128,13 @@ async fn start_due_rounds(
     Ok(())
 }
 
-/// Probes `members` of `pool` and reports each result as it comes in; with `prune`, then
+/// Probes `members` of `pool` and reports each result as it comes in, with the exit
+/// address an `exit_ip` check read (and its labels from `geoip`); with `prune`, then
 /// removes the members whose checks failed `prune.after_failed_checks` times in a row
 /// (and those left from earlier rounds that had live leases then).
 async fn run_round(
     store: Arc<dyn Store>,
+    geoip: GeoIp,
     pool: PoolId,
     prober: Prober,
     members: Vec<MemberId>,
@@ -147,20 +158,42 @@ async fn run_round(
     let probes = futures_util::stream::iter(probeable.into_iter().filter_map(|(addr, member)| {
         addr.map(|addr| async move {
             let probed = prober.probe(&addr).await;
-            Report {
+            let report = Report {
                 member,
                 result: probed.result,
                 detail: probed.detail,
                 latency_ms: probed.latency_ms,
                 target: None,
-            }
+            };
+            (report, probed.exit_ip)
         })
     }))
     .buffer_unordered(usize::try_from(check.concurrency).unwrap_or(1));
-    let reporting = probes.for_each(|report| {
+    let unreadable = std::sync::atomic::AtomicU64::new(0);
+    let reporting = probes.for_each(|(report, exit_ip)| {
         let store = &store;
         let pool = &pool;
+        let geoip = &geoip;
+        let unreadable = &unreadable;
         async move {
+            match exit_ip {
+                ExitIp::Seen(ip) => {
+                    let exit = ExitSeen {
+                        member: report.member.clone(),
+                        ip,
+                        geo: geoip.lookup(ip),
+                    };
+                    if let Err(error) = store.record_exits(pool, std::slice::from_ref(&exit)).await {
+                        tracing::warn!(pool = pool.as_str(), proxy = %report.member.masked(), %error,
+                            "could not record an exit address");
+                    }
+                }
+                ExitIp::Unreadable => {
+                    metrics::counter!("pa_exit_ip_unreadable_total").increment(1);
+                    unreadable.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                ExitIp::NotRead => {}
+            }
             let proxy = report.member.masked();
             match store
                 .report(pool, ReportSource::Check, std::slice::from_ref(&report))
@@ -189,6 +222,17 @@ async fn run_round(
             pool = pool.as_str(),
             interval_ms = check.interval_ms,
             "check round ran out of time; the remaining members wait for the next round"
+        );
+    }
+    // Once per round, not per member: a target that answers garbage would otherwise log
+    // a line for every member every round.
+    let unreadable = unreadable.into_inner();
+    if unreadable > 0 {
+        tracing::warn!(
+            pool = pool.as_str(),
+            unreadable,
+            url = check.url.as_deref().map(masked_url).unwrap_or_default(),
+            "exit_ip check answers held no address; those members' exit addresses stay as they were"
         );
     }
     if prune {

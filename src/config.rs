@@ -209,6 +209,20 @@ pub struct Config {
     #[arg(long, env = "CHECK_TICK_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     pub check_tick_ms: u64,
 
+    /// A MaxMind-format GeoIP file (GeoLite2 or GeoIP2 Country, City or ASN `.mmdb`) on
+    /// local disk. With it, members get the labels `geo_country`, `geo_asn` and `geo_org`
+    /// for their exit address (or, before a check sees one, their own address when it is
+    /// an IP). The service never looks an address up over the network. A file that cannot
+    /// be read is logged, and labels nothing until a valid one replaces it.
+    #[arg(long, env = "GEOIP_DB")]
+    pub geoip_db: Option<PathBuf>,
+
+    /// How often, in milliseconds, the GeoIP file's modification time and size are looked
+    /// at; when either changed the file is read again (the last valid one stays in use
+    /// meanwhile).
+    #[arg(long, env = "GEOIP_RELOAD_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub geoip_reload_ms: u64,
+
     /// The shortest `interval_ms` a pool's source may have, in milliseconds (at least
     /// 1,000). Public lists change slowly and their hosts should not be hammered; tests and
     /// private list servers may go lower.
@@ -351,6 +365,11 @@ impl Config {
     /// The check tick as a duration.
     pub fn check_tick(&self) -> Duration {
         Duration::from_millis(self.check_tick_ms)
+    }
+
+    /// `GEOIP_RELOAD_MS` as a duration.
+    pub fn geoip_reload(&self) -> Duration {
+        Duration::from_millis(self.geoip_reload_ms)
     }
 
     /// How the sources' fetcher runs: on the check tick, within the fetch timeout and the

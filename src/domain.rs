@@ -38,8 +38,8 @@ pub use health::{
     OutcomeResult,
 };
 pub use labels::{
-    FilterField, InvalidLabels, LabelFilter, Labels, MAX_FILTER_VALUES, MAX_LABEL_KEY_LEN,
-    MAX_LABEL_VALUE_LEN, MAX_LABELS,
+    FilterField, GEO_PREFIX, InvalidLabels, LabelFilter, Labels, MAX_FILTER_VALUES,
+    MAX_LABEL_KEY_LEN, MAX_LABEL_VALUE_LEN, MAX_LABELS, MAX_STORED_LABELS,
 };
 pub use lease::{InvalidLeaseId, InvalidLeaseTtl, LeaseId, LeaseTtl};
 pub use lease::{hex, random_bytes};

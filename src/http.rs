@@ -52,6 +52,8 @@ pub struct AppState {
     pub source_min_interval_ms: u64,
     /// The gateway's tunnel tickets, which outcome reports may name.
     pub tickets: Tickets,
+    /// The GeoIP file, for the labels of seeded and imported members.
+    pub geoip: crate::geoip::GeoIp,
 }
 
 /// Limits applied to requests.

@@ -39,6 +39,9 @@
 //!   it reads; the router is built from it and the tests walk it), handlers per resource
 //!   (assign, outcomes, leases, pools, members, activity, the import with its own body limit,
 //!   probes), auth, extractors, the error type.
+//! - [`geoip`]: the GeoIP file (`GEOIP_DB`), read from local disk and looked at again
+//!   when it changes, which gives members the labels `geo_country`, `geo_asn` and
+//!   `geo_org`; used by the import, the sources and the checks.
 //! - [`sweep`]: the background sweep that reclaims expired leases and returns members
 //!   whose cooldown has ended, in the pools that have such work due (each store keeps an
 //!   index of them; see `src/store/redis/keys.rs`).
@@ -76,6 +79,7 @@ pub mod connections;
 pub mod demo;
 pub mod domain;
 pub mod gateway;
+pub mod geoip;
 pub mod http;
 pub mod monitoring;
 pub mod rules;

@@ -64,6 +64,10 @@ fn describe() {
         "Assign requests by pool and outcome (assigned, empty, not_found, error)."
     );
     describe_counter!(
+        "pa_exit_ip_unreadable_total",
+        "Answers of exit_ip checks that held no address (garbage, a block page): nothing was recorded for them."
+    );
+    describe_counter!(
         "pa_large_work_steps_total",
         "Steps of large operations (seed, import, disable, enable, remove, the sweep, listing pieces)."
     );

@@ -23,6 +23,7 @@ use tokio::time::MissedTickBehavior;
 
 use crate::checker::{Fetcher, masked_url};
 use crate::domain::{Labels, PoolId, PruneConfig, Source, SourceFormat};
+use crate::geoip::GeoIp;
 use crate::http::{ImportRequest, ListKind, WholeList, import_list};
 use crate::store::{ClaimedSource, FetchOutcome, SOURCE_CLAIM_HOLD, SeedOrigin, Store, StoreError};
 
@@ -59,8 +60,18 @@ pub fn retry_in(outcome: &FetchOutcome, failures: u64, interval: Duration) -> Du
 /// Looks for due sources every `settings.tick` until `stop` completes; fetches still
 /// running then are cancelled (a cancelled import keeps the batches it wrote, as a failed
 /// one does, and its claim runs out by itself).
-pub async fn run(store: Arc<dyn Store>, settings: SourceSettings, stop: impl Future<Output = ()>) {
-    let fetcher = Fetcher::new(settings.timeout, settings.max_bytes);
+/// The members a fetch adds get labels from `geoip` for their own addresses, as imported
+/// ones do.
+pub async fn run(
+    store: Arc<dyn Store>,
+    geoip: GeoIp,
+    settings: SourceSettings,
+    stop: impl Future<Output = ()>,
+) {
+    let fetching = Fetching {
+        fetcher: Fetcher::new(settings.timeout, settings.max_bytes),
+        geoip,
+    };
     let hold = settings.timeout + SOURCE_CLAIM_HOLD;
     let mut ticks = tokio::time::interval(settings.tick);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -73,7 +84,7 @@ pub async fn run(store: Arc<dyn Store>, settings: SourceSettings, stop: impl Fut
             _ = ticks.tick() => {}
         }
         while fetches.try_join_next().is_some() {}
-        match start_due_fetches(&store, &fetcher, hold, &mut fetches).await {
+        match start_due_fetches(&store, &fetching, hold, &mut fetches).await {
             Ok(()) if failing => {
                 tracing::info!("source fetches reach the store again");
                 failing = false;
@@ -90,9 +101,17 @@ pub async fn run(store: Arc<dyn Store>, settings: SourceSettings, stop: impl Fut
     fetches.abort_all();
 }
 
+/// What every fetch uses: the fetcher, and the GeoIP file for the labels of the members
+/// it adds.
+#[derive(Clone)]
+struct Fetching {
+    fetcher: Fetcher,
+    geoip: GeoIp,
+}
+
 async fn start_due_fetches(
     store: &Arc<dyn Store>,
-    fetcher: &Fetcher,
+    fetching: &Fetching,
     hold: Duration,
     fetches: &mut JoinSet<()>,
 ) -> Result<(), StoreError> {
@@ -117,7 +136,7 @@ async fn start_due_fetches(
             };
             fetches.spawn(fetch_one(
                 Arc::clone(store),
-                fetcher.clone(),
+                fetching.clone(),
                 pool.clone(),
                 source,
                 claim,
@@ -132,7 +151,7 @@ async fn start_due_fetches(
 /// Fetches and imports one source, records how it went and schedules its next fetch.
 async fn fetch_one(
     store: Arc<dyn Store>,
-    fetcher: Fetcher,
+    Fetching { fetcher, geoip }: Fetching,
     pool: PoolId,
     source: Source,
     claim: ClaimedSource,
@@ -148,6 +167,7 @@ async fn fetch_one(
                 default_scheme: source.default_scheme,
                 dry_run: false,
                 labels: Labels::default(),
+                geoip,
                 origin: SeedOrigin::Source {
                     id: claim.id,
                     fetch,

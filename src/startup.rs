@@ -17,6 +17,7 @@ use crate::connections::{
 };
 use crate::gateway::upstream::Dialer;
 use crate::gateway::{Gateway, Tunnels};
+use crate::geoip::GeoIp;
 use crate::http::{self, AppState, Limits, Tokens};
 use crate::monitoring::PoolSnapshot;
 use crate::store::{
@@ -108,6 +109,7 @@ pub struct Application {
     probe_router: Router,
     store: Arc<dyn Store>,
     snapshot: PoolSnapshot,
+    geoip: GeoIp,
     config: Config,
 }
 
@@ -171,12 +173,17 @@ impl Application {
             config.metrics_pools.clone(),
         );
         let tickets = Tickets::new(Duration::from_millis(config.gateway_ticket_ttl_ms));
+        let geoip = config
+            .geoip_db
+            .as_deref()
+            .map_or_else(GeoIp::none, GeoIp::open);
         let state = AppState {
             store: Arc::clone(&store),
             tokens: Arc::new(tokens),
             snapshot: snapshot.clone(),
             source_min_interval_ms: config.source_min_interval_ms,
             tickets: tickets.clone(),
+            geoip: geoip.clone(),
         };
         let limits = Limits {
             body_bytes: config.body_limit_bytes,
@@ -290,6 +297,7 @@ impl Application {
             probe_router,
             store,
             snapshot,
+            geoip,
             config,
         })
     }
@@ -388,14 +396,21 @@ impl Application {
             )),
             tokio::spawn(checker::run(
                 Arc::clone(&self.store),
+                self.geoip.clone(),
                 self.config.check_tick(),
                 stopped(),
             )),
             tokio::spawn(sources::run(
                 Arc::clone(&self.store),
+                self.geoip.clone(),
                 self.config.source_settings(),
                 stopped(),
             )),
+            tokio::spawn(
+                self.geoip
+                    .clone()
+                    .watch(self.config.geoip_reload(), stopped()),
+            ),
             tokio::spawn(self.snapshot.clone().run(
                 Arc::clone(&self.store),
                 self.config.metrics_refresh(),

@@ -338,6 +338,11 @@ pub struct PoolStats {
     pub recovered: u64,
     /// Members the pool removed by itself under its `prune` rules.
     pub pruned: u64,
+    /// Exit addresses that two members or more share (as `exit_ip` checks saw them).
+    pub shared_exit_ips: u64,
+    /// Members whose operator label `country` differs from the `geo_country` the GeoIP
+    /// file gives them.
+    pub country_mismatches: u64,
 }
 
 /// One page of a pool listing.
@@ -382,6 +387,11 @@ pub struct Seed {
     /// not) has its labels replaced by these, keeping its count and state. Members not
     /// named keep theirs (new ones have none).
     pub labels: std::collections::HashMap<MemberId, Labels>,
+    /// Labels from the GeoIP file for members of this call whose own address is in it
+    /// (keys `geo_...`): each one named here has its labels from the file replaced by
+    /// these, unless a check recorded its exit address (whose labels win). Its operator
+    /// labels stay.
+    pub geo: std::collections::HashMap<MemberId, Labels>,
     /// Where the new members come from.
     pub origin: SeedOrigin,
 }
@@ -396,6 +406,7 @@ impl Seed {
             dry_run: false,
             pending_adds: 0,
             labels: std::collections::HashMap::new(),
+            geo: std::collections::HashMap::new(),
             origin: SeedOrigin::Manual,
         }
     }
@@ -543,13 +554,52 @@ pub struct MemberView {
     /// The result of the last active check, when the pool has checks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_check: Option<LastCheck>,
-    /// Its labels (left out when it has none).
+    /// The exit address the last `exit_ip` check that read one saw.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_ip: Option<std::net::IpAddr>,
+    /// When that check ended (the store's clock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_ip_at: Option<Timestamp>,
+    /// The labels its operator gave it (left out when it has none).
     #[serde(skip_serializing_if = "Labels::is_empty")]
     pub labels: Labels,
+    /// The labels the GeoIP file gives its exit address, or its own address before a
+    /// check saw one (`geo_country`, `geo_asn`, `geo_org`; left out when none).
+    #[serde(skip_serializing_if = "Labels::is_empty")]
+    pub geo_labels: Labels,
+    /// Its label `country` differs from its `geo_country` (left out when not).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub country_mismatch: bool,
     /// For a listing that names a target: until when the member is banned for it (`null`
     /// when it is not). Left out of listings without a target.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub banned_until: Option<Option<Timestamp>>,
+}
+
+impl MemberView {
+    /// Sets its labels from those a store keeps (the operator's and the GeoIP file's
+    /// together), shown apart.
+    pub fn set_labels(&mut self, all: Labels) {
+        self.country_mismatch = all.country_mismatch();
+        (self.labels, self.geo_labels) = all.split_geo();
+    }
+
+    /// The value of the label `key`, the operator's or the GeoIP file's.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels.get(key).or_else(|| self.geo_labels.get(key))
+    }
+}
+
+/// An exit address an `exit_ip` check saw, to record ([`Store::record_exits`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitSeen {
+    /// The member probed.
+    pub member: MemberId,
+    /// The address the target saw.
+    pub ip: std::net::IpAddr,
+    /// With a GeoIP file: the labels it gives that address (none when it does not list
+    /// it), replacing the member's labels from the file. `None` without a file: they stay.
+    pub geo: Option<Labels>,
 }
 
 /// A member's health numbers as a store keeps them.
@@ -1086,6 +1136,24 @@ pub trait Store: Send + Sync + 'static {
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError>;
 
+    /// One page of the pool's members that share their exit address with another member
+    /// (as `exit_ip` checks recorded them): the eligible ones in set order, then the
+    /// ineligible ones, `cursor` counting the members of each set earlier pages walked
+    /// past; a page walks at most [`MAX_LISTING_SCAN`] members, so it may hold fewer than
+    /// `limit` while a next cursor is given.
+    async fn shared_exit_members(
+        &self,
+        pool: &PoolId,
+        filter: StateFilter,
+        limit: usize,
+        cursor: Cursor,
+    ) -> Result<MemberPage, StoreError>;
+
+    /// Records the exit address each `exit_ip` check saw, at the store's clock, with the
+    /// labels the GeoIP file gives it (see [`ExitSeen::geo`]), in one atomic step per call.
+    /// Members the pool no longer has are skipped; answers how many were recorded.
+    async fn record_exits(&self, pool: &PoolId, exits: &[ExitSeen]) -> Result<u64, StoreError>;
+
     /// Takes members out of the eligible set, keeping their counts. Members cooling down
     /// are taken over: their return is cancelled and they count as disabled.
     async fn disable_members(
@@ -1195,7 +1263,7 @@ fn labelled_page(
     let mut members: Vec<MemberView> = eligible.into_iter().chain(ineligible).collect();
     if let Some((key, values)) = labels.groups().next() {
         let place = |view: &MemberView| {
-            let value = view.labels.get(key);
+            let value = view.label(key);
             values.iter().position(|v| Some(v.as_str()) == value)
         };
         members.sort_by(|a, b| (place(a), &a.member).cmp(&(place(b), &b.member)));

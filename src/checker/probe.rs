@@ -135,20 +135,30 @@ impl Prober {
     pub async fn probe(&self, addr: &ProxyAddr) -> Probed {
         let timeout = Duration::from_millis(self.check.timeout_ms);
         let started = Instant::now();
-        let (result, detail, latency_ms) =
+        let (result, detail, latency_ms, exit_ip) =
             match tokio::time::timeout(timeout, self.attempt(addr)).await {
                 Ok(Ok(seen)) => {
                     let took = started.elapsed();
                     let (result, detail) = judge(&seen, took, &self.check);
-                    (result, detail, Some(millis(took)))
+                    let exit_ip = match seen {
+                        Seen::Answer { exit_ip, .. } => exit_ip,
+                        Seen::Connected => ExitIp::NotRead,
+                    };
+                    (result, detail, Some(millis(took)), exit_ip)
                 }
-                Ok(Err(detail)) => (OutcomeResult::Failed, detail, None),
-                Err(_) => (OutcomeResult::Failed, "timeout".to_owned(), None),
+                Ok(Err(detail)) => (OutcomeResult::Failed, detail, None, ExitIp::NotRead),
+                Err(_) => (
+                    OutcomeResult::Failed,
+                    "timeout".to_owned(),
+                    None,
+                    ExitIp::NotRead,
+                ),
             };
         Probed {
             result,
             detail: addr.redact(detail),
             latency_ms,
+            exit_ip,
         }
     }
 
@@ -206,12 +216,17 @@ impl Prober {
             .await
             .map_err(|error| describe(&error))?;
         let status = response.status().as_u16();
-        let Some(expected) = self.check.expect_body.as_deref() else {
+        // The exit address is read only from an answer the check accepts: an error page
+        // holds no address, and is not worth counting as an unreadable one.
+        let read_exit = self.check.exit_ip && self.check.expect_status.contains(&status);
+        let expected = self.check.expect_body.as_deref();
+        if expected.is_none() && !read_exit {
             return Ok(Seen::Answer {
                 status,
                 body_matches: true,
+                exit_ip: ExitIp::NotRead,
             });
-        };
+        }
         let mut body = Vec::new();
         while body.len() < CHECK_BODY_WINDOW_BYTES {
             match response.chunk().await {
@@ -223,9 +238,41 @@ impl Prober {
         body.truncate(CHECK_BODY_WINDOW_BYTES);
         Ok(Seen::Answer {
             status,
-            body_matches: contains(&body, expected.as_bytes()),
+            body_matches: expected.is_none_or(|expected| contains(&body, expected.as_bytes())),
+            exit_ip: if read_exit {
+                parse_exit_ip(&body).map_or(ExitIp::Unreadable, ExitIp::Seen)
+            } else {
+                ExitIp::NotRead
+            },
         })
     }
+}
+
+/// What an `exit_ip` check read from its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitIp {
+    /// The check does not ask for it, or got no answer with an expected status.
+    NotRead,
+    /// The address the target saw the probe come from.
+    Seen(IpAddr),
+    /// The answer held no address (garbage, a block page, a name): nothing is recorded.
+    Unreadable,
+}
+
+/// The caller's address in an echo service's answer: the whole body as text (ipify,
+/// `curl ifconfig.me`), or a JSON object's `ip` (ipify's JSON) or `origin` (httpbin). A
+/// list `"a, b"` (httpbin behind forwarding proxies) gives its last entry: the address
+/// that connected to the target, which is the proxy's exit. Anything else is `None`.
+pub fn parse_exit_ip(body: &[u8]) -> Option<IpAddr> {
+    let text = std::str::from_utf8(body).ok()?.trim();
+    let text = if text.starts_with('{') {
+        let value: serde_json::Value = serde_json::from_str(text).ok()?;
+        let field = value.get("ip").or_else(|| value.get("origin"))?;
+        field.as_str()?.rsplit(',').next()?.trim().to_owned()
+    } else {
+        text.to_owned()
+    };
+    text.parse().ok()
 }
 
 /// What one probe concluded.
@@ -237,6 +284,8 @@ pub struct Probed {
     pub detail: String,
     /// Milliseconds from the start of the probe to its answer (none without an answer).
     pub latency_ms: Option<u64>,
+    /// For `exit_ip` checks: the address the target saw.
+    pub exit_ip: ExitIp,
 }
 
 fn millis(took: Duration) -> u64 {
@@ -248,13 +297,18 @@ enum Seen {
     /// A TCP check connected.
     Connected,
     /// An HTTP check got an answer.
-    Answer { status: u16, body_matches: bool },
+    Answer {
+        status: u16,
+        body_matches: bool,
+        exit_ip: ExitIp,
+    },
 }
 
 fn judge(seen: &Seen, took: Duration, check: &CheckConfig) -> (OutcomeResult, String) {
     let &Seen::Answer {
         status,
         body_matches,
+        ..
     } = seen
     else {
         return (OutcomeResult::Ok, "connected".to_owned());
@@ -470,7 +524,37 @@ mod tests {
         Seen::Answer {
             status,
             body_matches,
+            exit_ip: ExitIp::NotRead,
         }
+    }
+
+    #[test]
+    fn an_exit_address_is_read_from_text_or_json_and_nothing_else() {
+        let ip = |text: &str| parse_exit_ip(text.as_bytes()).map(|ip| ip.to_string());
+        assert_eq!(ip("203.0.113.7\n"), Some("203.0.113.7".to_owned()));
+        assert_eq!(ip("  2001:db8::1 "), Some("2001:db8::1".to_owned()));
+        assert_eq!(
+            ip(r#"{"ip": "198.51.100.2"}"#),
+            Some("198.51.100.2".to_owned())
+        );
+        assert_eq!(
+            ip(r#"{"origin": "10.0.0.1, 198.51.100.3"}"#),
+            Some("198.51.100.3".to_owned())
+        );
+        for garbage in [
+            "",
+            "<html>blocked</html>",
+            "example.com",
+            "203.0.113.7 extra",
+            "999.1.1.1",
+            r#"{"ip": 7}"#,
+            r#"{"address": "198.51.100.2"}"#,
+            r#"{"ip": "198.51.100.2""#,
+            "\u{0}\u{ff}",
+        ] {
+            assert_eq!(ip(garbage), None, "{garbage:?}");
+        }
+        assert_eq!(parse_exit_ip(b"\xff\xfe1.2.3.4"), None);
     }
 
     #[test]

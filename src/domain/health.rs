@@ -257,6 +257,11 @@ pub struct CheckConfig {
     pub timeout_ms: u64,
     /// Probes run at once in one round (1 to 256; default 8).
     pub concurrency: u32,
+    /// For `http`: the target answers the caller's address (plain text, or JSON with an
+    /// `ip` or `origin` field, as ipify and httpbin do), which is recorded as the member's
+    /// `exit_ip` when the probe passes its status rule (default `false`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exit_ip: bool,
 }
 
 #[derive(Deserialize)]
@@ -281,6 +286,8 @@ struct RawCheckConfig {
     timeout_ms: u64,
     #[serde(default = "default_concurrency")]
     concurrency: u32,
+    #[serde(default)]
+    exit_ip: bool,
 }
 
 fn default_interval() -> u64 {
@@ -312,10 +319,11 @@ impl TryFrom<super::object::Object<RawCheckConfig>> for CheckConfig {
                     || raw.expect_body.is_some()
                     || raw.max_latency_ms.is_some()
                     || !raw.headers.is_empty()
-                    || raw.ca_pem.is_some() =>
+                    || raw.ca_pem.is_some()
+                    || raw.exit_ip =>
             {
                 return fail(
-                    "check.url, expect_body, max_latency_ms, headers and ca_pem apply to kind http only",
+                    "check.url, expect_body, max_latency_ms, headers, ca_pem and exit_ip apply to kind http only",
                 );
             }
             _ => {}
@@ -380,6 +388,7 @@ impl TryFrom<super::object::Object<RawCheckConfig>> for CheckConfig {
             interval_ms: raw.interval_ms,
             timeout_ms: raw.timeout_ms,
             concurrency: raw.concurrency,
+            exit_ip: raw.exit_ip,
         })
     }
 }
@@ -486,6 +495,8 @@ mod tests {
             r#"{"check": {"kind": "http", "url": "http://a/", "ca_pem": "not a certificate"}}"#,
             r#"{"check": {"kind": "tcp", "expect_body": "ok"}}"#,
             r#"{"check": {"kind": "tcp", "url": "http://example.com/"}}"#,
+            r#"{"check": {"kind": "tcp", "exit_ip": true}}"#,
+            r#"{"check": {"kind": "http", "url": "http://a/", "exit_ip": 1}}"#,
             r#"{"check": {"kind": "tcp", "timeout_ms": 60001}}"#,
             r#"{"check": {"kind": "tcp", "concurrency": 0}}"#,
             r#"{"check": {"kind": "http", "url": "http://a/", "expect_status": []}}"#,
@@ -513,6 +524,7 @@ mod tests {
                 interval_ms: 30_000,
                 timeout_ms: 5_000,
                 concurrency: 8,
+                exit_ip: false,
             })
         );
     }

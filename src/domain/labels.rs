@@ -14,6 +14,9 @@ use serde_json::Value;
 
 /// Most labels one member carries.
 pub const MAX_LABELS: usize = 16;
+/// Most labels a store keeps for one member: the operator's and those from the GeoIP file
+/// (`geo_country`, `geo_asn`, `geo_org`).
+pub const MAX_STORED_LABELS: usize = MAX_LABELS + 3;
 /// Longest label key, in bytes.
 pub const MAX_LABEL_KEY_LEN: usize = 32;
 /// Longest label value, in bytes.
@@ -40,6 +43,12 @@ impl InvalidLabels {
         }
     }
 }
+
+/// The prefix of the label keys the service gives members from its GeoIP file
+/// (`geo_country`, `geo_asn`, `geo_org`): operators cannot set them, filters may name them.
+pub const GEO_PREFIX: &str = "geo_";
+
+const GEO_RULE: &str = "label keys starting with geo_ are given by the service from its GeoIP file";
 
 const KEY_RULE: &str = "a label key is 1 to 32 characters of a-z, 0-9, '_', '.' and '-'";
 const VALUE_RULE: &str =
@@ -101,6 +110,7 @@ impl Labels {
         let mut labels = BTreeMap::new();
         for (key, value) in map {
             check_key(field, key)?;
+            check_not_geo(field, key)?;
             let inner = format!("{field}.{key}");
             let Value::String(value) = value else {
                 return Err(InvalidLabels::new(inner, "a label value is a string"));
@@ -123,6 +133,7 @@ impl Labels {
         let mut labels = BTreeMap::new();
         for pair in pairs {
             let (key, value) = split_pair(field, pair)?;
+            check_not_geo(field, key)?;
             labels.insert(key.to_owned(), value.to_owned());
         }
         if labels.len() > MAX_LABELS {
@@ -132,6 +143,45 @@ impl Labels {
             ));
         }
         Ok(Self(labels))
+    }
+
+    /// Labels the service made from its GeoIP file: each key starts with [`GEO_PREFIX`];
+    /// a pair that breaks a rule is left out.
+    pub fn from_geo<'a>(pairs: impl IntoIterator<Item = (&'a str, String)>) -> Self {
+        Self(
+            pairs
+                .into_iter()
+                .filter(|(key, value)| {
+                    key.starts_with(GEO_PREFIX) && valid_key(key) && valid_value(value)
+                })
+                .map(|(key, value)| (key.to_owned(), value))
+                .collect(),
+        )
+    }
+
+    /// Splits labels a store kept into the operator's and those from the GeoIP file.
+    pub fn split_geo(self) -> (Self, Self) {
+        let (geo, operator) = self
+            .0
+            .into_iter()
+            .partition(|(key, _)| key.starts_with(GEO_PREFIX));
+        (Self(operator), Self(geo))
+    }
+
+    /// Whether the operator's `country` differs from the GeoIP file's `geo_country`
+    /// (compared without case: `DE` is `de`). False unless both are there.
+    pub fn country_mismatch(&self) -> bool {
+        match (self.get("country"), self.get("geo_country")) {
+            (Some(mine), Some(geo)) => !mine.eq_ignore_ascii_case(geo),
+            _ => false,
+        }
+    }
+
+    /// These labels with `other`'s added (`other`'s value wins for a key in both).
+    pub fn merged(&self, other: &Self) -> Self {
+        let mut all = self.0.clone();
+        all.extend(other.0.iter().map(|(k, v)| (k.clone(), v.clone())));
+        Self(all)
     }
 
     /// Rebuilds labels a store kept, from [`Labels::script_text`]. Pairs that do not follow
@@ -178,6 +228,14 @@ impl Labels {
             self.get(key)
                 .is_some_and(|mine| values.iter().any(|v| v == mine))
         })
+    }
+}
+
+fn check_not_geo(field: &str, key: &str) -> Result<(), InvalidLabels> {
+    if key.starts_with(GEO_PREFIX) {
+        Err(InvalidLabels::new(field, GEO_RULE))
+    } else {
+        Ok(())
     }
 }
 

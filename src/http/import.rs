@@ -29,6 +29,7 @@ use super::extract::{ListBody, ListKind, PoolPath, QueryWithLabels};
 use super::log::set_outcome;
 use super::members::MAX_MEMBERS_PER_CALL;
 use crate::domain::{Labels, MemberId, PoolId, Rejection, Rules, Scheme, mask_credentials};
+use crate::geoip::GeoIp;
 use crate::store::{ImportCounts, Seed, SeedOrigin, Store};
 
 /// Most examples of rejected lines a report shows.
@@ -231,6 +232,8 @@ struct Writer<'a> {
     pending_adds: u64,
     /// Labels for every imported member, replacing their own (none given: left alone).
     labels: Labels,
+    /// The GeoIP file.
+    geoip: GeoIp,
     added: u64,
     existing: u64,
     /// New members refused because the pool is full, counted apart from the parser's
@@ -255,6 +258,12 @@ impl Writer<'_> {
                     .map(|(member, ..)| (member.clone(), self.labels.clone()))
                     .collect()
             },
+            geo: batch
+                .iter()
+                .filter_map(|(member, ..)| {
+                    Some((member.clone(), self.geoip.lookup_member(member)?))
+                })
+                .collect(),
             ..Seed::new(batch.iter().map(|(member, ..)| member.clone()).collect())
         };
         let outcome = self.store.add_members(self.pool, &seed).await?;
@@ -318,6 +327,8 @@ pub struct ImportRequest {
     pub dry_run: bool,
     /// Labels for every imported member, replacing their own (none given: left alone).
     pub labels: Labels,
+    /// The GeoIP file, which gives members labels for their own addresses.
+    pub geoip: GeoIp,
     /// Where the new members come from (the route: [`SeedOrigin::Import`]).
     pub origin: SeedOrigin,
 }
@@ -397,6 +408,7 @@ pub async fn import(
         default_scheme: query.default_scheme,
         dry_run: query.dry_run,
         labels,
+        geoip: state.geoip.clone(),
         origin: SeedOrigin::Import,
     };
     let kind = body.kind;
@@ -431,6 +443,7 @@ pub async fn import_list(
         start: None,
         pending_adds: 0,
         labels: request.labels,
+        geoip: request.geoip,
         added: 0,
         existing: 0,
         full: 0,

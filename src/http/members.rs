@@ -202,10 +202,15 @@ pub async fn add_members(
         .iter()
         .filter_map(|(member, labels)| Some((member.clone(), labels.clone()?)))
         .collect();
+    let geo = members
+        .iter()
+        .filter_map(|(member, _)| Some((member.clone(), state.geoip.lookup_member(member)?)))
+        .collect();
     let seed = Seed {
         assignments: body.assignments,
         reset: body.reset,
         labels,
+        geo,
         ..Seed::new(members.into_iter().map(|(member, _)| member).collect())
     };
     let report = state.store.add_members(&pool, &seed).await?;
@@ -238,6 +243,9 @@ pub struct ListQuery {
     /// Shows each member's `banned_until` for this host.
     #[serde(default)]
     target: Option<String>,
+    /// `true`: only the members that share their exit address with another member.
+    #[serde(default)]
+    shared_exit_ip: Option<String>,
 }
 
 /// Offsets this service can issue: far beyond any pool, and small enough to stay exact in
@@ -296,10 +304,33 @@ pub async fn list_members(
         .map(|text| Target::parse("target", text))
         .transpose()
         .map_err(|e| ApiError::InvalidQuery(e.to_string()))?;
-    let page = state
-        .store
-        .members(&pool, filter, &labels, target.as_ref(), limit, cursor)
-        .await?;
+    let shared = match query.shared_exit_ip.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => {
+            return Err(ApiError::InvalidQuery(
+                "shared_exit_ip is true or false".to_owned(),
+            ));
+        }
+    };
+    let page = if shared {
+        // Its own walk over the pool's sets (see `Store::shared_exit_members`); a cursor
+        // of another walk means nothing to it, and neither do label filters or a target.
+        if !labels.is_empty() || target.is_some() {
+            return Err(ApiError::InvalidQuery(
+                "shared_exit_ip=true combines with state, limit and cursor only".to_owned(),
+            ));
+        }
+        state
+            .store
+            .shared_exit_members(&pool, filter, limit, cursor)
+            .await?
+    } else {
+        state
+            .store
+            .members(&pool, filter, &labels, target.as_ref(), limit, cursor)
+            .await?
+    };
     Ok(axum::Json(json!({
         "pool": pool,
         "members": page.members,

@@ -26,6 +26,7 @@ mod bans;
 mod clients;
 mod codec;
 mod due;
+mod exits;
 mod files;
 mod journal;
 mod labelled;
@@ -44,10 +45,10 @@ use async_trait::async_trait;
 
 use super::{
     Applied, AssignRequest, Assignment, Batch, CHECK_CLAIM_HOLD, CheckRound, ClaimedSource,
-    ClientRecord, Cursor, DisableReport, Done, DoneSummary, Effect, EnableReport, FetchOutcome,
-    Health, LastCheck, Lease, MAX_LABEL_CHECKS, MAX_PROBES_PER_ROUND, MemberPage, MemberState,
-    MemberView, Origin, PRUNE_BATCH, PoolInfo, PoolPage, PoolStats, Pruned, PutClient, PutPool,
-    RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
+    ClientRecord, Cursor, DisableReport, Done, DoneSummary, Effect, EnableReport, ExitSeen,
+    FetchOutcome, Health, LastCheck, Lease, MAX_LABEL_CHECKS, MAX_PROBES_PER_ROUND, MemberPage,
+    MemberState, MemberView, Origin, PRUNE_BATCH, PoolInfo, PoolPage, PoolStats, Pruned, PutClient,
+    PutPool, RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
     ReportSummary, Restored, SOURCE_CLAIM_HOLD, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport,
     SessionAssignment, SessionPin, SessionRequest, SourceFetch, SourceState, StateFilter, Store,
     StoreError, StoreStatus, Swept,
@@ -235,6 +236,15 @@ struct Pool {
     checks: HashMap<MemberId, LastCheck>,
     /// Members' labels and the indexes over them.
     labels: labelled::LabelIndex,
+    /// Members whose label `country` differs from their `geo_country` (kept by
+    /// `set_labels` and `drop_labels`).
+    country_mismatches: u64,
+    /// Each member's exit address and when a check saw it (see `exits.rs`).
+    exits: HashMap<MemberId, (std::net::IpAddr, Timestamp)>,
+    /// How many members exit at each address.
+    exit_counts: HashMap<std::net::IpAddr, u64>,
+    /// Addresses in `exit_counts` with two members or more.
+    shared_exit_ips: u64,
     /// Bans per target (in memory only: see `bans.rs`).
     bans: bans::Bans,
     /// Resting members of a paced pool (in memory only: see `rests.rs`).
@@ -422,6 +432,10 @@ impl Pool {
             return_at: HashMap::new(),
             checks: HashMap::new(),
             labels: labelled::LabelIndex::default(),
+            country_mismatches: 0,
+            exits: HashMap::new(),
+            exit_counts: HashMap::new(),
+            shared_exit_ips: 0,
             bans: bans::Bans::default(),
             rests: rests::Rests::default(),
             sessions: sessions::Sessions::default(),
@@ -498,6 +512,7 @@ impl Pool {
         self.health.remove(member);
         self.cancel_return(member);
         self.checks.remove(member);
+        self.drop_exit(member);
         self.set_provenance(member, Provenance::default());
         self.mark_member(member);
         was_eligible || was_ineligible
@@ -538,6 +553,7 @@ impl Pool {
             last_check: self.checks.get(member).map(Cow::Borrowed),
             labels: Cow::Borrowed(self.labels.of.get(member).unwrap_or(&NO_LABELS)),
             provenance: self.provenance_of(member),
+            exit: self.exits.get(member).copied(),
         }
     }
 
@@ -852,12 +868,14 @@ impl Pool {
         view.last_cooldown_ms = (health.trips > 0).then_some(health.cooldown_ms);
         view.returns_at = self.return_at.get(&view.member).copied();
         view.last_check = self.checks.get(&view.member).cloned();
-        view.labels = self
-            .labels
-            .of
-            .get(&view.member)
-            .cloned()
-            .unwrap_or_default();
+        view.set_labels(
+            self.labels
+                .of
+                .get(&view.member)
+                .cloned()
+                .unwrap_or_default(),
+        );
+        (view.exit_ip, view.exit_ip_at) = self.exits.get(&view.member).copied().unzip();
         view
     }
 
@@ -1480,6 +1498,8 @@ impl Pool {
                 tripped: self.tripped,
                 recovered: self.recovered,
                 pruned: self.pruned,
+                shared_exit_ips: self.shared_exit_ips,
+                country_mismatches: self.country_mismatches,
             },
         }
     }
@@ -1532,7 +1552,11 @@ impl Pool {
             last_cooldown_ms: None,
             returns_at: None,
             last_check: None,
+            exit_ip: None,
+            exit_ip_at: None,
             labels: crate::domain::Labels::default(),
+            geo_labels: crate::domain::Labels::default(),
+            country_mismatch: false,
             banned_until: None,
         })
     }
@@ -1555,7 +1579,11 @@ impl Pool {
             last_cooldown_ms: None,
             returns_at: None,
             last_check: None,
+            exit_ip: None,
+            exit_ip_at: None,
             labels: crate::domain::Labels::default(),
+            geo_labels: crate::domain::Labels::default(),
+            country_mismatch: false,
             banned_until: None,
         })
     }
@@ -2442,10 +2470,12 @@ impl Store for EmbeddedStore {
                             p.place(member);
                             p.mark_member(member);
                         }
-                        if let Some(labels) = seed.labels.get(member)
-                            && !seed.dry_run
-                        {
-                            p.set_labels(member, labels.clone());
+                        // Labels from the file for its own address give way to those of
+                        // its exit address (see seed.lua).
+                        let geo = seed.geo.get(member).filter(|_| p.exit_of(member).is_none());
+                        let labels = seed.labels.get(member);
+                        if (labels.is_some() || geo.is_some()) && !seed.dry_run {
+                            p.relabel(member, labels, geo);
                             p.mark_member(member);
                         }
                         // Seen again by its own source: no longer absent.
@@ -2466,8 +2496,9 @@ impl Store for EmbeddedStore {
                         if !seed.dry_run {
                             p.eligible.set(member.clone(), count);
                             p.place(member);
-                            if let Some(labels) = seed.labels.get(member) {
-                                p.set_labels(member, labels.clone());
+                            let (labels, geo) = (seed.labels.get(member), seed.geo.get(member));
+                            if labels.is_some() || geo.is_some() {
+                                p.relabel(member, labels, geo);
                             }
                             let (origin, seen) = match seed.origin {
                                 SeedOrigin::Manual => (None, None),
@@ -2543,6 +2574,40 @@ impl Store for EmbeddedStore {
             page
         })?;
         Ok(page)
+    }
+
+    async fn shared_exit_members(
+        &self,
+        pool: &PoolId,
+        filter: StateFilter,
+        limit: usize,
+        cursor: Cursor,
+    ) -> Result<MemberPage, StoreError> {
+        Ok(self
+            .with_pool(pool, |p, _| p.shared_exit_page(filter, limit, cursor))?
+            .0)
+    }
+
+    async fn record_exits(&self, pool: &PoolId, exits: &[ExitSeen]) -> Result<u64, StoreError> {
+        let answer = self.with_pool(pool, |p, _| {
+            let now = Timestamp::now();
+            let mut recorded = 0;
+            for exit in exits {
+                if p.eligible.get(&exit.member).is_none()
+                    && p.ineligible.get(&exit.member).is_none()
+                {
+                    continue;
+                }
+                p.set_exit(&exit.member, exit.ip, now);
+                if let Some(geo) = &exit.geo {
+                    p.relabel(&exit.member, None, Some(geo));
+                }
+                p.mark_member(&exit.member);
+                recorded += 1;
+            }
+            recorded
+        })?;
+        self.settle(answer, Change::Counts).await
     }
 
     async fn disable_members(

@@ -106,7 +106,8 @@ async fn assignments_count_in_pool_stats(app: TestApp) {
     assert_eq!(
         body["stats"],
         json!({"eligible": 2, "ineligible": 0, "min_assignments": 11, "max_assignments": 12, "total_assignments": 3, "in_flight": 0, "abandoned": 0,
-               "tripped": 0, "recovered": 0, "pruned": 0})
+               "tripped": 0, "recovered": 0, "pruned": 0,
+               "shared_exit_ips": 0, "country_mismatches": 0})
     );
 }
 

@@ -176,8 +176,10 @@ async fn pools_create_show_list_and_delete_print_what_they_did_and_exit_zero() {
              max_assignments                  7\n\
              total_assignments                0\n\
              abandoned                        0\n\
+             country_mismatches               0\n\
              pruned                           0\n\
              recovered                        0\n\
+             shared_exit_ips                  0\n\
              tripped                          0\n"
         ))
     );

@@ -213,7 +213,8 @@ async fn a_large_list_is_written_in_chunks_with_one_starting_count(backend: Back
     assert_eq!(
         info["stats"],
         json!({"eligible": 25_000, "ineligible": 0, "min_assignments": 3, "max_assignments": 50,
-               "total_assignments": 0, "in_flight": 0, "abandoned": 0, "tripped": 0, "recovered": 0, "pruned": 0})
+               "total_assignments": 0, "in_flight": 0, "abandoned": 0, "tripped": 0, "recovered": 0, "pruned": 0,
+               "shared_exit_ips": 0, "country_mismatches": 0})
     );
     // Listed by assignments: the 15,000 members of the second and third chunks at 3, then
     // the first chunk's 10,000 at 50.

@@ -26,6 +26,7 @@ mod exclude;
 mod gateway;
 mod gateway_answers;
 mod gateway_retries;
+mod geo;
 mod health;
 mod import;
 mod labels;
@@ -34,6 +35,7 @@ mod leases;
 mod logs;
 mod members;
 mod metrics;
+mod mmdb;
 mod pacing;
 mod pools;
 #[expect(dead_code, reason = "shared with tests/faults, which sends it signals")]

@@ -116,7 +116,8 @@ async fn get_pool_shows_configuration_and_stats(app: TestApp) {
     assert_eq!(
         body["stats"],
         json!({"eligible": 2, "ineligible": 1, "min_assignments": 4, "max_assignments": 5, "total_assignments": 1, "in_flight": 0, "abandoned": 0,
-               "tripped": 0, "recovered": 0, "pruned": 0})
+               "tripped": 0, "recovered": 0, "pruned": 0,
+               "shared_exit_ips": 0, "country_mismatches": 0})
     );
     assert!(
         body["created_at"]
@@ -132,7 +133,8 @@ async fn get_pool_of_an_empty_pool_has_null_min_and_max(app: TestApp) {
     assert_eq!(
         body["stats"],
         json!({"eligible": 0, "ineligible": 0, "min_assignments": null, "max_assignments": null, "total_assignments": 0, "in_flight": 0, "abandoned": 0,
-               "tripped": 0, "recovered": 0, "pruned": 0})
+               "tripped": 0, "recovered": 0, "pruned": 0,
+               "shared_exit_ips": 0, "country_mismatches": 0})
     );
 }
 

@@ -7,7 +7,7 @@
 //! They relay bytes as real proxies do; none of them knows what the client under test
 //! will send beyond the protocol itself.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -176,7 +176,18 @@ impl Server {
         F: Fn(Box<dyn Io>, Arc<Mutex<Vec<String>>>) -> Fut + Send + Sync + 'static,
         Fut: std::future::Future<Output = std::io::Result<()>> + Send + 'static,
     {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bound");
+        Self::start_at(IpAddr::from([127, 0, 0, 1]), tls, handle).await
+    }
+
+    /// [`Server::start`] on a port of `ip` (any loopback address, `127.0.0.x`).
+    async fn start_at<F, Fut>(ip: IpAddr, tls: Option<TlsAcceptor>, handle: F) -> Self
+    where
+        F: Fn(Box<dyn Io>, Arc<Mutex<Vec<String>>>) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = std::io::Result<()>> + Send + 'static,
+    {
+        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+            .await
+            .expect("bound");
         let addr = listener.local_addr().expect("an address");
         let seen = Arc::new(Mutex::new(Vec::new()));
         let recorded = Arc::clone(&seen);
@@ -227,8 +238,25 @@ fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
-async fn relay(mut client: Box<dyn Io>, target: &str, first: &[u8]) -> std::io::Result<()> {
-    let mut upstream = TcpStream::connect(target).await?;
+async fn relay(
+    mut client: Box<dyn Io>,
+    target: &str,
+    first: &[u8],
+    exit: Option<IpAddr>,
+) -> std::io::Result<()> {
+    let mut upstream = match exit {
+        // The connection to the target leaves from `exit`: what the target sees.
+        Some(exit) => {
+            let target: SocketAddr = tokio::net::lookup_host(target)
+                .await?
+                .find(SocketAddr::is_ipv4)
+                .ok_or(std::io::ErrorKind::AddrNotAvailable)?;
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind(SocketAddr::new(exit, 0))?;
+            socket.connect(target).await?
+        }
+        None => TcpStream::connect(target).await?,
+    };
     upstream.write_all(first).await?;
     tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
     Ok(())
@@ -280,6 +308,39 @@ pub async fn target(tls: Option<TlsAcceptor>) -> Server {
     .await
 }
 
+/// A target that answers every request with the caller's address as it saw it: as plain
+/// text on `/ip`, as `{"origin": ...}` on `/json`, and with `garbage` (a page that holds
+/// no address) on `/garbage`. It records each request line.
+pub async fn ip_echo(garbage: &'static str) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bound");
+    let addr = listener.local_addr().expect("an address");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let recorded = Arc::clone(&seen);
+    let task = tokio::spawn(async move {
+        while let Ok((stream, peer)) = listener.accept().await {
+            let seen = Arc::clone(&recorded);
+            tokio::spawn(async move {
+                let mut io: Box<dyn Io> = Box::new(stream);
+                let (head, _) = read_head(&mut io).await?;
+                let line = head.lines().next().unwrap_or_default().to_owned();
+                seen.lock().expect("lock").push(line.clone());
+                let body = match line.split(' ').nth(1) {
+                    Some("/json") => format!(r#"{{"origin": "{}"}}"#, peer.ip()),
+                    Some("/garbage") => garbage.to_owned(),
+                    _ => format!("{}\n", peer.ip()),
+                };
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                io.write_all(answer.as_bytes()).await?;
+                io.shutdown().await
+            });
+        }
+    });
+    Server { addr, seen, task }
+}
+
 /// How an HTTP proxy behaves.
 #[derive(Clone, Default)]
 pub struct HttpProxy {
@@ -295,6 +356,11 @@ pub struct HttpProxy {
     /// An answer this proxy gives plain-HTTP requests itself, as a site does that blocks
     /// the proxy's exit address (a whole HTTP/1.1 response).
     pub answer: Option<&'static str>,
+    /// The loopback address it listens on (`127.0.0.1` when `None`).
+    pub listen: Option<IpAddr>,
+    /// The loopback address its connections to targets leave from, which the target sees
+    /// as the caller's (the system's choice when `None`).
+    pub exit: Option<IpAddr>,
 }
 
 impl HttpProxy {
@@ -302,7 +368,8 @@ impl HttpProxy {
     /// followed by ` | ` and the `Proxy-Authorization` it was sent (`-` for none).
     pub async fn start(self) -> Server {
         let tls = self.tls.clone();
-        Server::start(tls, move |mut io, seen| {
+        let listen = self.listen.unwrap_or(IpAddr::from([127, 0, 0, 1]));
+        Server::start_at(listen, tls, move |mut io, seen| {
             let this = self.clone();
             async move {
                 let (head, rest) = read_head(&mut io).await?;
@@ -336,7 +403,7 @@ impl HttpProxy {
                 if method == "CONNECT" {
                     io.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
                         .await?;
-                    return relay(io, target, &rest).await;
+                    return relay(io, target, &rest, this.exit).await;
                 }
                 // Absolute form: forward the request in origin form, without the proxy's
                 // own header.
@@ -356,7 +423,7 @@ impl HttpProxy {
                 forwarded.push_str("\r\n");
                 let mut first = forwarded.into_bytes();
                 first.extend_from_slice(&rest);
-                relay(io, authority, &first).await
+                relay(io, authority, &first, this.exit).await
             }
         })
         .await
@@ -423,7 +490,7 @@ pub async fn socks5(credentials: Option<(&'static str, &'static str)>) -> Server
             .expect("lock")
             .push(format!("socks5 {how} {target}"));
         io.write_all(&[5, 0, 0, 1, 0, 0, 0, 0, 0, 0]).await?;
-        relay(io, &target, &[]).await
+        relay(io, &target, &[], None).await
     })
     .await
 }
@@ -444,7 +511,7 @@ pub async fn socks4() -> Server {
         let target = format!("{host}:{port}");
         seen.lock().expect("lock").push(format!("socks4 {target}"));
         io.write_all(&[0, 0x5a, 0, 0, 0, 0, 0, 0]).await?;
-        relay(io, &target, &[]).await
+        relay(io, &target, &[], None).await
     })
     .await
 }

@@ -71,7 +71,8 @@ async fn the_pool_listing_recovers_after_the_script_cache_is_flushed() {
         pools[1]["stats"],
         json!({"eligible": 2, "ineligible": 0, "min_assignments": 4, "max_assignments": 4,
                "total_assignments": 0, "in_flight": 0, "abandoned": 0, "tripped": 0,
-               "recovered": 0, "pruned": 0})
+               "recovered": 0, "pruned": 0,
+               "shared_exit_ips": 0, "country_mismatches": 0})
     );
     assert_eq!(listed["next_cursor"], json!(null));
     // A page's calls travel as one pipeline; every one of them answers NOSCRIPT now.

@@ -16,10 +16,10 @@ use proxy_allocator::domain::{
 };
 use proxy_allocator::store::{
     AssignRequest, Assignment, Batch, CheckRound, ClaimedSource, ClientRecord, Cursor,
-    DisableReport, Done, DoneSummary, EnableReport, FetchOutcome, MemberPage, PoolInfo, PoolPage,
-    Pruned, PutClient, PutPool, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Seed,
-    SeedReport, SessionAssignment, SessionRequest, SourceState, StateFilter, Store, StoreError,
-    StoreStatus, Swept,
+    DisableReport, Done, DoneSummary, EnableReport, ExitSeen, FetchOutcome, MemberPage, PoolInfo,
+    PoolPage, Pruned, PutClient, PutPool, RemoveReport, Renewed, Report, ReportSource,
+    ReportSummary, Seed, SeedReport, SessionAssignment, SessionRequest, SourceState, StateFilter,
+    Store, StoreError, StoreStatus, Swept,
 };
 
 use crate::helpers::TestApp;
@@ -365,6 +365,22 @@ impl Store for Spy {
         self.inner
             .members(pool, filter, labels, target, limit, cursor)
             .await
+    }
+
+    async fn shared_exit_members(
+        &self,
+        pool: &PoolId,
+        filter: StateFilter,
+        limit: usize,
+        cursor: Cursor,
+    ) -> Result<MemberPage, StoreError> {
+        self.inner
+            .shared_exit_members(pool, filter, limit, cursor)
+            .await
+    }
+
+    async fn record_exits(&self, pool: &PoolId, exits: &[ExitSeen]) -> Result<u64, StoreError> {
+        self.inner.record_exits(pool, exits).await
     }
 
     async fn disable_members(

@@ -39,13 +39,17 @@ const LABELLED_MEMBER: u8 = 9;
 /// the default provenance keep the shorter kinds, so files written before provenance was
 /// kept read unchanged.
 const TRACED_MEMBER: u8 = 10;
+/// A [`TRACED_MEMBER`] record followed by the member's exit address (as text) and when a
+/// check saw it: members without one keep the shorter kinds, so files written before exit
+/// addresses were kept read unchanged.
+const EXITED_MEMBER: u8 = 12;
 /// A pool record followed by its prune count and its [`SourceBook`]: pools with neither
 /// keep the shorter [`POOL`] record.
 const SOURCED_POOL: u8 = 11;
 /// A client with its configuration (JSON, as the API shows it) and its token's SHA-256.
-const CLIENT: u8 = 12;
+const CLIENT: u8 = 13;
 /// A client deleted.
-const CLIENT_DELETED: u8 = 13;
+const CLIENT_DELETED: u8 = 14;
 
 /// Where a member came from and what pruning keeps about it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -113,11 +117,18 @@ pub(super) struct MemberImage<'a> {
     /// Its labels.
     pub labels: Cow<'a, Labels>,
     pub provenance: Provenance,
+    /// Its exit address and when a check saw it.
+    pub exit: Option<(std::net::IpAddr, Timestamp)>,
 }
 
 /// One decoded record. Ids that only name something to look up stay text borrowed from
 /// the frame, so that replaying a count update allocates nothing for them.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "member records are the most common kind after count updates: boxing them would \
+              allocate once more per member replayed, where a record lives only while it is applied"
+)]
 pub(super) enum Record<'a> {
     /// A pool with these settings and numbers exists (created or changed). Boxed: a
     /// configuration is far larger than every other record, and pool records are rare.
@@ -237,8 +248,11 @@ pub(super) fn client_deleted(buf: &mut Vec<u8>, id: &ClientId) {
 
 /// Appends a member's whole state.
 pub(super) fn member(buf: &mut Vec<u8>, pool: &PoolId, member: &MemberId, image: &MemberImage<'_>) {
-    let traced = image.provenance != Provenance::default();
-    buf.push(if traced {
+    let exited = image.exit.is_some();
+    let traced = exited || image.provenance != Provenance::default();
+    buf.push(if exited {
+        EXITED_MEMBER
+    } else if traced {
         TRACED_MEMBER
     } else if image.labels.is_empty() {
         MEMBER
@@ -290,6 +304,10 @@ pub(super) fn member(buf: &mut Vec<u8>, pool: &PoolId, member: &MemberId, image:
         varint(buf, p.seen.map_or(0, |n| n + 1));
         varint(buf, p.check_fails);
         optional_time(buf, p.prune_due);
+    }
+    if let Some((ip, at)) = image.exit {
+        text(buf, &ip.to_string());
+        varint(buf, at.0);
     }
 }
 
@@ -479,7 +497,7 @@ impl<'a> Reader<'a> {
                 record
             }
             POOL_DELETED => Record::PoolDeleted(self.text()?),
-            kind @ (MEMBER | LABELLED_MEMBER | TRACED_MEMBER) => {
+            kind @ (MEMBER | LABELLED_MEMBER | TRACED_MEMBER | EXITED_MEMBER) => {
                 let pool = self.text()?;
                 let member = self.member_id()?;
                 let eligible = self.flag()?;
@@ -519,7 +537,7 @@ impl<'a> Reader<'a> {
                 };
                 let labels = if kind != MEMBER {
                     let count = self.varint()?;
-                    if count > crate::domain::MAX_LABELS as u64 {
+                    if count > crate::domain::MAX_STORED_LABELS as u64 {
                         return self.fail("more labels than a member carries");
                     }
                     let mut pairs = Vec::new();
@@ -530,7 +548,7 @@ impl<'a> Reader<'a> {
                 } else {
                     Labels::default()
                 };
-                let provenance = if kind == TRACED_MEMBER {
+                let provenance = if kind == TRACED_MEMBER || kind == EXITED_MEMBER {
                     let origin = self.varint()?.checked_sub(1);
                     let seen = self.varint()?.checked_sub(1);
                     Provenance {
@@ -541,6 +559,13 @@ impl<'a> Reader<'a> {
                     }
                 } else {
                     Provenance::default()
+                };
+                let exit = if kind == EXITED_MEMBER {
+                    let ip = self.text()?;
+                    let ip = ip.parse().or_else(|_| self.fail("invalid exit address"))?;
+                    Some((ip, self.time()?))
+                } else {
+                    None
                 };
                 Record::Member(
                     pool,
@@ -554,6 +579,7 @@ impl<'a> Reader<'a> {
                         last_check,
                         labels: Cow::Owned(labels),
                         provenance,
+                        exit,
                     },
                 )
             }
@@ -673,6 +699,7 @@ mod tests {
                 check_fails: 4,
                 prune_due: Some(Timestamp(10)),
             },
+            exit: Some(("2001:db8::7".parse().expect("an address"), Timestamp(11))),
         };
         let mut buf = Vec::new();
         self::pool(&mut buf, &pool_id(), &image);

@@ -124,11 +124,32 @@ impl Pool {
         )
     }
 
+    /// Replaces a member's operator labels (`operator`) or its labels from the GeoIP file
+    /// (`geo`), each `None` to keep that part, as `relabel` in `scripts/labels.lua` does.
+    pub(super) fn relabel(
+        &mut self,
+        member: &MemberId,
+        operator: Option<&Labels>,
+        geo: Option<&Labels>,
+    ) {
+        let old = self.labels.of.get(member).cloned().unwrap_or_default();
+        let (old_operator, old_geo) = old.clone().split_geo();
+        let new = operator
+            .unwrap_or(&old_operator)
+            .merged(geo.unwrap_or(&old_geo));
+        if new != old {
+            self.set_labels(member, new);
+        }
+    }
+
     /// Replaces a member's labels; its count and state stay.
     pub(super) fn set_labels(&mut self, member: &MemberId, labels: Labels) {
         self.drop_labels(member);
         if labels.is_empty() {
             return;
+        }
+        if labels.country_mismatch() {
+            self.country_mismatches += 1;
         }
         for pair in labels.pairs() {
             self.labels
@@ -147,6 +168,9 @@ impl Pool {
         let Some(old) = self.labels.of.remove(member) else {
             return;
         };
+        if old.country_mismatch() {
+            self.country_mismatches = self.country_mismatches.saturating_sub(1);
+        }
         for pair in old.pairs() {
             if let Some(set) = self.labels.members.get_mut(&pair) {
                 set.remove(member);
@@ -233,6 +257,57 @@ impl Pool {
         found.sort();
         found.truncate(wanted);
         Ok((found.into_iter().cloned().collect(), earliest))
+    }
+
+    /// A page of the members sharing their exit address (see `Store::shared_exit_members`):
+    /// the eligible set from `cursor.eligible` on, then the ineligible one, walking at most
+    /// [`MAX_LISTING_SCAN`] members, as `members.lua` does.
+    pub(super) fn shared_exit_page(
+        &self,
+        state: StateFilter,
+        limit: usize,
+        cursor: Cursor,
+    ) -> MemberPage {
+        let mut members = Vec::new();
+        let mut budget = MAX_LISTING_SCAN;
+        let mut next = cursor;
+        let mut stopped = false;
+        for eligible in [true, false] {
+            let wanted = if eligible {
+                state != StateFilter::Ineligible
+            } else {
+                state != StateFilter::Eligible
+            };
+            if !wanted || stopped {
+                continue;
+            }
+            let (set, position) = if eligible {
+                (&self.eligible, &mut next.eligible)
+            } else {
+                (&self.ineligible, &mut next.ineligible)
+            };
+            let skip = usize::try_from(*position).unwrap_or(usize::MAX);
+            for (count, member) in set.order.iter().skip(skip) {
+                if members.len() == limit || budget == 0 {
+                    stopped = true;
+                    break;
+                }
+                budget -= 1;
+                *position += 1;
+                if self.shares_exit(member) {
+                    members.push(if eligible {
+                        self.view_eligible(member, *count)
+                    } else {
+                        self.view_ineligible(member, *count)
+                    });
+                }
+            }
+            // A set walked to its end leaves `stopped` false: the walk goes on to the next.
+        }
+        MemberPage {
+            members,
+            next: stopped.then_some(next),
+        }
     }
 
     /// A page of a listing with a label filter (see `Store::members`).

@@ -411,6 +411,7 @@ impl Pool {
             self.returns.remove(&(at, member.clone()));
         }
         self.checks.remove(&member);
+        self.drop_exit(&member);
         self.set_provenance(&member, Provenance::default());
     }
 
@@ -426,8 +427,12 @@ impl Pool {
             last_check,
             labels,
             provenance,
+            exit,
         } = image;
         self.set_provenance(&member, provenance);
+        if let Some((ip, at)) = exit {
+            self.set_exit(&member, ip, at);
+        }
         if let Some((reason, since)) = taken_out {
             self.taken_out
                 .insert(member.clone(), (reason.into_owned(), since));
@@ -493,6 +498,7 @@ impl Pool {
                 self.returns.remove(&(at, member.clone()));
             }
             self.checks.remove(&member);
+            self.drop_exit(&member);
         }
         let MemberImage {
             taken_out,
@@ -501,9 +507,13 @@ impl Pool {
             last_check,
             labels,
             provenance,
+            exit,
             ..
         } = image;
         self.set_provenance(&member, provenance);
+        if let Some((ip, at)) = exit {
+            self.set_exit(&member, ip, at);
+        }
         if let Some((reason, since)) = taken_out {
             self.taken_out
                 .insert(member.clone(), (reason.into_owned(), since));

@@ -6,7 +6,7 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `<prefix>:{<pool>}:meta` | hash | configuration, creation time, total assignments; its existence is the pool's |
+//! | `<prefix>:{<pool>}:meta` | hash | configuration, creation time, total assignments, `shared_exit_ips` and `country_mismatches` (kept by `scripts/labels.lua`); its existence is the pool's |
 //! | `<prefix>:{<pool>}:eligible` | sorted set | eligible member -> assignments |
 //! | `<prefix>:{<pool>}:ineligible` | sorted set | ineligible member -> kept assignments |
 //! | `<prefix>:{<pool>}:taken_out` | hash | ineligible member -> `"<since_ms> <reason>"` |
@@ -16,7 +16,7 @@
 //! | `<prefix>:{<pool>}:lease_expiry` | sorted set | lease id -> expiry (ms, Redis clock) |
 //! | `<prefix>:{<pool>}:health` | hash | member -> `"<streak> <trips> <cooldown_ms>"` (absent when all 0) |
 //! | `<prefix>:{<pool>}:returns` | sorted set | cooling-down member -> when it comes back (ms, Redis clock) |
-//! | `<prefix>:{<pool>}:checks` | hash | member -> `"<at_ms> <result>[/<latency_ms>] <detail>"`, its last active check |
+//! | `<prefix>:{<pool>}:checks` | hash | member -> `"<at_ms> <result>[/<latency_ms>] <detail>"`, its last active check; `exit <member>` -> `"<ip> <at_ms>"`, its exit address (`exit_ip` checks); `shared <ip>` -> how many members exit there (see `scripts/labels.lua`) |
 //! | `<prefix>:{<pool>}:check_round` | string with ttl | held by the replica running the pool's check round |
 //! | `<prefix>:{<pool>}:labels` | hash | member -> its labels, `key=value` lines (absent when none) |
 //! | `<prefix>:{<pool>}:by_label` | sorted set | eligible members' labels in the choosing order (see `scripts/labels.lua`) |

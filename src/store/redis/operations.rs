@@ -11,8 +11,8 @@ use super::keys::{DELETE_KEY_PARTS, POOL_INFO_KEY_PARTS, POOL_KEY_PARTS};
 use super::reply::{
     self, AssignDoneReply, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply,
     DeletePoolReply, DisableOutcome, DisableReply, DoneReply, EnableOutcome, EnableReply,
-    EndSessionReply, MembersReply, OutcomesReply, PoolInfoReply, PruneReply, PutPoolReply,
-    RecordSourceReply, ReleaseReply, RemoveReply, RenewReply, SeedOutcome, SeedReply,
+    EndSessionReply, ExitsReply, MembersReply, OutcomesReply, PoolInfoReply, PruneReply,
+    PutPoolReply, RecordSourceReply, ReleaseReply, RemoveReply, RenewReply, SeedOutcome, SeedReply,
     SessionAssignReply, SourceStatesReply, SweepReply, WalkReply,
 };
 use crate::domain::{
@@ -23,7 +23,7 @@ use crate::domain::{
 use crate::store::chunks::Started;
 use crate::store::{
     Applied, AssignRequest, Assignment, BAN_CLEANUP, Batch, CHUNK_GRANULE, CheckRound,
-    ClaimedSource, ClientRecord, Cursor, DisableReport, Done, DoneSummary, EnableReport,
+    ClaimedSource, ClientRecord, Cursor, DisableReport, Done, DoneSummary, EnableReport, ExitSeen,
     FetchOutcome, Lease, MAX_BAN_TARGETS, MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND,
     MemberPage, PRUNE_BATCH, PoolInfo, PoolPage, Pruned, PutClient, PutPool, RECLAIM_ON_ASSIGN,
     RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored,
@@ -599,17 +599,24 @@ impl RedisStore {
         let start = start.map(|n| n.to_string()).unwrap_or_default();
         let flag = |on: bool| -> &'static [u8] { if on { b"1" } else { b"0" } };
         let pending = pending_adds.to_string();
-        let labelled = !seed.labels.is_empty();
-        // Each member named in `labels` is followed by its labels text, every other one by
-        // `~` (keep what it has): see seed.lua.
-        let texts: Vec<String> = if labelled {
+        // Each member is followed by its operator labels text when the call gives any, then
+        // by its labels from the GeoIP file when the call gives any; a member the call
+        // gives none for by `~` (keep what it has): see seed.lua.
+        let texts_per_member: usize = if !seed.geo.is_empty() {
+            2
+        } else {
+            usize::from(!seed.labels.is_empty())
+        };
+        let text_of = |given: &std::collections::HashMap<MemberId, crate::domain::Labels>,
+                       member: &MemberId| {
+            given
+                .get(member)
+                .map_or_else(|| "~".to_owned(), |l| l.script_text())
+        };
+        let texts: Vec<[String; 2]> = if texts_per_member > 0 {
             members
                 .iter()
-                .map(|m| {
-                    seed.labels
-                        .get(m)
-                        .map_or_else(|| "~".to_owned(), |l| l.script_text())
-                })
+                .map(|m| [text_of(&seed.labels, m), text_of(&seed.geo, m)])
                 .collect()
         } else {
             Vec::new()
@@ -620,19 +627,23 @@ impl RedisStore {
             SeedOrigin::Source { id, fetch } => (format!("s{id}"), seen_place(id, fetch)),
         };
         let bound = self.chunk_bound();
-        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() * 2 + 9);
+        let texts_flag = texts_per_member.to_string();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(members.len() * 3 + 9);
         args.extend(bound.iter().map(|a| a.as_bytes()));
         args.push(start.as_bytes());
         args.push(flag(seed.reset));
         args.push(flag(seed.dry_run));
         args.push(pending.as_bytes());
-        args.push(flag(labelled));
+        args.push(texts_flag.as_bytes());
         args.push(origin.as_bytes());
         args.push(seen.as_bytes());
-        if labelled {
-            for (member, text) in members.iter().zip(&texts) {
+        if texts_per_member > 0 {
+            for (member, [labels, geo]) in members.iter().zip(&texts) {
                 args.push(member.as_str().as_bytes());
-                args.push(text.as_bytes());
+                args.push(labels.as_bytes());
+                if texts_per_member == 2 {
+                    args.push(geo.as_bytes());
+                }
             }
         } else {
             args.extend(members.iter().map(|m| m.as_str().as_bytes()));
@@ -1378,6 +1389,70 @@ impl Store for RedisStore {
         Ok(crate::store::merge_page(
             eligible, ineligible, limit, cursor,
         ))
+    }
+
+    async fn shared_exit_members(
+        &self,
+        pool: &PoolId,
+        filter: StateFilter,
+        limit: usize,
+        cursor: Cursor,
+    ) -> Result<MemberPage, StoreError> {
+        let flag = |on: bool| -> &'static [u8] { if on { b"1" } else { b"0" } };
+        let (eligible, ineligible) = (cursor.eligible.to_string(), cursor.ineligible.to_string());
+        let size = limit.to_string();
+        let scan = MAX_LISTING_SCAN.to_string();
+        let args: Vec<&[u8]> = vec![
+            eligible.as_bytes(),
+            ineligible.as_bytes(),
+            flag(filter != StateFilter::Ineligible),
+            flag(filter != StateFilter::Eligible),
+            size.as_bytes(),
+            scan.as_bytes(),
+            b":shared",
+        ];
+        let value = self
+            .eval_keyed(&self.scripts.members, pool, None, &[], &args)
+            .await?;
+        let page = MembersReply::decode(value, false)?;
+        let mut members = page.eligible;
+        members.extend(page.ineligible);
+        Ok(MemberPage {
+            members,
+            next: page.next_shared,
+        })
+    }
+
+    async fn record_exits(&self, pool: &PoolId, exits: &[ExitSeen]) -> Result<u64, StoreError> {
+        if exits.is_empty() {
+            return Ok(0);
+        }
+        // The labels from the GeoIP file go along when the service reads one: then every
+        // entry has them (possibly none), see `ExitSeen::geo`.
+        let with_geo = exits.iter().any(|exit| exit.geo.is_some());
+        let texts: Vec<(String, String)> = exits
+            .iter()
+            .map(|exit| {
+                (
+                    exit.ip.to_string(),
+                    exit.geo
+                        .as_ref()
+                        .map(|g| g.script_text())
+                        .unwrap_or_default(),
+                )
+            })
+            .collect();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(1 + exits.len() * 3);
+        args.push(if with_geo { b"1" } else { b"0" });
+        for (exit, (ip, geo)) in exits.iter().zip(&texts) {
+            args.push(exit.member.as_str().as_bytes());
+            args.push(ip.as_bytes());
+            if with_geo {
+                args.push(geo.as_bytes());
+            }
+        }
+        let value = self.eval(&self.scripts.exit_ip, pool, &args).await?;
+        Ok(ExitsReply::decode(value)?.recorded)
     }
 
     async fn disable_members(

@@ -22,9 +22,9 @@ use crate::domain::{
     RestorePolicy, Timestamp, TokenHash,
 };
 use crate::store::{
-    CheckRound, ClaimedSource, ClientRecord, Effect, FetchOutcome, Health, LastCheck, MemberState,
-    MemberView, Origin, PoolInfo, PoolStats, Pruned, PutClient, SourceFetch, SourceState,
-    StoreError, Swept,
+    CheckRound, ClaimedSource, ClientRecord, Cursor, Effect, FetchOutcome, Health, LastCheck,
+    MemberState, MemberView, Origin, PoolInfo, PoolStats, Pruned, PutClient, SourceFetch,
+    SourceState, StoreError, Swept,
 };
 
 /// A reply of a shape its script never returns: the script and this decoder disagree.
@@ -340,7 +340,8 @@ impl PoolInfoReply {
     }
 
     /// Decodes `{-1}` or `{1, config, created_ms, total_assignments, eligible, ineligible,
-    /// min_assignments, max_assignments, in_flight, abandoned, tripped, recovered, pruned}`.
+    /// min_assignments, max_assignments, in_flight, abandoned, tripped, recovered, pruned,
+    /// shared_exit_ips, country_mismatches}`.
     pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
         decode("pool_info.lua", value, |value| {
             let mut items = Items::of_pool(value)?;
@@ -359,6 +360,8 @@ impl PoolInfoReply {
                 tripped: items.optional_count()?.unwrap_or(0),
                 recovered: items.optional_count()?.unwrap_or(0),
                 pruned: items.optional_count()?.unwrap_or(0),
+                shared_exit_ips: items.optional_count()?.unwrap_or(0),
+                country_mismatches: items.optional_count()?.unwrap_or(0),
             };
             items.end()?;
             Ok(Self {
@@ -441,6 +444,25 @@ impl SeedReply {
     }
 }
 
+/// `exit_ip.lua`: how many of the members named the pool still has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ExitsReply {
+    /// Members whose exit address was recorded.
+    pub(super) recorded: u64,
+}
+
+impl ExitsReply {
+    /// Decodes `{-1}` or `{1, recorded}`.
+    pub(super) fn decode(value: Value) -> Result<Self, StoreError> {
+        decode("exit_ip.lua", value, |value| {
+            let mut items = Items::of_pool(value)?;
+            let recorded = items.count()?;
+            items.end()?;
+            Ok(Self { recorded })
+        })
+    }
+}
+
 /// `members.lua`: one page of each set, in set order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct MembersReply {
@@ -450,35 +472,53 @@ pub(super) struct MembersReply {
     pub(super) ineligible: Vec<MemberView>,
     /// With a label filter: where the next page's walk starts, when it has not ended.
     pub(super) next: Option<u64>,
+    /// Listing the members that share an exit address: where the next page's walk starts
+    /// in each set, when it has not ended.
+    pub(super) next_shared: Option<Cursor>,
 }
 
 impl MembersReply {
     /// Decodes `{-1}`, `{1, 'eligible', {...}, 'ineligible', {...}}` or, with a label
-    /// filter, `{2, ..., 'next', offset | -1}`, where each set's page names its lists (see
-    /// `members.lua`).
+    /// filter, `{2, ..., 'next', offset | -1}`, or for the members sharing an exit address
+    /// `{3, ..., 'next', {eligible offset, ineligible offset} | -1}`, where each set's page
+    /// names its lists (see `members.lua`).
     /// With `banned` (a listing for a target), each page also has its `banned_until`.
     pub(super) fn decode(value: Value, banned: bool) -> Result<Self, StoreError> {
         decode("members.lua", value, |value| {
             let mut items = Items::new(value)?;
-            let filtered = match items.int()? {
-                1 => false,
-                2 => true,
-                -1 => return Err(Problem::NoPool),
-                _ => return Err("unknown status".into()),
-            };
+            let status = items.int()?;
+            if status == -1 {
+                return Err(Problem::NoPool);
+            }
+            if !(1..=3).contains(&status) {
+                return Err("unknown status".into());
+            }
             let eligible = member_views(items.field("eligible")?, MemberState::Eligible, banned)?;
             let ineligible =
                 member_views(items.field("ineligible")?, MemberState::Ineligible, banned)?;
-            let next = if filtered {
-                u64::try_from(int(&items.field("next")?)?).ok()
-            } else {
-                None
-            };
+            let (mut next, mut next_shared) = (None, None);
+            if status == 2 {
+                next = u64::try_from(int(&items.field("next")?)?).ok();
+            } else if status == 3 {
+                next_shared = match items.field("next")? {
+                    Value::Array(offsets) => {
+                        let [eligible, ineligible] = offsets.as_slice() else {
+                            return Err("next is not two offsets".into());
+                        };
+                        Some(Cursor {
+                            eligible: count(eligible)?,
+                            ineligible: count(ineligible)?,
+                        })
+                    }
+                    _ => None,
+                };
+            }
             items.end()?;
             Ok(Self {
                 eligible,
                 ineligible,
                 next,
+                next_shared,
             })
         })
     }
@@ -506,6 +546,7 @@ fn member_views(page: Value, state: MemberState, banned: bool) -> Read<Vec<Membe
     let mut checks = column(page.field("checks")?, size)?;
     let mut labels = column(page.field("labels")?, size)?;
     let mut origins = column(page.field("origins")?, size)?;
+    let mut exits = column(page.field("exits")?, size)?;
     let mut bans = banned
         .then(|| column(page.field("banned_until")?, size))
         .transpose()?;
@@ -524,7 +565,12 @@ fn member_views(page: Value, state: MemberState, banned: bool) -> Read<Vec<Membe
             Some(returns) => optional_count(&next(returns))?.map(Timestamp),
             None => None,
         };
-        views.push(MemberView {
+        let (exit_ip, exit_ip_at) = parse_exit(next(&mut exits))?;
+        let labels = match next(&mut labels) {
+            Value::Nil => Labels::default(),
+            text => Labels::from_script_text(&string(text)?),
+        };
+        let mut view = MemberView {
             member: MemberId::from_stored(string(member)?),
             origin: match next(&mut origins) {
                 Value::Nil => Origin::Manual,
@@ -542,10 +588,11 @@ fn member_views(page: Value, state: MemberState, banned: bool) -> Read<Vec<Membe
             last_cooldown_ms: (health.trips > 0).then_some(health.cooldown_ms),
             returns_at,
             last_check: parse_last_check(next(&mut checks))?,
-            labels: match next(&mut labels) {
-                Value::Nil => Labels::default(),
-                text => Labels::from_script_text(&string(text)?),
-            },
+            exit_ip,
+            exit_ip_at,
+            labels: Labels::default(),
+            geo_labels: Labels::default(),
+            country_mismatch: false,
             banned_until: match bans.as_mut() {
                 Some(bans) => Some(
                     Some(count(&next(bans))?)
@@ -554,9 +601,23 @@ fn member_views(page: Value, state: MemberState, banned: bool) -> Read<Vec<Membe
                 ),
                 None => None,
             },
-        });
+        };
+        view.set_labels(labels);
+        views.push(view);
     }
     Ok(views)
+}
+
+/// `"<ip> <at_ms>"`, a member's exit address and when a check saw it (see `labels.lua`).
+fn parse_exit(value: Value) -> Read<(Option<std::net::IpAddr>, Option<Timestamp>)> {
+    if matches!(value, Value::Nil) {
+        return Ok((None, None));
+    }
+    let text = string(value)?;
+    let (ip, at) = text.split_once(' ').ok_or("malformed exit entry")?;
+    let ip = ip.parse().map_err(|_| "malformed exit address")?;
+    let at = at.parse::<u64>().map_err(|_| "malformed exit time")?;
+    Ok((Some(ip), Some(Timestamp(at))))
 }
 
 /// A list with one entry per member of a page of `size` members.

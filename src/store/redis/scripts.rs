@@ -131,6 +131,7 @@ scripts! {
     end_session: plain,
     seed: chunked,
     members: with_helpers,
+    exit_ip: with_helpers,
     disable: chunked,
     enable: chunked,
     remove: chunked,

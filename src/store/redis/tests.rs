@@ -14,9 +14,9 @@ use redis::aio::MultiplexedConnection;
 use super::reply::{
     self, AssignDoneReply, AssignReply, ClaimCheckReply, ClaimDueReply, ClaimSourcesReply,
     DeletePoolReply, DisableOutcome, DisableReply, DoneReply, EnableOutcome, EnableReply,
-    EndSessionReply, MembersReply, OutcomesReply, PoolInfoReply, PruneReply, RecordSourceReply,
-    ReleaseReply, RemoveReply, RenewReply, Renewal, SeedOutcome, SeedReply, SessionAssignReply,
-    SourceStatesReply, SweepReply, WalkReply,
+    EndSessionReply, ExitsReply, MembersReply, OutcomesReply, PoolInfoReply, PruneReply,
+    RecordSourceReply, ReleaseReply, RemoveReply, RenewReply, Renewal, SeedOutcome, SeedReply,
+    SessionAssignReply, SourceStatesReply, SweepReply, WalkReply,
 };
 use super::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
@@ -25,9 +25,10 @@ use crate::domain::{
 };
 use crate::store::chunks::MemberChunks;
 use crate::store::{
-    CheckRound, ClaimedSource, DisableReport, Effect, EnableReport, FetchOutcome, ImportCounts,
-    LastCheck, MemberState, MemberView, Origin, PoolStats, Pruned, PutPool, RemoveReport, Report,
-    ReportSource, Restored, Seed, SeedReport, SourceFetch, SourceState, Store, StoreError, Swept,
+    CheckRound, ClaimedSource, Cursor, DisableReport, Effect, EnableReport, FetchOutcome,
+    ImportCounts, LastCheck, MemberState, MemberView, Origin, PoolStats, Pruned, PutPool,
+    RemoveReport, Report, ReportSource, Restored, Seed, SeedReport, SourceFetch, SourceState,
+    Store, StoreError, Swept,
 };
 use crate::test_redis::RedisServer;
 
@@ -240,6 +241,7 @@ async fn every_script_s_replies_decode_from_a_real_redis() {
             "end_session" => end_session(&redis).await,
             "seed" => seed(&redis).await,
             "members" => members(&redis).await,
+            "exit_ip" => exit_ip(&redis).await,
             "disable" => disable(&redis).await,
             "enable" => enable(&redis).await,
             "remove" => remove(&redis).await,
@@ -638,6 +640,8 @@ async fn pool_info(redis: &TestRedis) {
                 tripped: 0,
                 recovered: 0,
                 pruned: 0,
+                shared_exit_ips: 0,
+                country_mismatches: 0,
             },
         }
     );
@@ -664,6 +668,10 @@ async fn pool_info(redis: &TestRedis) {
             "6",
             "pruned",
             "7",
+            "shared_exit_ips",
+            "8",
+            "country_mismatches",
+            "9",
         ])
         .await;
     let expiry = TestRedis::key(&id, "lease_expiry");
@@ -687,6 +695,8 @@ async fn pool_info(redis: &TestRedis) {
                 tripped: 5,
                 recovered: 6,
                 pruned: 7,
+                shared_exit_ips: 8,
+                country_mismatches: 9,
             },
         }
     );
@@ -856,6 +866,74 @@ async fn delete_pool(redis: &TestRedis) {
     assert_eq!(renamed, 2);
 }
 
+/// `exit_ip.lua` records addresses and their labels from the GeoIP file, counts the
+/// shared ones, and `members.lua`'s `:shared` walk lists the members that share one.
+async fn exit_ip(redis: &TestRedis) {
+    let id = pool("exits");
+    assert_pool_not_found(ExitsReply::decode(
+        redis.eval("exit_ip", &id, &["0", "a", "192.0.2.1"]).await,
+    ));
+    redis.create(&id, PoolConfig::default()).await;
+    redis.seed(&id, &["a", "b", "c"], 0).await;
+    let recorded = ExitsReply::decode(
+        redis
+            .eval(
+                "exit_ip",
+                &id,
+                &[
+                    "1",
+                    "a",
+                    "192.0.2.1",
+                    "geo_country=de",
+                    "b",
+                    "192.0.2.1",
+                    "",
+                    "gone",
+                    "192.0.2.9",
+                    "geo_asn=1",
+                ],
+            )
+            .await,
+    );
+    assert_eq!(recorded.expect("decodes"), ExitsReply { recorded: 2 });
+    let shared: u64 = redis
+        .side(&["HGET", &TestRedis::key(&id, "meta"), "shared_exit_ips"])
+        .await;
+    assert_eq!(shared, 1);
+    let labels: Option<String> = redis
+        .side(&["HGET", &TestRedis::key(&id, "labels"), "a"])
+        .await;
+    assert_eq!(labels.as_deref(), Some("geo_country=de"));
+    // A page of one, then the rest: `a`, then `b`, then the end (`c` exits nowhere).
+    let walk = |args: &'static [&'static str]| redis.eval("members", &id, args);
+    let first = MembersReply::decode(
+        walk(&["0", "0", "1", "1", "1", "2000", ":shared"]).await,
+        false,
+    )
+    .expect("decodes");
+    assert_eq!(
+        (first.eligible.len(), first.next_shared),
+        (
+            1,
+            Some(Cursor {
+                eligible: 1,
+                ineligible: 0
+            })
+        )
+    );
+    assert_eq!(
+        first.eligible[0].exit_ip,
+        Some(std::net::IpAddr::from([192, 0, 2, 1]))
+    );
+    let rest = MembersReply::decode(
+        walk(&["1", "0", "1", "1", "5", "2000", ":shared"]).await,
+        false,
+    )
+    .expect("decodes");
+    let listed: Vec<&str> = rest.eligible.iter().map(|v| v.member.as_str()).collect();
+    assert_eq!((listed, rest.next_shared), (vec!["b"], None));
+}
+
 async fn seed(redis: &TestRedis) {
     let id = pool("seed");
     let run = |args: &'static [&'static str]| redis.eval_chunk("seed", &id, args);
@@ -1014,7 +1092,11 @@ async fn members(redis: &TestRedis) {
         last_cooldown_ms: None,
         returns_at: None,
         last_check: None,
+        exit_ip: None,
+        exit_ip_at: None,
         labels: Labels::default(),
+        geo_labels: Labels::default(),
+        country_mismatch: false,
         banned_until: None,
     };
     assert_eq!(
@@ -1054,6 +1136,7 @@ async fn members(redis: &TestRedis) {
                 },
             ],
             next: None,
+            next_shared: None,
         }
     );
     let eligible_only =

@@ -137,12 +137,34 @@ local function label(member, lif, text, order)
     end
 end
 
+-- Whether a labels text has an operator's `country` other than the `geo_country` the
+-- GeoIP file gives (compared without case): the member is a country mismatch.
+local function mismatched(text)
+    if not text then
+        return false
+    end
+    local lines = '\n' .. text .. '\n'
+    local country = string.match(lines, '\ncountry=([^\n]+)\n')
+    local geo = string.match(lines, '\ngeo_country=([^\n]+)\n')
+    return country ~= nil and geo ~= nil and string.lower(country) ~= string.lower(geo)
+end
+
+-- Keeps the pool's count of country mismatches (meta `country_mismatches`) as a member's
+-- labels go from `old` to `new` (nil for none): every change of labels passes here.
+local function count_mismatch(old, new)
+    local by = (mismatched(new) and 1 or 0) - (mismatched(old) and 1 or 0)
+    if by ~= 0 then
+        redis.call('HINCRBY', KEYS[1], 'country_mismatches', by)
+    end
+end
+
 -- Replaces a member's labels with `text` ('' for none): its count and state stay.
 local function set_labels(member, text, lif)
     local old = unlabel(member, lif)
     if old then
         redis.call('ZREM', KEYS[15], unpack(label_entries(old, member)))
     end
+    count_mismatch(old, text ~= '' and text or nil)
     if text == '' then
         redis.call('HDEL', KEYS[13], member)
         return
@@ -165,6 +187,48 @@ local function drop_labels(member, lif)
     if old then
         redis.call('ZREM', KEYS[15], unpack(label_entries(old, member)))
         redis.call('HDEL', KEYS[13], member)
+        count_mismatch(old, nil)
+    end
+end
+
+-- Exit addresses (exit_ip.lua): the checks hash (KEYS[11]) holds, besides member -> last
+-- check, 'exit ' .. member -> "<ip> <at_ms>" and 'shared ' .. ip -> how many members exit
+-- there (absent when none). Member ids and addresses hold no space, so these fields never
+-- meet a member's; there are at most two per member. Meta `shared_exit_ips` counts the
+-- addresses with two members or more, so the pool's numbers read it in one field.
+local function exit_of(member)
+    local text = redis.call('HGET', KEYS[11], 'exit ' .. member)
+    return text and string.match(text, '^(%S+)')
+end
+
+local function count_exit(ip, by)
+    local n = redis.call('HINCRBY', KEYS[11], 'shared ' .. ip, by)
+    if n <= 0 then
+        redis.call('HDEL', KEYS[11], 'shared ' .. ip)
+    end
+    if (by > 0 and n == 2) or (by < 0 and n == 1) then
+        redis.call('HINCRBY', KEYS[1], 'shared_exit_ips', by)
+    end
+end
+
+-- Records that `member` exits at `ip`, seen at `at_ms`.
+local function set_exit(member, ip, at_ms)
+    local old = exit_of(member)
+    if old ~= ip then
+        if old then
+            count_exit(old, -1)
+        end
+        count_exit(ip, 1)
+    end
+    redis.call('HSET', KEYS[11], 'exit ' .. member, ip .. ' ' .. at_ms)
+end
+
+-- Forgets a member's exit address (it leaves the pool).
+local function drop_exit(member)
+    local old = exit_of(member)
+    if old then
+        count_exit(old, -1)
+        redis.call('HDEL', KEYS[11], 'exit ' .. member)
     end
 end
 
@@ -219,6 +283,39 @@ local function bytes_before(a, b)
         end
     end
     return #a < #b
+end
+
+-- A labels text with its operator labels replaced by `operator` and those the GeoIP file
+-- gave (keys `geo_...`, which operators cannot set) by `geo`, both labels texts, or nil
+-- to keep that part as it is; in key order, as LabelFilter writes them.
+local function merge_labels(old, operator, geo)
+    local lines = {}
+    for pair in string.gmatch(old or '', '[^\n]+') do
+        local from_geo = string.sub(pair, 1, 4) == 'geo_'
+        if (from_geo and not geo) or (not from_geo and not operator) then
+            lines[#lines + 1] = pair
+        end
+    end
+    for pair in string.gmatch((operator or '') .. '\n' .. (geo or ''), '[^\n]+') do
+        lines[#lines + 1] = pair
+    end
+    local function key(pair)
+        return string.match(pair, '^[^=]*')
+    end
+    table.sort(lines, function(a, b)
+        return bytes_before(key(a), key(b))
+    end)
+    return table.concat(lines, '\n')
+end
+
+-- Replaces a member's operator labels (`operator`) or its labels from the GeoIP file
+-- (`geo`), each a labels text or nil to keep, leaving the other part as it was.
+local function relabel(member, operator, geo, lif)
+    local old = redis.call('HGET', KEYS[13], member)
+    local text = merge_labels(old, operator, geo)
+    if text ~= (old or '') then
+        set_labels(member, text, lif)
+    end
 end
 
 local function range_of(key, value)

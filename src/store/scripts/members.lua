@@ -9,15 +9,21 @@
 -- are wanted, ARGV[5] the page size, ARGV[6] most index entries to read, ARGV[7..] label
 -- groups "key value value ...": the page walks the entries of the first group's values
 -- (each value's members by id) and keeps those that pass every group.
+-- With ARGV[7] ':shared' (no label group starts with ':'), the page keeps the members
+-- that share their exit address with another member: it walks the eligible set from
+-- offset ARGV[1], then the ineligible one from ARGV[2], in set order, reading at most
+-- ARGV[6] members, ARGV[3..5] as with a label filter.
 -- Returns {-1} when the pool does not exist, else
 -- {1, 'eligible', {name, list, ...}, 'ineligible', {name, list, ...}} (with a filter:
--- {2, ..., 'next', offset or -1 when the walk has ended}): each set's page as
+-- {2, ..., 'next', offset or -1 when the walk has ended}; with ':shared', {3, ...,
+-- 'next', {eligible offset, ineligible offset} or -1}): each set's page as
 -- named lists (`MembersReply` in reply.rs reads them in this order): `members` the
 -- {member, count, ...} pairs, then one entry per member of the page in each of
 -- `taken_out` (ineligible only) "<since_ms> <reason>", `in_flight` the live leases,
 -- `health` "<streak> <trips> <cooldown_ms>", `returns` (ineligible only) the ms it comes
 -- back at, `checks` "<at_ms> <result>[/<latency_ms>] <detail>", `labels` its labels,
--- `origins` 'import' or the URL of the source that added it (each nil when none), and for
+-- `origins` 'import' or the URL of the source that added it, `exits` "<ip> <at_ms>" (see
+-- labels.lua) (each nil when none), and for
 -- a target `banned_until` the end of its ban (0 when none).
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return {-1}
@@ -30,8 +36,44 @@ local function page(key, offset, count)
 end
 local status = 1
 local eligible, ineligible, next_offset
-local groups = filter_groups(7)
-if groups then
+local groups = ARGV[7] ~= ':shared' and filter_groups(7)
+if ARGV[7] == ':shared' then
+    status = 3
+    eligible, ineligible = {}, {}
+    local size, budget = tonumber(ARGV[5]), tonumber(ARGV[6])
+    local found = 0
+    local positions = {tonumber(ARGV[1]), tonumber(ARGV[2])}
+    local walks = {{KEYS[2], ARGV[3] == '1', eligible}, {KEYS[3], ARGV[4] == '1', ineligible}}
+    local stopped = false
+    for w, walk in ipairs(walks) do
+        local key, wanted, out = walk[1], walk[2], walk[3]
+        while wanted and not stopped do
+            local position = positions[w]
+            -- At least one entry, so that a spent budget stops the walk only before a
+            -- member it has not read (as the embedded store's walk does).
+            local entries = redis.call('ZRANGE', key, position,
+                position + math.max(1, math.min(budget, 64)) - 1, 'WITHSCORES')
+            if #entries == 0 then
+                break
+            end
+            for j = 1, #entries, 2 do
+                if found == size or budget == 0 then
+                    stopped = true
+                    break
+                end
+                budget = budget - 1
+                positions[w] = positions[w] + 1
+                local ip = exit_of(entries[j])
+                if ip and tonumber(redis.call('HGET', KEYS[11], 'shared ' .. ip) or 0) >= 2 then
+                    out[#out + 1] = entries[j]
+                    out[#out + 1] = entries[j + 1]
+                    found = found + 1
+                end
+            end
+        end
+    end
+    next_offset = stopped and positions or -1
+elseif groups then
     -- Walks the index from where the last page stopped, reading at most ARGV[6] entries.
     status = 2
     eligible, ineligible = {}, {}
@@ -139,6 +181,14 @@ local function bans(members)
     end
     return out
 end
+-- Each member's exit address entry (see labels.lua).
+local function exits(members)
+    local fields = {}
+    for n, member in ipairs(members) do
+        fields[n] = 'exit ' .. member
+    end
+    return lookup('HMGET', KEYS[11], fields)
+end
 local e, i = names(eligible), names(ineligible)
 local reply = {
     status,
@@ -149,6 +199,7 @@ local reply = {
         'checks', lookup('HMGET', KEYS[11], e),
         'labels', lookup('HMGET', KEYS[13], e),
         'origins', origins(e),
+        'exits', exits(e),
     },
     'ineligible', {
         'members', ineligible,
@@ -159,6 +210,7 @@ local reply = {
         'checks', lookup('HMGET', KEYS[11], i),
         'labels', lookup('HMGET', KEYS[13], i),
         'origins', origins(i),
+        'exits', exits(i),
     },
 }
 if #KEYS >= 23 then
