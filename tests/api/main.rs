@@ -25,6 +25,7 @@ mod due;
 mod exclude;
 mod gateway;
 mod gateway_answers;
+mod gateway_clients;
 mod gateway_retries;
 mod geo;
 mod health;
