@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::for_each_store;
 use crate::gateway::{HEALTHY, curl, member, proxy_pool, spawn_on};
 use crate::helpers::{Backend, TestApp, assert_error, read};
-use crate::proxies::{HttpProxy, target};
+use crate::proxies::{HttpProxy, closed_port, target};
 
 /// A member's `(outcomes, success_rate, latency_ms_ewma)` as listed.
 async fn quality(app: &TestApp, pool: &str, id: &str) -> (Value, Value, Value) {
@@ -286,10 +286,33 @@ async fn counted(app: &TestApp, pool: &str, id: &str, outcomes: u64) -> (Value, 
     }
 }
 
+/// curl through the gateway's SOCKS5 port, as the pool `pool` with the worker token.
+async fn curl_socks(app: &TestApp, pool: &str, url: &str) -> (i32, String) {
+    let output = tokio::process::Command::new("curl")
+        .args(["--silent", "--show-error", "--max-time", "20", "--proxy"])
+        .arg(format!(
+            "socks5://{}",
+            app.socks.expect("the SOCKS5 port listens")
+        ))
+        .arg("--proxy-user")
+        .arg(format!("{pool}:{}", crate::gateway::TOKEN))
+        .arg(url)
+        .output()
+        .await
+        .expect("curl runs");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateway_counts_each_request_with_the_latency_it_measured_on_every_store() {
     for backend in [Backend::Redis, Backend::Embedded, Backend::Durable] {
-        let app = spawn_on(backend, |_| {}).await;
+        let app = spawn_on(backend, |config| {
+            config.gateway_socks_listen = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+        })
+        .await;
         let site = target(None).await;
         // The member answers each request 300 ms late (a forward's first byte, a tunnel's
         // setup), so the latency the gateway measures is at least that.
@@ -301,9 +324,12 @@ async fn the_gateway_counts_each_request_with_the_latency_it_measured_on_every_s
         .start()
         .await;
         let id = member("http", &slow);
+        let dead = format!("http://127.0.0.1:{}", closed_port());
         proxy_pool(&app, "slow").await;
-        app.seed("slow", &[&id], None).await;
+        app.seed("slow", &[&dead], Some(0)).await;
+        app.seed("slow", &[&id], Some(5)).await;
         let url = format!("http://127.0.0.1:{}/health", site.port());
+        // A forward: the dead member, picked first, fails and the slow one serves.
         assert_eq!(curl(&app, "slow", &[&url]).await, (0, HEALTHY.to_owned()));
         let (outcomes, success, latency) = counted(&app, "slow", &id, 1).await;
         assert_eq!(
@@ -314,17 +340,36 @@ async fn the_gateway_counts_each_request_with_the_latency_it_measured_on_every_s
         let forward = latency.as_f64().expect("a latency");
         assert!((300.0..5000.0).contains(&forward), "{backend:?}: {forward}");
         assert_eq!(
+            quality(&app, "slow", &dead).await,
+            (json!(1), json!(0.0), Value::Null),
+            "{backend:?}: a failure the gateway reports carries no latency"
+        );
+        // Then a CONNECT tunnel and a SOCKS5 one, each timed to the end of its setup.
+        let (status, body) = read(
+            app.admin(Method::POST, "/pools/slow/members/disable")
+                .json(&json!({"members": [dead]}))
+                .send()
+                .await
+                .expect("sent"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(
             curl(&app, "slow", &["--proxytunnel", &url]).await,
             (0, HEALTHY.to_owned())
         );
-        let (outcomes, success, latency) = counted(&app, "slow", &id, 2).await;
+        assert_eq!(
+            curl_socks(&app, "slow", &url).await,
+            (0, HEALTHY.to_owned())
+        );
+        let (outcomes, success, latency) = counted(&app, "slow", &id, 3).await;
         assert_eq!(
             (&outcomes, &success),
-            (&json!(2), &json!(1.0)),
+            (&json!(3), &json!(1.0)),
             "{backend:?}"
         );
-        let both = latency.as_f64().expect("a latency");
-        assert!((300.0..5000.0).contains(&both), "{backend:?}: {both}");
+        let all = latency.as_f64().expect("a latency");
+        assert!((300.0..5000.0).contains(&all), "{backend:?}: {all}");
         app.stop().await;
     }
 }
