@@ -608,7 +608,8 @@ impl Gateway {
                 "gateway: forward failed before the response head; reported failed"
             ),
         }
-        self.report(pool, member, OutcomeResult::Failed, None).await;
+        self.report(pool, member, OutcomeResult::Failed, None, None)
+            .await;
         if let Some(hold) = hold {
             hold.release().await;
         }
@@ -620,12 +621,13 @@ impl Gateway {
         member: &MemberId,
         result: OutcomeResult,
         target: Option<Target>,
+        latency_ms: Option<u64>,
     ) {
         let report = Report {
             member: member.clone(),
             result,
             detail: String::new(),
-            latency_ms: None,
+            latency_ms,
             target,
         };
         if let Err(error) = self
@@ -638,12 +640,12 @@ impl Gateway {
         }
     }
 
-    /// Reports `ok` without holding up the answer.
-    fn report_ok(&self, pool: &PoolId, member: &MemberId) {
+    /// Reports `ok`, with the latency the gateway measured, without holding up the answer.
+    fn report_ok(&self, pool: &PoolId, member: &MemberId, latency_ms: u64) {
         let (gateway, pool, member) = (self.clone(), pool.clone(), member.clone());
         tokio::spawn(async move {
             gateway
-                .report(&pool, &member, OutcomeResult::Ok, None)
+                .report(&pool, &member, OutcomeResult::Ok, None, Some(latency_ms))
                 .await;
         });
     }
@@ -747,6 +749,9 @@ impl Attempts<'_> {
             }
         };
         let timeout = gateway.inner.settings.connect_timeout;
+        // The member's latency is counted from here: the connection to it, then the
+        // tunnel's setup or the time to the answer's first byte (see `Held::latency_ms`).
+        let dialling = Instant::now();
         let failure = match tokio::time::timeout(timeout, dial).await {
             Ok(Ok(connection)) => {
                 let held = Held {
@@ -755,7 +760,7 @@ impl Attempts<'_> {
                     member,
                     target: self.target.clone(),
                     hold,
-                    started: Instant::now(),
+                    started: dialling,
                 };
                 return Ok(Attempt::Dialled(Box::new((held, upstream, connection))));
             }
@@ -807,10 +812,20 @@ struct Held {
     member: MemberId,
     target: Target,
     hold: Option<LeaseHold>,
+    /// When the gateway started dialling the member.
     started: Instant,
 }
 
 impl Held {
+    /// The member's latency for this request, so far: from the start of the dial to now
+    /// (a tunnel's setup, or a forward's first byte of the answer), in whole
+    /// milliseconds, at most the longest a report may carry.
+    fn latency_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .min(crate::rules::quality::MAX_LATENCY_MS)
+    }
+
     /// Answers 200 and relays the tunnel once the client's connection is handed over.
     fn tunnel(
         self,
@@ -846,7 +861,8 @@ impl Held {
     ) where
         C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        self.gateway.report_ok(&self.pool, &self.member);
+        self.gateway
+            .report_ok(&self.pool, &self.member, self.latency_ms());
         let entered = self.gateway.inner.tunnels.enter();
         let idle = self.gateway.inner.settings.idle_timeout;
         tokio::spawn(async move {

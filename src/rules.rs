@@ -11,6 +11,7 @@
 
 pub mod expiry;
 pub mod health;
+pub mod quality;
 
 #[cfg(test)]
 mod twins;

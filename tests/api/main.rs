@@ -43,6 +43,7 @@ mod pools;
 mod process;
 mod proxies;
 mod prune;
+mod quality;
 mod redis_faults;
 mod requests;
 mod round_trips;

@@ -26,7 +26,7 @@ use crate::domain::{
 use crate::store::chunks::MemberChunks;
 use crate::store::{
     CheckRound, ClaimedSource, Cursor, DisableReport, Effect, EnableReport, FetchOutcome,
-    ImportCounts, LastCheck, MemberState, MemberView, Origin, PoolStats, Pruned, PutPool,
+    ImportCounts, LastCheck, MemberState, MemberView, Origin, PoolStats, Pruned, PutPool, Quality,
     RemoveReport, Report, ReportSource, Restored, Seed, SeedReport, SourceFetch, SourceState,
     Store, StoreError, Swept,
 };
@@ -275,6 +275,7 @@ async fn run_assign_done(redis: &TestRedis, pool: &PoolId, lease: &str, done: [&
             pool,
             &[
                 lease, "", "16", "16", "2000", "1", member, result, ended, "", "0", "100000", "16",
+                "",
             ],
         )
         .await
@@ -386,7 +387,7 @@ async fn assign_done(redis: &TestRedis) {
             let [member, result, lease] = done;
             let args = [
                 "l0", "", "16", "16", "2000", &session, member, result, lease, "", "0", "100000",
-                "16",
+                "16", "",
             ];
             redis.eval_keyed("assign_done", pinned, &keys, &args).await
         }
@@ -850,6 +851,8 @@ async fn delete_pool(redis: &TestRedis) {
             graveyard: Some(vec![
                 grave("meta"),
                 grave("eligible"),
+                // The blocked report counted in the member's quality, kept in the health hash.
+                grave("health"),
                 grave("bans"),
                 grave("paced_targets")
             ])
@@ -1098,6 +1101,15 @@ async fn members(redis: &TestRedis) {
         geo_labels: Labels::default(),
         country_mismatch: false,
         banned_until: None,
+        quality: Quality::default(),
+    };
+    // Workers' reports count in the quality, whatever they did to the health; checks' do not.
+    // (The reports here carry 42 ms each.)
+    let failed = |outcomes| Quality {
+        outcomes,
+        success_ppm: 0,
+        latencies: outcomes,
+        latency_us: 42_000,
     };
     assert_eq!(
         decoded,
@@ -1116,6 +1128,7 @@ async fn members(redis: &TestRedis) {
                 MemberView {
                     consecutive_failures: 1,
                     origin: Origin::Import,
+                    quality: failed(1),
                     ..view("b", MemberState::Eligible, 3)
                 },
             ],
@@ -1132,6 +1145,7 @@ async fn members(redis: &TestRedis) {
                     last_cooldown_ms: Some(60_000),
                     returns_at: Some(d_returns),
                     origin: Origin::Source(LIST_A.to_owned()),
+                    quality: failed(2),
                     ..view("d", MemberState::Ineligible, 3)
                 },
             ],
