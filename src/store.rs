@@ -1174,6 +1174,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         pool: &PoolId,
         filter: StateFilter,
+        target: Option<&Target>,
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError>;

@@ -314,17 +314,19 @@ pub async fn list_members(
         }
     };
     let page = if shared {
-        // Its own walk over the pool's sets (see `Store::shared_exit_members`); a cursor
-        // of another walk means nothing to it, and neither do label filters or a target.
-        if !labels.is_empty() || target.is_some() {
-            return Err(ApiError::InvalidQuery(
-                "shared_exit_ip=true combines with state, limit and cursor only".to_owned(),
-            ));
-        }
-        state
+        // Its own walk over the pool's sets (see `Store::shared_exit_members`), whose
+        // cursor means nothing to another walk. A label filter keeps the members of its
+        // page that carry the labels (their own or the GeoIP file's), so a page may hold
+        // fewer than `limit` with more to come, as the walk's pages already may.
+        let mut page = state
             .store
-            .shared_exit_members(&pool, filter, limit, cursor)
-            .await?
+            .shared_exit_members(&pool, filter, target.as_ref(), limit, cursor)
+            .await?;
+        if !labels.is_empty() {
+            page.members
+                .retain(|member| member.labels.merged(&member.geo_labels).matches(&labels));
+        }
+        page
     } else {
         state
             .store

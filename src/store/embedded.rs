@@ -2622,12 +2622,21 @@ impl Store for EmbeddedStore {
         &self,
         pool: &PoolId,
         filter: StateFilter,
+        target: Option<&Target>,
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
-        Ok(self
-            .with_pool(pool, |p, _| p.shared_exit_page(filter, limit, cursor))?
-            .0)
+        let (page, _) = self.with_pool(pool, |p, _| {
+            let mut page = p.shared_exit_page(filter, limit, cursor);
+            if let Some(target) = target {
+                let now = self.clock.now();
+                for view in &mut page.members {
+                    view.banned_until = Some(p.bans.banned_until(target, &view.member, now));
+                }
+            }
+            page
+        })?;
+        Ok(page)
     }
 
     async fn record_exits(&self, pool: &PoolId, exits: &[ExitSeen]) -> Result<u64, StoreError> {

@@ -257,20 +257,48 @@ async fn checks_record_exit_addresses_and_the_members_sharing_one_are_listed_and
         listed(app, "shared_exit_ip=true&state=ineligible").await,
         (Vec::new(), Value::Null)
     );
-    for (query, message) in [
-        ("shared_exit_ip=yes", "shared_exit_ip is true or false"),
+    let (status, body) = app.get("/pools/p/members?shared_exit_ip=yes").await;
+    assert_eq!(
+        (status, body["error"]["message"].clone()),
         (
-            "shared_exit_ip=true&label=tier=a",
-            "shared_exit_ip=true combines with state, limit and cursor only",
-        ),
-    ] {
-        let (status, body) = app.get(&format!("/pools/p/members?{query}")).await;
-        assert_eq!(
-            (status, body["error"]["message"].clone()),
-            (StatusCode::BAD_REQUEST, json!(message)),
-            "{query}"
-        );
-    }
+            StatusCode::BAD_REQUEST,
+            json!("shared_exit_ip is true or false")
+        )
+    );
+    // A label filter keeps the shared members that carry the labels.
+    assert_eq!(
+        listed(app, "shared_exit_ip=true&label=tier=a").await,
+        (Vec::new(), Value::Null)
+    );
+    let (status, body) = app
+        .post_json(
+            "/pools/p/members",
+            json!({"members": [{"member": ids[0], "labels": {"tier": "a"}}]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        listed(app, "shared_exit_ip=true&label=tier=a").await,
+        (vec![ids[0].clone()], Value::Null)
+    );
+    // A target gives each shared member its ban for it, as the plain listing does.
+    let (status, body) = app
+        .get("/pools/p/members?shared_exit_ip=true&target=shop.example.com")
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let bans: Vec<Value> = body["members"]
+        .as_array()
+        .expect("members")
+        .iter()
+        .map(|m| m["banned_until"].clone())
+        .collect();
+    assert_eq!(bans, [Value::Null, Value::Null]);
+    assert!(
+        body["members"][0]
+            .as_object()
+            .is_some_and(|m| m.contains_key("banned_until")),
+        "{body}"
+    );
     // The member that left takes its share with it: nobody shares an address any more.
     let (status, body) = app
         .post_json("/pools/p/members/remove", json!({"members": [ids[1]]}))

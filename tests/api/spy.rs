@@ -371,11 +371,12 @@ impl Store for Spy {
         &self,
         pool: &PoolId,
         filter: StateFilter,
+        target: Option<&Target>,
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
         self.inner
-            .shared_exit_members(pool, filter, limit, cursor)
+            .shared_exit_members(pool, filter, target, limit, cursor)
             .await
     }
 

@@ -1401,9 +1401,14 @@ impl Store for RedisStore {
         &self,
         pool: &PoolId,
         filter: StateFilter,
+        target: Option<&Target>,
         limit: usize,
         cursor: Cursor,
     ) -> Result<MemberPage, StoreError> {
+        let extra = match target {
+            Some(target) => self.ban_keys(pool, &[target]),
+            None => Vec::new(),
+        };
         let flag = |on: bool| -> &'static [u8] { if on { b"1" } else { b"0" } };
         let (eligible, ineligible) = (cursor.eligible.to_string(), cursor.ineligible.to_string());
         let size = limit.to_string();
@@ -1418,9 +1423,9 @@ impl Store for RedisStore {
             b":shared",
         ];
         let value = self
-            .eval_keyed(&self.scripts.members, pool, None, &[], &args)
+            .eval_keyed(&self.scripts.members, pool, None, &extra, &args)
             .await?;
-        let page = MembersReply::decode(value, false)?;
+        let page = MembersReply::decode(value, target.is_some())?;
         let mut members = page.eligible;
         members.extend(page.ineligible);
         Ok(MemberPage {
