@@ -432,6 +432,8 @@ impl Gateway {
                 labels: selection.labels,
                 target: Some(target.clone()),
                 exclude: Exclude::default(),
+                // The gateways take only the worker token so far: no client limit.
+                rate: None,
             },
             session: selection.session,
             pool,

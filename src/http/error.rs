@@ -78,6 +78,11 @@ pub enum ApiError {
         crate::domain::MAX_CLIENTS
     )]
     TooManyClients,
+    /// 429 `client_rate_limited`, with `Retry-After` (whole seconds, rounded up, at least
+    /// 1): the client token's bucket for this pool holds fewer tokens than the assign asks
+    /// for; nothing was handed out and nothing changed.
+    #[error("this client is over its rate limit for this pool; retry after {} ms", .0.as_millis())]
+    ClientRateLimited(Duration),
     /// 408 `request_timeout`: the request's body did not arrive within its timeout; the
     /// connection is closed after this answer.
     #[error("the request body did not arrive within {} ms", .0.as_millis())]
@@ -123,6 +128,7 @@ impl ApiError {
                 StatusCode::CONFLICT
             }
             Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::ClientRateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -151,6 +157,7 @@ impl ApiError {
             Self::MethodNotAllowed => "method_not_allowed",
             Self::PolicyChangeRequiresEmptyPool => "policy_change_requires_empty_pool",
             Self::RequestTimeout(_) => "request_timeout",
+            Self::ClientRateLimited(_) => "client_rate_limited",
             Self::PayloadTooLarge(_) => "payload_too_large",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::StoreUnavailable(_) => "store_unavailable",
@@ -171,6 +178,7 @@ impl From<StoreError> for ApiError {
             StoreError::PolicyChangeRequiresEmptyPool => Self::PolicyChangeRequiresEmptyPool,
             StoreError::ClientNotFound => Self::ClientNotFound,
             StoreError::TooManyClients => Self::TooManyClients,
+            StoreError::ClientRateLimited(wait) => Self::ClientRateLimited(wait),
             other => Self::StoreUnavailable(other),
         }
     }
@@ -199,6 +207,14 @@ impl ApiError {
                 headers.insert(
                     header::RETRY_AFTER,
                     HeaderValue::from(Self::RETRY_AFTER.as_secs()),
+                );
+            }
+            Self::ClientRateLimited(wait) => {
+                // Whole seconds, rounded up: a client that waits as told finds the tokens.
+                let seconds = wait.as_millis().div_ceil(1_000).max(1);
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(u64::try_from(seconds).unwrap_or(u64::MAX)),
                 );
             }
             Self::Unauthorized => {

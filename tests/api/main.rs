@@ -42,6 +42,7 @@ mod pools;
 mod process;
 mod proxies;
 mod prune;
+mod rate_limits;
 mod redis_faults;
 mod requests;
 mod round_trips;

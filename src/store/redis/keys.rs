@@ -84,7 +84,7 @@
 use redis::{RedisWrite, ToRedisArgs};
 
 use super::RedisStore;
-use crate::domain::{PoolId, SessionId, Target};
+use crate::domain::{ClientId, PoolId, SessionId, Target};
 
 /// Every key of a pool, in the order of `KEYS` in every pool script (see `labels.lua`,
 /// `leases.lua` and `health.lua`).
@@ -240,6 +240,13 @@ impl RedisStore {
         let index = format!("{}:{{{}}}:sessions", self.prefix, pool.as_str());
         let key = format!("{index}:{session}");
         [index, key]
+    }
+
+    /// The bucket of `client`'s rate limit in `pool` (see `scripts/rate.lua`): one per
+    /// client and pool, in the pool's hash slot so that the assign's own script takes from
+    /// it. A client id holds no brace, so the tag is the pool's.
+    pub(super) fn bucket_key(&self, pool: &PoolId, client: &ClientId) -> String {
+        format!("{}:{{{}}}:bucket:{client}", self.prefix, pool.as_str())
     }
 
     /// The registry of pool ids.

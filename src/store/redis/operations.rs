@@ -291,8 +291,25 @@ impl RedisStore {
             }
             _ => &self.scripts.assign,
         };
+        // The client's rate limit goes after everything, its bucket the last key: rate.lua
+        // takes both off first (see there). Without a client, the call is as it was.
+        let rate_arg = request.rate.as_ref().map(|limit| {
+            extra.push(self.bucket_key(pool, &limit.client));
+            format!(
+                "\trate {} {} {}",
+                limit.rate.rate_per_second,
+                limit.rate.burst,
+                match session {
+                    Some(_) => 1,
+                    None => count.get(),
+                }
+            )
+        });
+        if let Some(rate_arg) = &rate_arg {
+            args.push(rate_arg.as_bytes());
+        }
         let value = self.eval_assign(script, pool, &extra, &args).await?;
-        Ok((value, ids))
+        Ok((reply::rate_limited(value)?, ids))
     }
 
     /// The batch an assign's reply hands out, the i-th lease under the i-th of `ids`; lowers

@@ -664,6 +664,7 @@ async fn assign(
         labels: filter(ask.filter),
         target: ask.target.map(target_of),
         exclude: Exclude::of(member_list(&ask.exclude)),
+        rate: None,
     };
     let session = |id: usize, ttl: Option<u64>| SessionRequest {
         id: SessionId::parse("session", SESSIONS[id]).expect("a valid session id"),
