@@ -118,6 +118,13 @@ pub const BAN_CLEANUP: u64 = 16;
 /// then hold fewer members than asked for while a next cursor is given.
 pub const MAX_LISTING_SCAN: u64 = 2_000;
 
+/// Most client rate limit buckets one pool keeps (one per client that has assigned from
+/// it with a rate; see [`AssignRequest::rate`]). A bucket that has refilled is as good as
+/// none: the embedded store drops those first when a new one needs room, then the one idle
+/// longest; the Redis store, which cannot find them without reading every one, lets the
+/// pool's buckets start over full. Either way a client gains at most one burst.
+pub const MAX_BUCKETS: usize = 10_000;
+
 /// What an assign asks for beyond the pool's own rule.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct AssignRequest {

@@ -4,17 +4,15 @@
 //! which lets a client take at most one more burst.
 //!
 //! A pool keeps at most [`MAX_BUCKETS`] buckets: a bucket that has refilled is as good as
-//! none, so those go first when a new one needs room, then the one idle longest.
+//! none, so those go first when a new one needs room, then the one idle longest. A deleted
+//! pool's buckets go with it, as the Redis store renames its hash with the pool's keys.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::domain::{ClientId, ClientRate, Timestamp};
 use crate::rules::bucket::{self, Bucket};
-use crate::store::{ClientLimit, StoreError};
-
-/// The most buckets one pool keeps.
-pub const MAX_BUCKETS: usize = 10_000;
+use crate::store::{ClientLimit, MAX_BUCKETS, StoreError};
 
 /// The buckets of one pool's clients.
 #[derive(Debug, Default)]
