@@ -99,6 +99,10 @@ async fn a_client_at_rate_5_burst_5_gets_5_assigns_then_429_with_retry_after_1()
         assert_eq!(retry_after, Some(1), "{backend:?}");
         // Nothing was handed out.
         assert_eq!(assignments(&app, "web").await, 5, "{backend:?}");
+        // The durable store keeps the rate with the client (the buckets are not kept).
+        if let Some(check) = app.durability_check() {
+            check.verify().await;
+        }
         app.stop().await;
     }
 }
