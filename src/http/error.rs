@@ -235,3 +235,26 @@ impl ApiError {
         response
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retry_after(wait_ms: u64) -> String {
+        let response = ApiError::ClientRateLimited(Duration::from_millis(wait_ms)).into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        response.headers()[header::RETRY_AFTER]
+            .to_str()
+            .expect("text")
+            .to_owned()
+    }
+
+    #[test]
+    fn a_rate_limited_client_is_told_whole_seconds_rounded_up_and_at_least_one() {
+        assert_eq!(retry_after(0), "1");
+        assert_eq!(retry_after(1), "1");
+        assert_eq!(retry_after(1_000), "1");
+        assert_eq!(retry_after(1_001), "2");
+        assert_eq!(retry_after(86_400_000), "86400");
+    }
+}

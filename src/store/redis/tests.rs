@@ -484,6 +484,20 @@ async fn rate_limited_assign(redis: &TestRedis, script: &str) {
         .side(&["ZSCORE", &TestRedis::key(&limited, "eligible"), "a"])
         .await;
     assert_eq!(count, "1");
+    // Past the most buckets a pool keeps (here 2), a new client's starts the hash over.
+    for client in ["team-b", "team-c"] {
+        let rate = format!("\trate 1 1 1 2 {client}");
+        let mut args = args.clone();
+        *args.last_mut().expect("the rate") = &rate;
+        reply::rate_limited(
+            redis
+                .eval_keyed(script, &limited, std::slice::from_ref(&bucket), &args)
+                .await,
+        )
+        .expect("a token");
+    }
+    let fields: Vec<String> = redis.side(&["HKEYS", &bucket]).await;
+    assert_eq!(fields, ["team-c"]);
 }
 
 /// Runs `assign.lua` with a lease id and a ttl (`""` for the pool's).
