@@ -4,7 +4,8 @@
 //! browsers, curl, vendor tools) use a pool with no code of ours.
 //!
 //! - **Who and which pool.** `Proxy-Authorization: Basic` with the pool and its options as
-//!   user name (the grammar is in [`user`]) and the worker token as password; 407 with
+//!   user name (the grammar is in [`user`]) and the worker token as password, or the token
+//!   of a client that lists the pool (403 `pool_not_allowed` for another pool); 407 with
 //!   `Proxy-Authenticate` otherwise. Without a worker token the gateway only starts on a
 //!   loopback address (see `startup.rs`), where any password is taken.
 //! - **What is dialled.** `CONNECT host:port` opens a tunnel through the member; an
@@ -127,6 +128,8 @@ enum Refusal {
     Invalid(String),
     #[error("pool not found")]
     PoolNotFound,
+    #[error("this client's token is not for this pool")]
+    PoolNotAllowed,
     #[error("the pool has no eligible member for this request")]
     NoEligible { next_return: Option<Duration> },
     #[error("{attempts} member(s) tried, none could be reached")]
@@ -149,6 +152,7 @@ impl Refusal {
             Self::Unauthenticated => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             Self::Invalid(_) => StatusCode::BAD_REQUEST,
             Self::PoolNotFound => StatusCode::NOT_FOUND,
+            Self::PoolNotAllowed => StatusCode::FORBIDDEN,
             Self::NoEligible { .. } | Self::Store | Self::TooManySessions => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -163,6 +167,7 @@ impl Refusal {
             Self::Unauthenticated => "proxy_auth_required",
             Self::Invalid(_) => "invalid_request",
             Self::PoolNotFound => "pool_not_found",
+            Self::PoolNotAllowed => "pool_not_allowed",
             Self::NoEligible { .. } => "no_eligible_proxy",
             Self::UpstreamFailed { .. } => "upstream_failed",
             Self::NotAProxy => "member_not_a_proxy",
@@ -175,7 +180,9 @@ impl Refusal {
     /// The RFC 9209 error type and details of this refusal, for `Proxy-Status`.
     fn proxy_status(&self) -> (&'static str, String) {
         let error = match self {
-            Self::Unauthenticated | Self::TooManySessions => "http_request_denied",
+            Self::Unauthenticated | Self::PoolNotAllowed | Self::TooManySessions => {
+                "http_request_denied"
+            }
             Self::Invalid(_) | Self::PoolNotFound => "http_request_error",
             Self::NoEligible { .. } => "destination_unavailable",
             Self::UpstreamFailed { last, .. } => {
@@ -234,6 +241,7 @@ impl Refusal {
             Self::Unauthenticated => "proxy-auth-required",
             Self::Invalid(_) => "invalid-request",
             Self::PoolNotFound => "pool-not-found",
+            Self::PoolNotAllowed => "pool-not-allowed",
             Self::NoEligible { .. } => "no-eligible-proxy",
             Self::UpstreamFailed { .. } => "upstream-failed",
             Self::NotAProxy => "member-not-a-proxy",
@@ -347,7 +355,15 @@ impl Gateway {
         label: &mut String,
         tried: &mut Tried,
     ) -> Result<(&'static str, Response<GatewayBody>), Refusal> {
-        let user = self.authenticate(request.headers())?;
+        let (user, password) = self.credentials(request.headers())?;
+        let selection = Selection::parse(&user);
+        // A password that is not the worker token may be a client's, which needs the pool:
+        // with a user name that names none, it is refused as wrong credentials.
+        match &selection {
+            Ok(selection) => self.admit(&password, &selection.pool).await?,
+            Err(_) if self.password_is_right(&password) => {}
+            Err(_) => return Err(Refusal::Unauthenticated),
+        }
         // The right credentials end the connection's short unauthenticated deadline.
         if let Some(connection) = request
             .extensions()
@@ -355,7 +371,7 @@ impl Gateway {
         {
             connection.authenticated();
         }
-        let selection = Selection::parse(&user).map_err(|e| Refusal::Invalid(e.to_string()))?;
+        let selection = selection.map_err(|e| Refusal::Invalid(e.to_string()))?;
         let (kind, host, port) = destination(&request)?;
         let mut attempts = self.attempts(selection, kind, &host, port, label).await?;
         let mut upgrade = (kind == Kind::Tunnel).then(|| hyper::upgrade::on(&mut request));
@@ -432,7 +448,7 @@ impl Gateway {
                 labels: selection.labels,
                 target: Some(target.clone()),
                 exclude: Exclude::default(),
-                // The gateways take only the worker token so far: no client limit.
+                // The gateways do not apply a client's rate limit yet (see workers.md).
                 rate: None,
             },
             session: selection.session,
@@ -446,8 +462,8 @@ impl Gateway {
         })
     }
 
-    /// The user name of a request whose password is the worker token.
-    fn authenticate(&self, headers: &HeaderMap) -> Result<String, Refusal> {
+    /// The user name and the password of a request's `Proxy-Authorization`.
+    fn credentials(&self, headers: &HeaderMap) -> Result<(String, Vec<u8>), Refusal> {
         let value = headers
             .get(header::PROXY_AUTHORIZATION)
             .ok_or(Refusal::Unauthenticated)?
@@ -465,11 +481,34 @@ impl Gateway {
             .position(|b| *b == b':')
             .ok_or(Refusal::Unauthenticated)?;
         let (user, password) = (&decoded[..colon], &decoded[colon + 1..]);
-        if !self.password_is_right(password) {
-            return Err(Refusal::Unauthenticated);
+        let Ok(user) = String::from_utf8(user.to_vec()) else {
+            return Err(if self.password_is_right(password) {
+                Refusal::Invalid("proxy user name: not UTF-8".to_owned())
+            } else {
+                Refusal::Unauthenticated
+            });
+        };
+        Ok((user, password.to_vec()))
+    }
+
+    /// Whether `password` opens `pool`: the worker token opens every pool (any password
+    /// does without one), a client's token the pools its client lists (`PoolNotAllowed`
+    /// for another), anything else none (`Unauthenticated`). A client token costs one
+    /// store call, its lookup by hash.
+    async fn admit(&self, password: &[u8], pool: &PoolId) -> Result<(), Refusal> {
+        if self.password_is_right(password) {
+            return Ok(());
         }
-        String::from_utf8(user.to_vec())
-            .map_err(|_| Refusal::Invalid("proxy user name: not UTF-8".to_owned()))
+        match self
+            .inner
+            .store
+            .client_by_token(crate::domain::TokenHash::of(password))
+            .await?
+        {
+            Some(client) if client.config.allows(pool) => Ok(()),
+            Some(_) => Err(Refusal::PoolNotAllowed),
+            None => Err(Refusal::Unauthenticated),
+        }
     }
 
     /// Whether `password` is the worker token (any password is, without one: startup only
@@ -571,7 +610,8 @@ impl Gateway {
                 "gateway: forward failed before the response head; reported failed"
             ),
         }
-        self.report(pool, member, OutcomeResult::Failed, None).await;
+        self.report(pool, member, OutcomeResult::Failed, None, None)
+            .await;
         if let Some(hold) = hold {
             hold.release().await;
         }
@@ -583,12 +623,13 @@ impl Gateway {
         member: &MemberId,
         result: OutcomeResult,
         target: Option<Target>,
+        latency_ms: Option<u64>,
     ) {
         let report = Report {
             member: member.clone(),
             result,
             detail: String::new(),
-            latency_ms: None,
+            latency_ms,
             target,
         };
         if let Err(error) = self
@@ -601,12 +642,12 @@ impl Gateway {
         }
     }
 
-    /// Reports `ok` without holding up the answer.
-    fn report_ok(&self, pool: &PoolId, member: &MemberId) {
+    /// Reports `ok`, with the latency the gateway measured, without holding up the answer.
+    fn report_ok(&self, pool: &PoolId, member: &MemberId, latency_ms: u64) {
         let (gateway, pool, member) = (self.clone(), pool.clone(), member.clone());
         tokio::spawn(async move {
             gateway
-                .report(&pool, &member, OutcomeResult::Ok, None)
+                .report(&pool, &member, OutcomeResult::Ok, None, Some(latency_ms))
                 .await;
         });
     }
@@ -710,6 +751,9 @@ impl Attempts<'_> {
             }
         };
         let timeout = gateway.inner.settings.connect_timeout;
+        // The member's latency is counted from here: the connection to it, then the
+        // tunnel's setup or the time to the answer's first byte (see `Held::latency_ms`).
+        let dialling = Instant::now();
         let failure = match tokio::time::timeout(timeout, dial).await {
             Ok(Ok(connection)) => {
                 let held = Held {
@@ -718,7 +762,7 @@ impl Attempts<'_> {
                     member,
                     target: self.target.clone(),
                     hold,
-                    started: Instant::now(),
+                    started: dialling,
                 };
                 return Ok(Attempt::Dialled(Box::new((held, upstream, connection))));
             }
@@ -770,10 +814,20 @@ struct Held {
     member: MemberId,
     target: Target,
     hold: Option<LeaseHold>,
+    /// When the gateway started dialling the member.
     started: Instant,
 }
 
 impl Held {
+    /// The member's latency for this request, so far: from the start of the dial to now
+    /// (a tunnel's setup, or a forward's first byte of the answer), in whole
+    /// milliseconds, at most the longest a report may carry.
+    fn latency_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .min(crate::rules::quality::MAX_LATENCY_MS)
+    }
+
     /// Answers 200 and relays the tunnel once the client's connection is handed over.
     fn tunnel(
         self,
@@ -809,7 +863,8 @@ impl Held {
     ) where
         C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        self.gateway.report_ok(&self.pool, &self.member);
+        self.gateway
+            .report_ok(&self.pool, &self.member, self.latency_ms());
         let entered = self.gateway.inner.tunnels.enter();
         let idle = self.gateway.inner.settings.idle_timeout;
         tokio::spawn(async move {

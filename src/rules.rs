@@ -12,6 +12,7 @@
 pub mod bucket;
 pub mod expiry;
 pub mod health;
+pub mod quality;
 
 #[cfg(test)]
 mod twins;

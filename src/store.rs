@@ -61,6 +61,7 @@ use crate::domain::{
     LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId, RestorePolicy, SessionId, SessionTtl,
     Target, Timestamp, TokenHash,
 };
+pub use crate::rules::quality::Quality;
 
 /// How many expired leases an assign reclaims before it chooses, at most. It keeps the
 /// assign step short; the background sweep takes care of larger backlogs.
@@ -291,6 +292,8 @@ pub struct DoneReport {
     pub result: OutcomeResult,
     /// The host the request went to, as in [`Report::target`].
     pub target: Option<Target>,
+    /// How long the request took, in milliseconds, as in [`Report::latency_ms`].
+    pub latency_ms: Option<u64>,
 }
 
 /// What a [`Done`] did.
@@ -600,6 +603,29 @@ pub struct MemberView {
     /// when it is not). Left out of listings without a target.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub banned_until: Option<Option<Timestamp>>,
+    /// Its decaying success rate and latency, shown as `outcomes`, `success_rate` and
+    /// `latency_ms_ewma` (see [`crate::rules::quality`]).
+    #[serde(flatten, serialize_with = "serialize_quality")]
+    pub quality: Quality,
+}
+
+/// A member's [`Quality`] as a listing shows it: `outcomes` (how many were counted),
+/// `success_rate` (0 to 1, `null` before any outcome) and `latency_ms_ewma` (milliseconds,
+/// `null` before any outcome with a latency), both with the store's precision (millionths
+/// and microseconds).
+fn serialize_quality<S: serde::Serializer>(q: &Quality, serializer: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeStruct;
+    let mut out = serializer.serialize_struct("Quality", 3)?;
+    out.serialize_field("outcomes", &q.outcomes)?;
+    out.serialize_field(
+        "success_rate",
+        &(q.outcomes > 0).then(|| q.success_ppm as f64 / crate::rules::quality::SUCCESS_ONE as f64),
+    )?;
+    out.serialize_field(
+        "latency_ms_ewma",
+        &(q.latencies > 0).then(|| q.latency_us as f64 / 1000.0),
+    )?;
+    out.end()
 }
 
 impl MemberView {
@@ -685,7 +711,10 @@ pub struct Report {
     /// For checks: what the probe saw, shown as the member's last check. Visible ASCII and
     /// spaces only.
     pub detail: String,
-    /// For checks that got an answer: how long the probe took, in milliseconds.
+    /// How long the request took, in milliseconds (at most
+    /// [`crate::rules::quality::MAX_LATENCY_MS`]): for checks that got an answer, the
+    /// probe's time, shown with the last check; for workers and the gateway, counted in
+    /// the member's decaying latency.
     pub latency_ms: Option<u64>,
     /// The host the request went to. A `blocked` report with a target bans the member for
     /// that target only and leaves its failure streak alone; other results ignore it.

@@ -237,6 +237,7 @@ impl Held {
                 status,
                 StatusCode::FORBIDDEN | StatusCode::TOO_MANY_REQUESTS
             );
+        let latency_ms = self.latency_ms();
         if blocked {
             gateway
                 .report(
@@ -244,10 +245,11 @@ impl Held {
                     &self.member,
                     OutcomeResult::Blocked,
                     Some(self.target.clone()),
+                    Some(latency_ms),
                 )
                 .await;
         } else {
-            gateway.report_ok(&self.pool, &self.member);
+            gateway.report_ok(&self.pool, &self.member, latency_ms);
         }
         for name in &HOP_BY_HOP {
             parts.headers.remove(name);

@@ -4,8 +4,9 @@
 //! - **Who and which pool.** Only the user name and password method is offered: the user
 //!   name is the HTTP gateway's (the pool and its options, see [`super::user`]), the
 //!   password the worker token (any password without one, which startup allows only on
-//!   loopback). A wrong password or a malformed user name fails the authentication (its
-//!   status is 1) and the connection is closed; a client that offers no user name and
+//!   loopback) or the token of a client that lists the pool. A wrong password, a client
+//!   token for another pool or a malformed user name fails the authentication (its status
+//!   is 1) and the connection is closed; a client that offers no user name and
 //!   password, or speaks another version, is answered "no acceptable method" and closed.
 //! - **What is dialled.** `CONNECT` to an IPv4, IPv6 or domain-name address: the address
 //!   is the assign's `target` (so per-site bans and pacing apply) and is handed to the
@@ -27,6 +28,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::connections::Accepted;
+use crate::domain::PoolId;
 use crate::monitoring::OTHER_POOL;
 
 use super::status::Tried;
@@ -83,6 +85,7 @@ impl Reply {
                 FailureKind::ProxyAnswer | FailureKind::Unreachable => Self::HostUnreachable,
             },
             Refusal::PoolNotFound
+            | Refusal::PoolNotAllowed
             | Refusal::Unauthenticated
             | Refusal::NotAProxy
             | Refusal::PrivateAddress => Self::NotAllowed,
@@ -118,6 +121,10 @@ pub enum Ended {
     Invalid,
     /// The client offered no method the gateway takes, or its credentials were wrong.
     Unauthenticated,
+    /// The password is a client's token, and its client does not list the pool.
+    NotAllowed,
+    /// The store could not say whose token the password is.
+    StoreUnavailable,
     /// The client asked for something other than a `CONNECT`, or an unknown address type
     /// (answered, then closed).
     Unsupported,
@@ -131,8 +138,16 @@ impl Gateway {
         let deadline = accepted.handshake_deadline();
         let Accepted { mut stream, .. } = accepted;
         let asked = deadline
-            .within(handshake(&mut stream, |password| {
-                self.password_is_right(password)
+            .within(handshake(&mut stream, |pool, password| {
+                let gateway = self.clone();
+                async move {
+                    match gateway.admit(&password, &pool).await {
+                        Ok(()) => Ok(()),
+                        Err(Refusal::PoolNotAllowed) => Err(Ended::NotAllowed),
+                        Err(Refusal::Store) => Err(Ended::StoreUnavailable),
+                        Err(_) => Err(Ended::Unauthenticated),
+                    }
+                }
             }))
             .await;
         let mut label = OTHER_POOL.to_owned();
@@ -200,6 +215,8 @@ impl Ended {
         match self {
             Self::Invalid => "invalid_request",
             Self::Unauthenticated => "proxy_auth_required",
+            Self::NotAllowed => "pool_not_allowed",
+            Self::StoreUnavailable => "store_unavailable",
             Self::Unsupported => "not_supported",
         }
     }
@@ -235,10 +252,12 @@ async fn linger<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S) {
 ///
 /// # Errors
 /// How the handshake ended otherwise (the client has had its answer, when it is owed one).
-pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
-    stream: &mut S,
-    password_is_right: impl Fn(&[u8]) -> bool,
-) -> Result<Asked, Ended> {
+pub async fn handshake<S, F, A>(stream: &mut S, admit: A) -> Result<Asked, Ended>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    A: Fn(PoolId, Vec<u8>) -> F,
+    F: Future<Output = Result<(), Ended>>,
+{
     // The greeting: the version and the methods the client offers.
     let [version, count] = read_array(stream).await?;
     let mut methods = vec![0; usize::from(count)];
@@ -269,10 +288,14 @@ pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     let selection = std::str::from_utf8(&user)
         .ok()
         .and_then(|user| Selection::parse(user).ok());
-    let Some(selection) = selection.filter(|_| password_is_right(&password)) else {
+    let Some(selection) = selection else {
         let _ = stream.write_all(&[AUTH_VERSION, 1]).await;
         return Err(Ended::Unauthenticated);
     };
+    if let Err(ended) = admit(selection.pool.clone(), password).await {
+        let _ = stream.write_all(&[AUTH_VERSION, 1]).await;
+        return Err(ended);
+    }
     write(stream, &[AUTH_VERSION, 0]).await?;
     // The request.
     let [version, command, _reserved, address_type] = read_array(stream).await?;

@@ -30,6 +30,9 @@ pub struct DoneBody {
     /// The lease of the request, released.
     #[serde(default)]
     lease: Option<String>,
+    /// How long the request took, in milliseconds: counted in the member's latency.
+    #[serde(default)]
+    latency_ms: Option<serde_json::Value>,
 }
 
 /// A `done` checked at the edge: what the store applies, and what the edge already knows
@@ -84,6 +87,8 @@ impl DoneBody {
             .map(|value| Target::from_json("done.target", value))
             .transpose()
             .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+        let latency_ms =
+            super::outcomes::parse_latency("done.latency_ms", self.latency_ms.as_ref())?;
         let lease = self.lease.as_deref().and_then(|l| LeaseId::parse(l).ok());
         // `Some(None)`: a proxy was named but no pool can have it.
         let member = self.proxy.as_deref().map(|p| named_member(p).ok());
@@ -102,6 +107,7 @@ impl DoneBody {
                 member: member.flatten(),
                 result,
                 target,
+                latency_ms,
             }),
         };
         Ok(ParsedDone {

@@ -37,6 +37,31 @@ pub struct OutcomeBody {
     /// The host the request went to: a `blocked` report bans the member for it only.
     #[serde(default)]
     target: Option<serde_json::Value>,
+    /// How long the request took, in milliseconds: counted in the member's latency.
+    #[serde(default)]
+    latency_ms: Option<serde_json::Value>,
+}
+
+/// A report's `latency_ms`: a whole number of milliseconds from 0 to
+/// [`MAX_LATENCY_MS`](crate::rules::quality::MAX_LATENCY_MS). Taken as any JSON value, so
+/// that a negative, fractional, huge or textual one is a 400 naming `field`.
+///
+/// # Errors
+/// [`ApiError::InvalidRequest`] naming the field.
+pub(super) fn parse_latency(
+    field: &str,
+    value: Option<&serde_json::Value>,
+) -> Result<Option<u64>, ApiError> {
+    let max = crate::rules::quality::MAX_LATENCY_MS;
+    match value {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(value) => match value.as_u64() {
+            Some(ms) if ms <= max => Ok(Some(ms)),
+            _ => Err(ApiError::InvalidRequest(format!(
+                "{field} is a whole number of milliseconds from 0 to {max}"
+            ))),
+        },
+    }
 }
 
 /// A single report or an array of them.
@@ -90,6 +115,7 @@ pub async fn report_outcomes(
     }
     let batch = matches!(bodies.len(), 2..);
     let mut targets = Vec::with_capacity(bodies.len());
+    let mut latencies = Vec::with_capacity(bodies.len());
     for (at, body) in bodies.iter().enumerate() {
         let field = |name: &str| {
             if batch {
@@ -120,6 +146,10 @@ pub async fn report_outcomes(
                 )));
             }
         }
+        latencies.push(parse_latency(
+            &field("latency_ms"),
+            body.latency_ms.as_ref(),
+        )?);
         let field = field("target");
         let target = body
             .target
@@ -135,7 +165,7 @@ pub async fn report_outcomes(
     let mut tickets = Vec::with_capacity(bodies.len());
     let mut rejected = Vec::new();
     let mut unknown_tickets = Vec::new();
-    for (body, target) in bodies.into_iter().zip(targets) {
+    for ((body, target), latency_ms) in bodies.into_iter().zip(targets).zip(latencies) {
         // Reports keep their order and repeats (each one counts), so the ids are parsed one
         // by one rather than as a de-duplicated list.
         let (member, target, ticket) = match (body.proxy, body.ticket) {
@@ -160,7 +190,7 @@ pub async fn report_outcomes(
             member,
             result: body.result,
             detail: String::new(),
-            latency_ms: None,
+            latency_ms,
             target,
         });
         statuses.push(body.status);

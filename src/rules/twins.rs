@@ -12,6 +12,7 @@ use crate::domain::count::MAX_COUNT;
 use crate::domain::{HealthConfig, RestorePolicy};
 
 use super::bucket::{self, Bucket};
+use super::quality::{self, Quality};
 use super::{expiry, health};
 
 /// Calls one twin by name with its arguments, as text; answers its result as text (`%.0f`,
@@ -39,6 +40,17 @@ elseif f == 'take' then
     return {ok and 1 or 0, string.format('%.0f', value)}
 elseif f == 'full_in_ms' then
     return string.format('%.0f', full_in_ms(n(2), n(3), n(4)))
+elseif f == 'decayed' then
+    return string.format('%.0f', decayed(n(2), n(3), n(4)))
+elseif f == 'record' then
+    local latency = nil
+    if ARGV[7] ~= '' then
+        latency = n(7)
+    end
+    local q = record({n(2), n(3), n(4), n(5)}, ARGV[6] == '1', latency)
+    return string.format('%.0f %.0f %.0f %.0f', q[1], q[2], q[3], q[4])
+elseif f == 'quality_constants' then
+    return string.format('%.0f %.0f %.0f', QUALITY_WINDOW, MAX_LATENCY_MS, SUCCESS_ONE)
 elseif f == 'defaults' then
     return {DEFAULT_HEALTH, tostring(DEFAULT_TARGET_BAN_MS)}
 elseif f == 'cleanup' then
@@ -64,10 +76,11 @@ fn redis() -> &'static Mutex<(crate::test_redis::RedisServer, redis::Connection)
 /// The Lua twin `function` called with `args`.
 fn lua<T: redis::FromRedisValue>(function: &str, args: &[String]) -> T {
     let script = redis::Script::new(&format!(
-        "{}{}{}{CALL}",
+        "{}{}{}{}{CALL}",
         include_str!("expiry.lua"),
         include_str!("health.lua"),
-        include_str!("bucket.lua")
+        include_str!("bucket.lua"),
+        include_str!("quality.lua")
     ));
     let mut redis = redis().lock().unwrap_or_else(PoisonError::into_inner);
     let mut invocation = script.prepare_invoke();
@@ -164,6 +177,36 @@ fn one_call_clears_as_many_expired_entries_on_both_sides() {
     assert_eq!(number("cleanup", &[]), expiry::CLEANUP as u64);
 }
 
+#[test]
+fn the_quality_constants_are_the_same_on_both_sides() {
+    let text: String = lua("quality_constants", &[]);
+    assert_eq!(
+        text,
+        format!(
+            "{} {} {}",
+            quality::QUALITY_WINDOW,
+            quality::MAX_LATENCY_MS,
+            quality::SUCCESS_ONE
+        )
+    );
+}
+
+/// A member's quality as a store may hold it: any number of outcomes, averages in range.
+fn quality_state() -> impl Strategy<Value = Quality> {
+    (
+        0..=1_000_000_000u64,
+        0..=quality::SUCCESS_ONE,
+        0..=1_000_000_000u64,
+        0..=quality::MAX_LATENCY_MS * 1000,
+    )
+        .prop_map(|(outcomes, success_ppm, latencies, latency_us)| Quality {
+            outcomes,
+            success_ppm,
+            latencies,
+            latency_us,
+        })
+}
+
 proptest! {
     // A fixed seed: every run tries the same cases, so a failure here fails again there.
     // Nothing is written to disk; the smallest failing input is in the failure's message.
@@ -248,5 +291,48 @@ proptest! {
             number("restored_count", &args),
             health::restored_count(policy, kept, minimum)
         );
+    }
+
+    #[test]
+    fn an_average_decays_to_the_same_number_on_both_sides(
+        old in 0..=quality::MAX_LATENCY_MS * 1000,
+        n in prop_oneof![3 => 0..=120u64, 1 => 0..=1_000_000_000u64],
+        x in 0..=quality::MAX_LATENCY_MS * 1000,
+    ) {
+        let args = [old.to_string(), n.to_string(), x.to_string()];
+        prop_assert_eq!(number("decayed", &args), quality::decayed(old, n, x));
+    }
+
+    #[test]
+    fn an_outcome_moves_a_member_s_quality_the_same_on_both_sides(
+        start in quality_state(),
+        outcomes in proptest::collection::vec(
+            (any::<bool>(), proptest::option::of(0..=quality::MAX_LATENCY_MS)),
+            1..8,
+        ),
+    ) {
+        let mut rust = start;
+        let mut text = String::new();
+        let mut lua_q = start;
+        for (ok, latency) in outcomes {
+            rust = quality::record(rust, ok, latency);
+            let args = [
+                lua_q.outcomes.to_string(),
+                lua_q.success_ppm.to_string(),
+                lua_q.latencies.to_string(),
+                lua_q.latency_us.to_string(),
+                if ok { "1" } else { "0" }.to_owned(),
+                latency.map_or_else(String::new, |ms| ms.to_string()),
+            ];
+            text = lua("record", &args);
+            let parts: Vec<u64> = text.split(' ').map(|p| p.parse().expect("a number")).collect();
+            lua_q = Quality {
+                outcomes: parts[0],
+                success_ppm: parts[1],
+                latencies: parts[2],
+                latency_us: parts[3],
+            };
+        }
+        prop_assert_eq!(lua_q, rust, "last Lua answer {}", text);
     }
 }

@@ -229,6 +229,9 @@ struct Pool {
     order: BTreeSet<(u64, u64, MemberId)>,
     /// Failure streaks and backoff; members with all zeros are absent.
     health: HashMap<MemberId, Health>,
+    /// Decaying success rates and latencies (see `rules::quality`); members without any
+    /// outcome counted are absent.
+    quality: HashMap<MemberId, crate::store::Quality>,
     /// Members cooling down, by the time they come back; a member is cooling down exactly
     /// when it is here (and in `return_at`).
     returns: BTreeSet<(Timestamp, MemberId)>,
@@ -431,6 +434,7 @@ impl Pool {
             expiry: BTreeSet::new(),
             order: BTreeSet::new(),
             health: HashMap::new(),
+            quality: HashMap::new(),
             returns: BTreeSet::new(),
             return_at: HashMap::new(),
             checks: HashMap::new(),
@@ -514,6 +518,7 @@ impl Pool {
         let was_ineligible = self.ineligible.remove(member).is_some();
         self.taken_out.remove(member);
         self.health.remove(member);
+        self.quality.remove(member);
         self.cancel_return(member);
         self.checks.remove(member);
         self.drop_exit(member);
@@ -553,6 +558,7 @@ impl Pool {
                 .get(member)
                 .map(|(reason, since)| (Cow::Borrowed(reason.as_str()), *since)),
             health: self.health_of(member),
+            quality: self.quality_of(member),
             returns_at: self.return_at.get(member).copied(),
             last_check: self.checks.get(member).map(Cow::Borrowed),
             labels: Cow::Borrowed(self.labels.of.get(member).unwrap_or(&NO_LABELS)),
@@ -568,6 +574,22 @@ impl Pool {
         }
         let count = self.ineligible.get(member)?;
         Some(self.member_image_with(member, count, false))
+    }
+
+    fn quality_of(&self, member: &MemberId) -> crate::store::Quality {
+        self.quality.get(member).copied().unwrap_or_default()
+    }
+
+    /// Counts one outcome a worker or the gateway reported in the member's success rate
+    /// and latency (see `count_outcome` in `scripts/report.lua`).
+    fn count_outcome(&mut self, member: &MemberId, result: OutcomeResult, latency_ms: Option<u64>) {
+        let quality = crate::rules::quality::record(
+            self.quality_of(member),
+            result == OutcomeResult::Ok,
+            latency_ms,
+        );
+        self.mark_member(member);
+        self.quality.insert(member.clone(), quality);
     }
 
     fn health_of(&self, member: &MemberId) -> Health {
@@ -708,7 +730,24 @@ impl Pool {
     }
 
     /// One report, by the rules of `scripts/outcomes.lua`. `None` for an unknown member.
+    /// A worker's report (not a check's) about a member the pool has also counts in its
+    /// success rate and latency, whatever it did to its health.
     fn apply(
+        &mut self,
+        source: ReportSource,
+        report: &Report,
+        now: Timestamp,
+        draw: f64,
+    ) -> Option<(Effect, u64, Option<Timestamp>)> {
+        let applied = self.apply_to_health(source, report, now, draw)?;
+        if source != ReportSource::Check {
+            self.count_outcome(&report.member, report.result, report.latency_ms);
+        }
+        Some(applied)
+    }
+
+    /// What one report does to its member's health.
+    fn apply_to_health(
         &mut self,
         source: ReportSource,
         report: &Report,
@@ -880,6 +919,7 @@ impl Pool {
                 .unwrap_or_default(),
         );
         (view.exit_ip, view.exit_ip_at) = self.exits.get(&view.member).copied().unzip();
+        view.quality = self.quality_of(&view.member);
         view
     }
 
@@ -968,7 +1008,7 @@ impl Pool {
                     member,
                     result: report.result,
                     detail: String::new(),
-                    latency_ms: None,
+                    latency_ms: report.latency_ms,
                     target: report.target.clone(),
                 };
                 let (effect, streak, banned_until) =
@@ -1575,6 +1615,7 @@ impl Pool {
             geo_labels: crate::domain::Labels::default(),
             country_mismatch: false,
             banned_until: None,
+            quality: crate::store::Quality::default(),
         })
     }
 
@@ -1602,6 +1643,7 @@ impl Pool {
             geo_labels: crate::domain::Labels::default(),
             country_mismatch: false,
             banned_until: None,
+            quality: crate::store::Quality::default(),
         })
     }
 }

@@ -229,11 +229,13 @@ async fn tokens_come_back_at_the_rate_after_the_bucket_is_empty() {
         // A token every 10 ms, at most one held.
         let body = json!({"pools": ["web"], "rate_per_second": 100, "burst": 1});
         let token = client(&app, "team-a", &body).await;
+        // Before the assign that empties the bucket: the store takes its token after this
+        // instant, so it cannot come back sooner than 10 ms (9 and a bit on a ms clock) after.
+        let emptied = Instant::now();
         assert_eq!(
             assign(&app, "web", &token, &json!({})).await.0,
             StatusCode::OK
         );
-        let emptied = Instant::now();
         let (status, retry_after, _) = assign(&app, "web", &token, &json!({})).await;
         assert_eq!(
             (status, retry_after),

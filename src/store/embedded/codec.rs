@@ -22,7 +22,7 @@ use crate::domain::{
     ClientConfig, ClientId, Labels, LeaseId, MemberId, OutcomeResult, PoolConfig, PoolId,
     Timestamp, TokenHash,
 };
-use crate::store::{ClientRecord, Health, LastCheck};
+use crate::store::{ClientRecord, Health, LastCheck, Quality};
 
 const POOL: u8 = 1;
 const POOL_DELETED: u8 = 2;
@@ -46,6 +46,12 @@ const EXITED_MEMBER: u8 = 12;
 /// A pool record followed by its prune count and its [`SourceBook`]: pools with neither
 /// keep the shorter [`POOL`] record.
 const SOURCED_POOL: u8 = 11;
+/// A member record of any shorter kind's fields (labels, provenance), an optional exit
+/// address (`0`, or `1`, the address as text and when a check saw it), then its
+/// [`Quality`] (outcomes, success in millionths, latencies, latency in microseconds):
+/// members without outcomes counted keep the shorter kinds, so files written before
+/// success rates were kept read unchanged.
+const RATED_MEMBER: u8 = 15;
 /// A client with its configuration (JSON, as the API shows it) and its token's SHA-256.
 const CLIENT: u8 = 13;
 /// A client deleted.
@@ -111,6 +117,8 @@ pub(super) struct MemberImage<'a> {
     /// Why and since when it was taken out (ineligible members).
     pub taken_out: Option<(Cow<'a, str>, Timestamp)>,
     pub health: Health,
+    /// Its decaying success rate and latency.
+    pub quality: Quality,
     /// When it comes back by itself (members cooling down).
     pub returns_at: Option<Timestamp>,
     pub last_check: Option<Cow<'a, LastCheck>>,
@@ -249,9 +257,12 @@ pub(super) fn client_deleted(buf: &mut Vec<u8>, id: &ClientId) {
 
 /// Appends a member's whole state.
 pub(super) fn member(buf: &mut Vec<u8>, pool: &PoolId, member: &MemberId, image: &MemberImage<'_>) {
+    let rated = image.quality != Quality::default();
     let exited = image.exit.is_some();
-    let traced = exited || image.provenance != Provenance::default();
-    buf.push(if exited {
+    let traced = rated || exited || image.provenance != Provenance::default();
+    buf.push(if rated {
+        RATED_MEMBER
+    } else if exited {
         EXITED_MEMBER
     } else if traced {
         TRACED_MEMBER
@@ -306,9 +317,19 @@ pub(super) fn member(buf: &mut Vec<u8>, pool: &PoolId, member: &MemberId, image:
         varint(buf, p.check_fails);
         optional_time(buf, p.prune_due);
     }
+    if rated {
+        buf.push(u8::from(image.exit.is_some()));
+    }
     if let Some((ip, at)) = image.exit {
         text(buf, &ip.to_string());
         varint(buf, at.0);
+    }
+    if rated {
+        let q = &image.quality;
+        varint(buf, q.outcomes);
+        varint(buf, q.success_ppm);
+        varint(buf, q.latencies);
+        varint(buf, q.latency_us);
     }
 }
 
@@ -498,7 +519,7 @@ impl<'a> Reader<'a> {
                 record
             }
             POOL_DELETED => Record::PoolDeleted(self.text()?),
-            kind @ (MEMBER | LABELLED_MEMBER | TRACED_MEMBER | EXITED_MEMBER) => {
+            kind @ (MEMBER | LABELLED_MEMBER | TRACED_MEMBER | EXITED_MEMBER | RATED_MEMBER) => {
                 let pool = self.text()?;
                 let member = self.member_id()?;
                 let eligible = self.flag()?;
@@ -549,7 +570,7 @@ impl<'a> Reader<'a> {
                 } else {
                     Labels::default()
                 };
-                let provenance = if kind == TRACED_MEMBER || kind == EXITED_MEMBER {
+                let provenance = if matches!(kind, TRACED_MEMBER | EXITED_MEMBER | RATED_MEMBER) {
                     let origin = self.varint()?.checked_sub(1);
                     let seen = self.varint()?.checked_sub(1);
                     Provenance {
@@ -561,12 +582,27 @@ impl<'a> Reader<'a> {
                 } else {
                     Provenance::default()
                 };
-                let exit = if kind == EXITED_MEMBER {
+                let exited = kind == EXITED_MEMBER || (kind == RATED_MEMBER && self.flag()?);
+                let exit = if exited {
                     let ip = self.text()?;
                     let ip = ip.parse().or_else(|_| self.fail("invalid exit address"))?;
                     Some((ip, self.time()?))
                 } else {
                     None
+                };
+                let quality = if kind == RATED_MEMBER {
+                    let q = Quality {
+                        outcomes: self.varint()?,
+                        success_ppm: self.varint()?,
+                        latencies: self.varint()?,
+                        latency_us: self.varint()?,
+                    };
+                    if q.success_ppm > crate::rules::quality::SUCCESS_ONE {
+                        return self.fail("a success rate above 1");
+                    }
+                    q
+                } else {
+                    Quality::default()
                 };
                 Record::Member(
                     pool,
@@ -576,6 +612,7 @@ impl<'a> Reader<'a> {
                         assignments,
                         taken_out,
                         health,
+                        quality,
                         returns_at,
                         last_check,
                         labels: Cow::Owned(labels),
@@ -686,6 +723,7 @@ mod tests {
                 trips: 2,
                 cooldown_ms: 120_000,
             },
+            quality: Quality::default(),
             returns_at: Some(Timestamp(129)),
             last_check: Some(Cow::Owned(LastCheck {
                 at: Timestamp(8),
@@ -702,9 +740,33 @@ mod tests {
             },
             exit: Some(("2001:db8::7".parse().expect("an address"), Timestamp(11))),
         };
+        let rated = |exit| MemberImage {
+            eligible: true,
+            assignments: 5,
+            taken_out: None,
+            health: Health::default(),
+            quality: Quality {
+                outcomes: 1 << 40,
+                success_ppm: 999_999,
+                latencies: 3,
+                latency_us: 600_000_000,
+            },
+            returns_at: None,
+            last_check: None,
+            labels: Cow::Owned(Labels::default()),
+            provenance: Provenance::default(),
+            exit,
+        };
         let mut buf = Vec::new();
         self::pool(&mut buf, &pool_id(), &image);
         member(&mut buf, &pool_id(), &member_id("http://u:p@h:1"), &cooling);
+        member(&mut buf, &pool_id(), &member_id("rated"), &rated(None));
+        member(
+            &mut buf,
+            &pool_id(),
+            &member_id("rated"),
+            &rated(cooling.exit),
+        );
         member_removed(&mut buf, &pool_id(), &member_id("gone"));
         self::lease(&mut buf, &pool_id(), &lease, &member_id("a"), Timestamp(77));
         lease_ended(&mut buf, &pool_id(), &lease);
@@ -731,6 +793,8 @@ mod tests {
                         ..cooling
                     }
                 ),
+                Record::Member("web", member_id("rated"), rated(None)),
+                Record::Member("web", member_id("rated"), rated(cooling.exit)),
                 Record::MemberRemoved("web", "gone"),
                 Record::Lease {
                     pool: "web",

@@ -18,7 +18,7 @@ use super::codec::{MemberImage, PoolImage, Provenance, Reader, Record};
 use super::journal::{LogFile, Recovered as ForDisk};
 use super::{DataDirOptions, OpenError, Pool, files};
 use crate::domain::{MemberId, Policy, PoolId};
-use crate::store::Health;
+use crate::store::{Health, Quality};
 
 /// The state found, and the open files to go on with.
 pub(super) struct Recovered {
@@ -407,6 +407,7 @@ impl Pool {
         self.ineligible.remove(&member);
         self.taken_out.remove(&member);
         self.health.remove(&member);
+        self.quality.remove(&member);
         if let Some(at) = self.return_at.remove(&member) {
             self.returns.remove(&(at, member.clone()));
         }
@@ -423,6 +424,7 @@ impl Pool {
             assignments,
             taken_out,
             health,
+            quality,
             returns_at,
             last_check,
             labels,
@@ -439,6 +441,9 @@ impl Pool {
         }
         if health != Health::default() {
             self.health.insert(member.clone(), health);
+        }
+        if quality != Quality::default() {
+            self.quality.insert(member.clone(), quality);
         }
         if let Some(at) = returns_at {
             self.return_at.insert(member.clone(), at);
@@ -494,6 +499,7 @@ impl Pool {
         if seen {
             self.taken_out.remove(&member);
             self.health.remove(&member);
+            self.quality.remove(&member);
             if let Some(at) = self.return_at.remove(&member) {
                 self.returns.remove(&(at, member.clone()));
             }
@@ -503,6 +509,7 @@ impl Pool {
         let MemberImage {
             taken_out,
             health,
+            quality,
             returns_at,
             last_check,
             labels,
@@ -520,6 +527,9 @@ impl Pool {
         }
         if health != Health::default() {
             self.health.insert(member.clone(), health);
+        }
+        if quality != Quality::default() {
+            self.quality.insert(member.clone(), quality);
         }
         if let Some(at) = returns_at {
             self.return_at.insert(member.clone(), at);

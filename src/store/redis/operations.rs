@@ -66,9 +66,10 @@ fn seen_place(id: u64, fetch: u64) -> String {
     (id.saturating_mul(1 << 32) + fetch.min((1 << 32) - 1)).to_string()
 }
 
-/// The seven arguments `assign_done.lua` takes after the assign's (see that script).
+/// The eight arguments `assign_done.lua` takes after the assign's (see that script).
 struct DoneArgs {
     member: String,
+    latency: String,
     lease: String,
     draw: std::borrow::Cow<'static, str>,
     result: &'static str,
@@ -82,6 +83,10 @@ impl DoneArgs {
             member: report
                 .and_then(|r| r.member.as_ref())
                 .map(|m| m.as_str().to_owned())
+                .unwrap_or_default(),
+            latency: report
+                .and_then(|r| r.latency_ms)
+                .map(|ms| ms.to_string())
                 .unwrap_or_default(),
             lease: done
                 .lease
@@ -103,7 +108,7 @@ impl DoneArgs {
         }
     }
 
-    fn as_args(&self) -> [&[u8]; 7] {
+    fn as_args(&self) -> [&[u8]; 8] {
         let [max_targets, cleanup] = &*BAN_LIMITS;
         [
             self.member.as_bytes(),
@@ -113,6 +118,7 @@ impl DoneArgs {
             self.draw.as_bytes(),
             max_targets.as_bytes(),
             cleanup.as_bytes(),
+            self.latency.as_bytes(),
         ]
     }
 }

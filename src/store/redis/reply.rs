@@ -23,7 +23,7 @@ use crate::domain::{
 };
 use crate::store::{
     CheckRound, ClaimedSource, ClientRecord, Cursor, Effect, FetchOutcome, Health, LastCheck,
-    MemberState, MemberView, Origin, PoolInfo, PoolStats, Pruned, PutClient, SourceFetch,
+    MemberState, MemberView, Origin, PoolInfo, PoolStats, Pruned, PutClient, Quality, SourceFetch,
     SourceState, StoreError, Swept,
 };
 
@@ -566,6 +566,7 @@ fn member_views(page: Value, state: MemberState, banned: bool) -> Read<Vec<Membe
     let mut labels = column(page.field("labels")?, size)?;
     let mut origins = column(page.field("origins")?, size)?;
     let mut exits = column(page.field("exits")?, size)?;
+    let mut qualities = column(page.field("quality")?, size)?;
     let mut bans = banned
         .then(|| column(page.field("banned_until")?, size))
         .transpose()?;
@@ -620,11 +621,35 @@ fn member_views(page: Value, state: MemberState, banned: bool) -> Read<Vec<Membe
                 ),
                 None => None,
             },
+            quality: parse_quality(next(&mut qualities))?,
         };
         view.set_labels(labels);
         views.push(view);
     }
     Ok(views)
+}
+
+/// `"<outcomes> <success_ppm> <latencies> <latency_us>"`, a member's quality (see
+/// `quality.lua`); none before its first outcome counted.
+fn parse_quality(value: Value) -> Read<Quality> {
+    if matches!(value, Value::Nil) {
+        return Ok(Quality::default());
+    }
+    let text = string(value)?;
+    let numbers: Vec<u64> = text
+        .split(' ')
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .map_err(|_| "malformed quality entry")?;
+    let [outcomes, success_ppm, latencies, latency_us] = numbers[..] else {
+        return Err("malformed quality entry".into());
+    };
+    Ok(Quality {
+        outcomes,
+        success_ppm,
+        latencies,
+        latency_us,
+    })
 }
 
 /// `"<ip> <at_ms>"`, a member's exit address and when a check saw it (see `labels.lua`).

@@ -26,7 +26,7 @@ use crate::domain::{
 use crate::store::chunks::MemberChunks;
 use crate::store::{
     CheckRound, ClaimedSource, Cursor, DisableReport, Effect, EnableReport, FetchOutcome,
-    ImportCounts, LastCheck, MemberState, MemberView, Origin, PoolStats, Pruned, PutPool,
+    ImportCounts, LastCheck, MemberState, MemberView, Origin, PoolStats, Pruned, PutPool, Quality,
     RemoveReport, Report, ReportSource, Restored, Seed, SeedReport, SourceFetch, SourceState,
     Store, StoreError, Swept,
 };
@@ -279,6 +279,7 @@ async fn run_assign_done(redis: &TestRedis, pool: &PoolId, lease: &str, done: [&
             pool,
             &[
                 lease, "", "16", "16", "2000", "1", member, result, ended, "", "0", "100000", "16",
+                "",
             ],
         )
         .await
@@ -390,7 +391,7 @@ async fn assign_done(redis: &TestRedis) {
             let [member, result, lease] = done;
             let args = [
                 "l0", "", "16", "16", "2000", &session, member, result, lease, "", "0", "100000",
-                "16",
+                "16", "",
             ];
             redis.eval_keyed("assign_done", pinned, &keys, &args).await
         }
@@ -445,7 +446,7 @@ async fn rate_limited_assign(redis: &TestRedis, script: &str) {
     let bucket = redis.store.buckets_key(&limited);
     let done: &[&str] = match script {
         // `done` about nobody: counted as unknown, changing nothing.
-        "assign_done" => &["nobody", "ok", "", "", "0", "100000", "16"],
+        "assign_done" => &["nobody", "ok", "", "", "0", "100000", "16", ""],
         _ => &[],
     };
     let mut args = vec!["l0", "", "16", "16", "2000", "1"];
@@ -917,6 +918,8 @@ async fn delete_pool(redis: &TestRedis) {
             graveyard: Some(vec![
                 grave("meta"),
                 grave("eligible"),
+                // The blocked report counted in the member's quality, kept in the health hash.
+                grave("health"),
                 grave("bans"),
                 grave("paced_targets")
             ])
@@ -1165,6 +1168,15 @@ async fn members(redis: &TestRedis) {
         geo_labels: Labels::default(),
         country_mismatch: false,
         banned_until: None,
+        quality: Quality::default(),
+    };
+    // Workers' reports count in the quality, whatever they did to the health; checks' do not.
+    // (The reports here carry 42 ms each.)
+    let failed = |outcomes| Quality {
+        outcomes,
+        success_ppm: 0,
+        latencies: outcomes,
+        latency_us: 42_000,
     };
     assert_eq!(
         decoded,
@@ -1183,6 +1195,7 @@ async fn members(redis: &TestRedis) {
                 MemberView {
                     consecutive_failures: 1,
                     origin: Origin::Import,
+                    quality: failed(1),
                     ..view("b", MemberState::Eligible, 3)
                 },
             ],
@@ -1199,6 +1212,7 @@ async fn members(redis: &TestRedis) {
                     last_cooldown_ms: Some(60_000),
                     returns_at: Some(d_returns),
                     origin: Origin::Source(LIST_A.to_owned()),
+                    quality: failed(2),
                     ..view("d", MemberState::Ineligible, 3)
                 },
             ],

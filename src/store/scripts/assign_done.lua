@@ -9,11 +9,12 @@
 -- KEYS and ARGV are the assign's (see assign.lua; in a session, its two keys and its ARGV[6]
 -- included, so that the pick judges the session's member after the report and the
 -- release: one they took out is re-pinned), then, after them, this part's own: when
--- the report names a target, one more key, its ban hash (see report.lua); and seven
+-- the report names a target, one more key, its ban hash (see report.lua); and eight
 -- arguments: the member reported about ('' for the lease's member), the result
 -- (ok | failed | blocked, '' for no report), the lease to release ('' for none), '1' when
 -- the last key is the report's ban hash ('' otherwise), the jitter draw in [-1, 1], most
--- targets per pool and most expired targets to clear (as outcomes.lua's ARGV[2..4]). They
+-- targets per pool and most expired targets to clear (as outcomes.lua's ARGV[2..4]), and
+-- the request's latency in ms ('' for none). They
 -- are taken off the end of KEYS and ARGV before the pick, which so sees exactly the
 -- arguments of an assign without `done`.
 -- Returns {-1} when the pool does not exist, else
@@ -24,13 +25,14 @@
 -- the lease was live and is now ended (0 otherwise), the hint the pool's new earliest due
 -- time after the report and the pick, or 0 (see `due_by` in leases.lua), and the member
 -- reported about ('' when none: no report, or a lease unknown).
-local DONE_ARGS = 7
+local DONE_ARGS = 8
 
 local function apply_done()
     local n = #ARGV
-    local member, result, lease = ARGV[n - 6], ARGV[n - 5], ARGV[n - 4]
-    local slot = ARGV[n - 3] == '1' and #KEYS or nil
-    local draw, max_targets, cleanup = ARGV[n - 2], ARGV[n - 1], ARGV[n]
+    local member, result, lease = ARGV[n - 7], ARGV[n - 6], ARGV[n - 5]
+    local slot = ARGV[n - 4] == '1' and #KEYS or nil
+    local draw, max_targets, cleanup = ARGV[n - 3], ARGV[n - 2], ARGV[n - 1]
+    local latency = ARGV[n]
     local answer = false
     if redis.call('EXISTS', KEYS[1]) == 1 then
         local released = 0
@@ -50,7 +52,7 @@ local function apply_done()
                 effect = 0
             else
                 local ctx = report_context('worker', draw, max_targets, cleanup)
-                effect, streak, banned_until = apply_report(ctx, member, result, slot)
+                effect, streak, banned_until = apply_report(ctx, member, result, slot, latency)
             end
         end
         answer = {effect, streak, banned_until, released, 0, member}

@@ -1,7 +1,7 @@
 -- The head of assign_done.lua's script (see `picking_after_done` in redis/scripts.rs), with
 -- leases_fast.lua before it, run before any helper exists. A steady worker's `done` is
 -- either an `ok` about an eligible member with a clean record (no failures in a row, no
--- backoff), which changes nothing, or, on a least-in-flight pool that never had labels,
+-- backoff), which changes nothing but the member's quality (count_outcome), or, on a least-in-flight pool that never had labels,
 -- the release of its live lease, with no result or such an `ok` about the lease's member.
 -- Those are answered here, their arguments taken off the end of ARGV (see assign_done.lua
 -- for them, and for the answer `done` becomes), and the pick runs as a plain assign does,
@@ -15,13 +15,14 @@ local function done_reply(done, picked)
 end
 do
     local n = #ARGV
-    local member, result, lease = ARGV[n - 6], ARGV[n - 5], ARGV[n - 4]
-    if ARGV[n - 3] ~= '' or (result ~= 'ok' and (result ~= '' or lease == '')) then
+    local member, result, lease = ARGV[n - 7], ARGV[n - 6], ARGV[n - 5]
+    if ARGV[n - 4] ~= '' or (result ~= 'ok' and (result ~= '' or lease == '')) then
         -- a target's ban, a failure, or nothing to do: assign_done.lua
     elseif lease == '' then
         if member ~= '' and not redis.call('HGET', KEYS[9], member)
             and redis.call('ZSCORE', KEYS[2], member) then
             done = {1, 0, 0, 0, 0, member}
+            count_outcome(member, result, ARGV[n])
         end
     elseif member == '' then
         local meta = pool_meta()
@@ -34,13 +35,16 @@ do
             if tonumber(expires) > now then
                 free_lease(lease, owner)
                 done = {result == '' and -1 or 1, 0, 0, 1, 0, owner}
+                if result ~= '' then
+                    count_outcome(owner, result, ARGV[n])
+                end
                 -- The release changed none of the meta fields, and the pick runs now.
                 known_meta, known_now = meta, now
             end
         end
     end
     if done then
-        for _ = 1, 7 do
+        for _ = 1, 8 do
             ARGV[#ARGV] = nil
         end
     end

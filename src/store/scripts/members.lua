@@ -189,6 +189,14 @@ local function exits(members)
     end
     return lookup('HMGET', KEYS[11], fields)
 end
+-- Each member's quality entry (see quality.lua).
+local function qualities(members)
+    local fields = {}
+    for n, member in ipairs(members) do
+        fields[n] = 'q ' .. member
+    end
+    return lookup('HMGET', KEYS[9], fields)
+end
 local e, i = names(eligible), names(ineligible)
 local reply = {
     status,
@@ -200,6 +208,7 @@ local reply = {
         'labels', lookup('HMGET', KEYS[13], e),
         'origins', origins(e),
         'exits', exits(e),
+        'quality', qualities(e),
     },
     'ineligible', {
         'members', ineligible,
@@ -211,6 +220,7 @@ local reply = {
         'labels', lookup('HMGET', KEYS[13], i),
         'origins', origins(i),
         'exits', exits(i),
+        'quality', qualities(i),
     },
 }
 if #KEYS >= 23 then

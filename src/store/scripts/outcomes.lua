@@ -11,7 +11,7 @@
 -- ARGV[1] 'worker' or 'check', ARGV[2] jitter draw in [-1, 1], ARGV[3] most targets per
 -- pool, ARGV[4] most expired targets to clear, then per report member, result
 -- (ok | failed | blocked), detail (checks: what the probe saw), latency in milliseconds
--- (checks with an answer; empty otherwise), the KEYS slot of its target's ban hash ('' for
+-- (empty for none; a worker's counts in the member's quality, a check's is shown with it), the KEYS slot of its target's ban hash ('' for
 -- none).
 -- Returns {-1} when the pool does not exist, else {1, {effect, streak, banned_until, ...},
 -- due hint} with effect 0 = unknown, 1 = counted, 2 = tripped, 3 = ignored, 4 = returned,
@@ -28,7 +28,7 @@ local prune = prune_config()
 local out = {}
 for i = 5, #ARGV, 5 do
     local member, result, slot = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 4])
-    local effect, streak, banned_until = apply_report(ctx, member, result, slot)
+    local effect, streak, banned_until = apply_report(ctx, member, result, slot, ARGV[i + 3])
     if check and effect ~= 0 then
         local latency = ARGV[i + 3] ~= '' and ('/' .. ARGV[i + 3]) or ''
         redis.call('HSET', KEYS[11], member,

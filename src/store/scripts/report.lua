@@ -83,7 +83,9 @@ local function ban(ctx, slot, member)
 end
 
 -- Applies one report (result ok | failed | blocked; `slot` the KEYS slot of its target's
--- ban hash, or nil) to the member's failure streak:
+-- ban hash, or nil; `latency` in ms as text, '' for none) to the member's failure streak,
+-- and, when a worker reports about a member the pool has, counts it in the member's
+-- quality (count_outcome, whatever the report did to its health):
 -- eligible: ok clears the streak and the backoff; failed/blocked extend the streak, and
 --   reaching max_consecutive_failures trips the member (see `trip` in health.lua).
 -- cooling down: worker reports are ignored (they may describe requests from before the
@@ -94,7 +96,7 @@ end
 -- Returns the effect (0 = unknown, 1 = counted, 2 = tripped, 3 = ignored, 4 = returned,
 -- 5 = banned), the streak afterwards and the end of the member's ban for the target (0
 -- when none).
-local function apply_report(ctx, member, result, slot)
+local function apply_report(ctx, member, result, slot, latency)
     local check = ctx.check
     local streak, trips, cooldown = health_of(member)
     local eligible = redis.call('ZSCORE', KEYS[2], member)
@@ -135,6 +137,9 @@ local function apply_report(ctx, member, result, slot)
             set_health(member, streak, trips, cooldown)
             effect = 1
         end
+    end
+    if effect ~= 0 and not check then
+        count_outcome(member, result, latency)
     end
     return effect, streak, banned_until
 end
