@@ -27,8 +27,9 @@ pub use candidate::{
     mask_credentials,
 };
 pub use client::{
-    ClientConfig, ClientConfigBody, ClientId, ClientToken, InvalidClientConfig, InvalidClientId,
-    InvalidPoolPattern, MAX_CLIENT_POOLS, MAX_CLIENTS, PoolPattern, TokenHash,
+    ClientConfig, ClientConfigBody, ClientId, ClientRate, ClientToken, InvalidClientConfig,
+    InvalidClientId, InvalidPoolPattern, MAX_BURST, MAX_CLIENT_POOLS, MAX_CLIENTS,
+    MAX_RATE_PER_SECOND, PoolPattern, TokenHash,
 };
 pub use count::{AssignCount, InvalidAssignCount};
 pub use exclude::{Exclude, InvalidExclude, MAX_EXCLUDED};

@@ -448,6 +448,8 @@ impl Gateway {
                 labels: selection.labels,
                 target: Some(target.clone()),
                 exclude: Exclude::default(),
+                // The gateways do not apply a client's rate limit yet (see workers.md).
+                rate: None,
             },
             session: selection.session,
             pool,

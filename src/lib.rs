@@ -23,7 +23,8 @@
 //! - [`rules`]: the pool rules both stores apply, each written once in Rust with its Lua
 //!   twin beside it (`rules/<family>.rs` and `.lua`) and a test that runs both on random
 //!   inputs and compares (`rules/twins.rs`); today the health rules (cooldowns, bans,
-//!   restore counts) and the expiry rules (how much one call clears). Above `domain`,
+//!   restore counts), the expiry rules (how much one call clears) and the client rate
+//!   limit's token bucket (`rules/bucket.rs`). Above `domain`,
 //!   below `store`.
 //! - [`store`]: the [`store::Store`] trait, the only code that touches pool state, with its
 //!   Redis implementation and the embedded one. The Redis one (`src/store/redis/`) keeps

@@ -9,6 +9,7 @@
 //! A layer above [`crate::domain`] (whose configuration values they take) and below
 //! [`crate::store`].
 
+pub mod bucket;
 pub mod expiry;
 pub mod health;
 pub mod quality;

@@ -57,9 +57,9 @@ pub use self::clients::{ClientRecord, PutClient};
 pub use self::embedded::{DataDirOptions, EmbeddedStore, OpenError};
 pub use self::redis::{RedisStore, RedisStoreOptions, RedisTopology};
 use crate::domain::{
-    AssignCount, ClientConfig, ClientId, Exclude, LabelFilter, Labels, LeaseId, LeaseTtl, MemberId,
-    OutcomeResult, PoolConfig, PoolId, RestorePolicy, SessionId, SessionTtl, Target, Timestamp,
-    TokenHash,
+    AssignCount, ClientConfig, ClientId, ClientRate, Exclude, LabelFilter, Labels, LeaseId,
+    LeaseTtl, MemberId, OutcomeResult, PoolConfig, PoolId, RestorePolicy, SessionId, SessionTtl,
+    Target, Timestamp, TokenHash,
 };
 pub use crate::rules::quality::Quality;
 
@@ -119,6 +119,13 @@ pub const BAN_CLEANUP: u64 = 16;
 /// then hold fewer members than asked for while a next cursor is given.
 pub const MAX_LISTING_SCAN: u64 = 2_000;
 
+/// Most client rate limit buckets one pool keeps (one per client that has assigned from
+/// it with a rate; see [`AssignRequest::rate`]). A bucket that has refilled is as good as
+/// none: the embedded store drops those first when a new one needs room, then the one idle
+/// longest; the Redis store, which cannot find them without reading every one, lets the
+/// pool's buckets start over full. Either way a client gains at most one burst.
+pub const MAX_BUCKETS: usize = 10_000;
+
 /// What an assign asks for beyond the pool's own rule.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct AssignRequest {
@@ -132,6 +139,20 @@ pub struct AssignRequest {
     /// Members this one assign must not hand out, as if they were ineligible for it; they
     /// bring no `Retry-After` (nothing makes them eligible by itself).
     pub exclude: Exclude,
+    /// The rate limit of the client whose token the request carries, when it has one: the
+    /// assign first takes a token per member asked for (`count`, else one) from the
+    /// client's bucket in this pool, in the same atomic step as the pick, or fails with
+    /// [`StoreError::ClientRateLimited`]. `None` (the worker token) costs nothing.
+    pub rate: Option<ClientLimit>,
+}
+
+/// A client's rate limit as an assign carries it ([`AssignRequest::rate`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientLimit {
+    /// Whose bucket: one per client and pool.
+    pub client: ClientId,
+    /// Its rate and burst.
+    pub rate: ClientRate,
 }
 
 /// The sticky session an assign names (see [`Store::assign_in_session`]).
@@ -197,6 +218,11 @@ pub enum StoreError {
     /// not created; nothing changed.
     #[error("the store keeps the most clients it may")]
     TooManyClients,
+    /// The request's client has fewer tokens left in its bucket for this pool than the
+    /// assign needs (see [`AssignRequest::rate`]): nothing changed, not even a `done` it
+    /// carried. Enough tokens are back after the duration.
+    #[error("the client is over its rate limit for {0:?}")]
+    ClientRateLimited(Duration),
     /// The store did not answer within its configured timeout.
     #[error("the store did not answer within {0:?}")]
     Timeout(Duration),

@@ -23,7 +23,7 @@ pub struct ClientsArgs {
 /// Client commands.
 #[derive(Debug, Subcommand)]
 pub enum ClientsCommand {
-    /// Create a client (its token is printed this once) or replace the pools it may use.
+    /// Create a client (its token is printed this once) or replace what it may use.
     Create {
         /// The client.
         #[arg(value_parser = ClientId::parse)]
@@ -31,6 +31,13 @@ pub enum ClientsCommand {
         /// A pool it may use: an id, or a prefix followed by `*`; repeat for more.
         #[arg(long = "pool", value_name = "POOL")]
         pools: Vec<String>,
+        /// Its rate limit: assigns a second in each pool it uses (1 to 100,000).
+        #[arg(long, value_name = "N")]
+        rate_per_second: Option<u64>,
+        /// The most assigns it may make at once in a pool (1 to 1,000,000; the rate when
+        /// left out).
+        #[arg(long, value_name = "N", requires = "rate_per_second")]
+        burst: Option<u64>,
     },
     /// List every client with its pools.
     List,
@@ -54,14 +61,18 @@ pub enum ClientsCommand {
     },
 }
 
-/// A client's line: its id and its pools.
+/// A client's line: its id, its pools and, when it has one, its rate limit.
 fn line(client: &Value) -> String {
     let pools: Vec<&str> = client["pools"]
         .as_array()
         .map(|pools| pools.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
+    let rate = match (client["rate_per_second"].as_u64(), client["burst"].as_u64()) {
+        (Some(rate), Some(burst)) => format!("\t{rate}/s burst {burst}"),
+        _ => String::new(),
+    };
     format!(
-        "{}\t{}\n",
+        "{}\t{}{rate}\n",
         client["client"].as_str().unwrap_or_default(),
         pools.join(",")
     )
@@ -78,19 +89,31 @@ fn token_lines(client: &ClientId, answer: &Value) -> String {
 pub(super) async fn run(remote: &Remote, command: ClientsCommand) -> Result<(), Failure> {
     let service = Service::new(remote)?;
     match command {
-        ClientsCommand::Create { client, pools } => {
+        ClientsCommand::Create {
+            client,
+            pools,
+            rate_per_second,
+            burst,
+        } => {
+            let mut body = json!({ "pools": pools });
+            if let Some(rate) = rate_per_second {
+                body["rate_per_second"] = json!(rate);
+            }
+            if let Some(burst) = burst {
+                body["burst"] = json!(burst);
+            }
             let (_, answer) = service
                 .send(
                     reqwest::Method::PUT,
                     &format!("/clients/{client}"),
-                    Body::Json(json!({ "pools": pools })),
+                    Body::Json(body),
                 )
                 .await?;
             let answer = answer.unwrap_or_default();
             let text = if answer.get("token").is_some() {
                 token_lines(&client, &answer)
             } else {
-                format!("client {client}: pools replaced, token kept\n")
+                format!("client {client}: configuration replaced, token kept\n")
             };
             print(remote, &answer, Report::done(text))
         }

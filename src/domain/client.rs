@@ -114,11 +114,30 @@ impl serde::Serialize for PoolPattern {
     }
 }
 
+/// The highest `rate_per_second` a client may be given.
+pub const MAX_RATE_PER_SECOND: u64 = 100_000;
+
+/// The highest `burst` a client may be given.
+pub const MAX_BURST: u64 = 1_000_000;
+
+/// A client's rate limit: a token bucket per pool it uses, refilled at `rate_per_second`
+/// tokens a second up to `burst` tokens; each member an assign asks for takes one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ClientRate {
+    /// Tokens added each second, 1 to [`MAX_RATE_PER_SECOND`].
+    pub rate_per_second: u64,
+    /// The most tokens the bucket holds, 1 to [`MAX_BURST`].
+    pub burst: u64,
+}
+
 /// What a client may do: the body of `PUT /clients/{client}`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct ClientConfig {
     /// The pools it may use, in the order given, without repeats.
     pub pools: Vec<PoolPattern>,
+    /// Its rate limit, when it has one.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<ClientRate>,
 }
 
 /// Why a body is not a [`ClientConfig`].
@@ -135,6 +154,17 @@ pub enum InvalidClientConfig {
     /// A list longer than [`MAX_CLIENT_POOLS`].
     #[error("pools: at most {MAX_CLIENT_POOLS} patterns, got {0}")]
     TooManyPools(usize),
+    /// A number out of its range (or not a whole number).
+    #[error("{field}: a whole number from 1 to {most}")]
+    OutOfRange {
+        /// The field.
+        field: &'static str,
+        /// Its highest value.
+        most: u64,
+    },
+    /// A `burst` without a `rate_per_second`.
+    #[error("burst: only with rate_per_second")]
+    BurstWithoutRate,
 }
 
 /// The body as JSON: unknown fields are refused, so that a limit this version does not
@@ -144,6 +174,25 @@ pub enum InvalidClientConfig {
 pub struct ClientConfigBody {
     /// The pool patterns, as written.
     pub pools: Vec<String>,
+    /// Tokens a second of its rate limit; any JSON number, checked by
+    /// [`ClientConfig::parse`] so that a refusal names the field.
+    #[serde(default)]
+    pub rate_per_second: Option<serde_json::Number>,
+    /// The bucket's size (`rate_per_second` rounded up to at least 1 when absent).
+    #[serde(default)]
+    pub burst: Option<serde_json::Number>,
+}
+
+/// `number` when it is a whole number from 1 to `most`.
+fn in_range(
+    field: &'static str,
+    number: &serde_json::Number,
+    most: u64,
+) -> Result<u64, InvalidClientConfig> {
+    number
+        .as_u64()
+        .filter(|n| (1..=most).contains(n))
+        .ok_or(InvalidClientConfig::OutOfRange { field, most })
 }
 
 impl ClientConfig {
@@ -164,7 +213,22 @@ impl ClientConfig {
                 pools.push(pattern);
             }
         }
-        Ok(Self { pools })
+        let rate = match (&body.rate_per_second, &body.burst) {
+            (None, None) => None,
+            (None, Some(_)) => return Err(InvalidClientConfig::BurstWithoutRate),
+            (Some(rate), burst) => {
+                let rate_per_second = in_range("rate_per_second", rate, MAX_RATE_PER_SECOND)?;
+                let burst = match burst {
+                    Some(burst) => in_range("burst", burst, MAX_BURST)?,
+                    None => rate_per_second,
+                };
+                Some(ClientRate {
+                    rate_per_second,
+                    burst,
+                })
+            }
+        };
+        Ok(Self { pools, rate })
     }
 
     /// Whether the client may use `pool`.
@@ -274,6 +338,8 @@ mod tests {
     fn config(pools: &[&str]) -> Result<ClientConfig, InvalidClientConfig> {
         ClientConfig::parse(&ClientConfigBody {
             pools: pools.iter().map(|p| (*p).to_owned()).collect(),
+            rate_per_second: None,
+            burst: None,
         })
     }
 
@@ -318,6 +384,56 @@ mod tests {
         let twice = config(&["web", "web", "eu-*", "eu-*"]).expect("valid");
         assert_eq!(twice.to_json(), r#"{"pools":["web","eu-*"]}"#);
         assert_eq!(ClientConfig::from_json(&twice.to_json()), Ok(twice));
+    }
+
+    fn limited(json: &str) -> Result<Option<ClientRate>, String> {
+        let body: ClientConfigBody = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        ClientConfig::parse(&body)
+            .map(|config| config.rate)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_rate_is_a_whole_number_in_range_and_the_burst_defaults_to_it() {
+        let rate = |rate_per_second, burst| {
+            Ok(Some(ClientRate {
+                rate_per_second,
+                burst,
+            }))
+        };
+        assert_eq!(limited(r#"{"pools": []}"#), Ok(None));
+        assert_eq!(
+            limited(r#"{"pools": [], "rate_per_second": 5}"#),
+            rate(5, 5)
+        );
+        assert_eq!(
+            limited(r#"{"pools": [], "rate_per_second": 100000, "burst": 1000000}"#),
+            rate(100_000, 1_000_000)
+        );
+        let rate_error = "rate_per_second: a whole number from 1 to 100000";
+        for bad in ["0", "-1", "100001", "1.5", "1e30", "18446744073709551616"] {
+            let json = format!(r#"{{"pools": [], "rate_per_second": {bad}}}"#);
+            assert_eq!(limited(&json), Err(rate_error.to_owned()), "{bad}");
+        }
+        let burst_error = "burst: a whole number from 1 to 1000000";
+        for bad in ["0", "-5", "1000001", "2.5"] {
+            let json = format!(r#"{{"pools": [], "rate_per_second": 1, "burst": {bad}}}"#);
+            assert_eq!(limited(&json), Err(burst_error.to_owned()), "{bad}");
+        }
+        assert_eq!(
+            limited(r#"{"pools": [], "burst": 5}"#),
+            Err("burst: only with rate_per_second".to_owned())
+        );
+        let config = ClientConfig::parse(
+            &serde_json::from_str(r#"{"pools": ["web"], "rate_per_second": 5, "burst": 9}"#)
+                .expect("a body"),
+        )
+        .expect("valid");
+        assert_eq!(
+            config.to_json(),
+            r#"{"pools":["web"],"rate_per_second":5,"burst":9}"#
+        );
+        assert_eq!(ClientConfig::from_json(&config.to_json()), Ok(config));
     }
 
     #[test]

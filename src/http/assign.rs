@@ -119,6 +119,7 @@ impl AssignBody {
                 labels,
                 target,
                 exclude,
+                rate: None,
             },
             wanted,
         ))
@@ -209,13 +210,14 @@ impl<'a> Entry<'a> {
 /// has no `Retry-After`); `{"done": {...}}` applies the worker's last outcome (and releases its lease) first, in
 /// the same atomic step, with every other field, and the answer says what it did.
 pub async fn assign(
-    _: Worker,
+    worker: Worker,
     State(state): State<AppState>,
     PoolPath(pool): PoolPath,
     JsonOrDefault(mut body): JsonOrDefault<AssignBody>,
 ) -> Result<Response, ApiError> {
     let done = body.done.take().map(DoneBody::parse).transpose()?;
-    let (request, wanted) = body.request()?;
+    let (mut request, wanted) = body.request()?;
+    request.rate = worker.limit();
     if let Some(done) = done {
         return match wanted {
             Wanted::One => assign_after_done(&state, &pool, &done, &request, None).await,

@@ -16,6 +16,7 @@ use subtle::ConstantTimeEq;
 use super::AppState;
 use super::error::ApiError;
 use crate::domain::{PoolId, TokenHash};
+use crate::store::{ClientLimit, ClientRecord};
 
 /// The configured tokens.
 #[derive(Clone)]
@@ -71,9 +72,24 @@ impl FromRequestParts<AppState> for Admin {
 
 /// Proof that the request may use worker routes, on the pool it names: with the worker or
 /// the admin token (or on an open service), or with the token of a client that lists the
-/// pool.
-#[derive(Debug, Clone, Copy)]
-pub struct Worker;
+/// pool, whose record it then holds.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    /// The client whose token the request carries; `None` for the worker and admin tokens.
+    pub client: Option<ClientRecord>,
+}
+
+impl Worker {
+    /// The client's rate limit, for the store to apply in the assign's own step; `None`
+    /// without a client or when it has no rate.
+    pub fn limit(&self) -> Option<ClientLimit> {
+        let client = self.client.as_ref()?;
+        Some(ClientLimit {
+            client: client.id.clone(),
+            rate: client.config.rate?,
+        })
+    }
+}
 
 impl FromRequestParts<AppState> for Worker {
     type Rejection = ApiError;
@@ -81,13 +97,13 @@ impl FromRequestParts<AppState> for Worker {
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let tokens = &state.tokens;
         let Some(worker) = tokens.worker.as_deref() else {
-            return Ok(Self);
+            return Ok(Self { client: None });
         };
         let Some(given) = bearer(parts) else {
             return Err(ApiError::Unauthorized);
         };
         if same(given, worker) || same(given, &tokens.admin) {
-            return Ok(Self);
+            return Ok(Self { client: None });
         }
         let Some(client) = state.store.client_by_token(TokenHash::of(given)).await? else {
             return Err(ApiError::Unauthorized);
@@ -100,7 +116,9 @@ impl FromRequestParts<AppState> for Worker {
             .iter()
             .find_map(|(name, value)| (name == "pool").then_some(value));
         match pool.map(PoolId::parse) {
-            Some(Ok(pool)) if client.config.allows(&pool) => Ok(Self),
+            Some(Ok(pool)) if client.config.allows(&pool) => Ok(Self {
+                client: Some(client),
+            }),
             Some(Ok(_)) => Err(ApiError::PoolNotAllowed),
             Some(Err(e)) => Err(ApiError::InvalidPoolId(e)),
             None => Err(ApiError::PoolNotAllowed),

@@ -30,9 +30,20 @@ impl<S: Send + Sync> FromRequestParts<S> for ClientPath {
     }
 }
 
-/// A client as the API shows it: never its token, nor its token's hash.
+/// A client as the API shows it: its id and configuration (`pools`, and its rate limit
+/// when it has one), never its token, nor its token's hash.
 fn view(client: &ClientRecord) -> serde_json::Value {
-    json!({ "client": client.id, "pools": client.config.pools })
+    shown(&client.id, &client.config)
+}
+
+fn shown(id: &ClientId, config: &ClientConfig) -> serde_json::Value {
+    let mut shown = json!({ "client": id });
+    if let (Some(fields), Ok(serde_json::Value::Object(config))) =
+        (shown.as_object_mut(), serde_json::to_value(config))
+    {
+        fields.extend(config);
+    }
+    shown
 }
 
 /// Creates the client (201, with its token, shown this once) or replaces the pools it may
@@ -46,14 +57,12 @@ pub async fn put_client(
     let config = ClientConfig::parse(&body).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
     let token = ClientToken::generate();
     let answer = match state.store.put_client(&id, &config, token.hash()).await? {
-        PutClient::Created => (
-            StatusCode::CREATED,
-            axum::Json(json!({ "client": id, "pools": config.pools, "token": token.reveal() })),
-        ),
-        PutClient::Replaced => (
-            StatusCode::OK,
-            axum::Json(json!({ "client": id, "pools": config.pools })),
-        ),
+        PutClient::Created => {
+            let mut created = shown(&id, &config);
+            created["token"] = json!(token.reveal());
+            (StatusCode::CREATED, axum::Json(created))
+        }
+        PutClient::Replaced => (StatusCode::OK, axum::Json(shown(&id, &config))),
     };
     Ok(answer.into_response())
 }

@@ -78,6 +78,11 @@ pub enum ApiError {
         crate::domain::MAX_CLIENTS
     )]
     TooManyClients,
+    /// 429 `client_rate_limited`, with `Retry-After` (whole seconds, rounded up, at least
+    /// 1): the client token's bucket for this pool holds fewer tokens than the assign asks
+    /// for; nothing was handed out and nothing changed.
+    #[error("this client is over its rate limit for this pool; retry after {} ms", .0.as_millis())]
+    ClientRateLimited(Duration),
     /// 408 `request_timeout`: the request's body did not arrive within its timeout; the
     /// connection is closed after this answer.
     #[error("the request body did not arrive within {} ms", .0.as_millis())]
@@ -123,6 +128,7 @@ impl ApiError {
                 StatusCode::CONFLICT
             }
             Self::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::ClientRateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -151,6 +157,7 @@ impl ApiError {
             Self::MethodNotAllowed => "method_not_allowed",
             Self::PolicyChangeRequiresEmptyPool => "policy_change_requires_empty_pool",
             Self::RequestTimeout(_) => "request_timeout",
+            Self::ClientRateLimited(_) => "client_rate_limited",
             Self::PayloadTooLarge(_) => "payload_too_large",
             Self::UnsupportedMediaType(_) => "unsupported_media_type",
             Self::StoreUnavailable(_) => "store_unavailable",
@@ -171,6 +178,7 @@ impl From<StoreError> for ApiError {
             StoreError::PolicyChangeRequiresEmptyPool => Self::PolicyChangeRequiresEmptyPool,
             StoreError::ClientNotFound => Self::ClientNotFound,
             StoreError::TooManyClients => Self::TooManyClients,
+            StoreError::ClientRateLimited(wait) => Self::ClientRateLimited(wait),
             other => Self::StoreUnavailable(other),
         }
     }
@@ -201,6 +209,14 @@ impl ApiError {
                     HeaderValue::from(Self::RETRY_AFTER.as_secs()),
                 );
             }
+            Self::ClientRateLimited(wait) => {
+                // Whole seconds, rounded up: a client that waits as told finds the tokens.
+                let seconds = wait.as_millis().div_ceil(1_000).max(1);
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(u64::try_from(seconds).unwrap_or(u64::MAX)),
+                );
+            }
             Self::Unauthorized => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             }
@@ -217,5 +233,28 @@ impl ApiError {
         }
         response.extensions_mut().insert(ErrorCode(self.code()));
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retry_after(wait_ms: u64) -> String {
+        let response = ApiError::ClientRateLimited(Duration::from_millis(wait_ms)).into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        response.headers()[header::RETRY_AFTER]
+            .to_str()
+            .expect("text")
+            .to_owned()
+    }
+
+    #[test]
+    fn a_rate_limited_client_is_told_whole_seconds_rounded_up_and_at_least_one() {
+        assert_eq!(retry_after(0), "1");
+        assert_eq!(retry_after(1), "1");
+        assert_eq!(retry_after(1_000), "1");
+        assert_eq!(retry_after(1_001), "2");
+        assert_eq!(retry_after(86_400_000), "86400");
     }
 }

@@ -11,6 +11,7 @@ use proptest::prelude::*;
 use crate::domain::count::MAX_COUNT;
 use crate::domain::{HealthConfig, RestorePolicy};
 
+use super::bucket::{self, Bucket};
 use super::quality::{self, Quality};
 use super::{expiry, health};
 
@@ -30,6 +31,15 @@ elseif f == 'restored_count' then
         minimum = n(4)
     end
     return string.format('%.0f', restored_count(ARGV[2], n(3), minimum))
+elseif f == 'take' then
+    local milli, at = nil, 0
+    if ARGV[2] ~= '' then
+        milli, at = n(2), n(3)
+    end
+    local ok, value = take(milli, at, n(4), n(5), n(6), n(7))
+    return {ok and 1 or 0, string.format('%.0f', value)}
+elseif f == 'full_in_ms' then
+    return string.format('%.0f', full_in_ms(n(2), n(3), n(4)))
 elseif f == 'decayed' then
     return string.format('%.0f', decayed(n(2), n(3), n(4)))
 elseif f == 'record' then
@@ -66,9 +76,10 @@ fn redis() -> &'static Mutex<(crate::test_redis::RedisServer, redis::Connection)
 /// The Lua twin `function` called with `args`.
 fn lua<T: redis::FromRedisValue>(function: &str, args: &[String]) -> T {
     let script = redis::Script::new(&format!(
-        "{}{}{}{CALL}",
+        "{}{}{}{}{CALL}",
         include_str!("expiry.lua"),
         include_str!("health.lua"),
+        include_str!("bucket.lua"),
         include_str!("quality.lua")
     ));
     let mut redis = redis().lock().unwrap_or_else(PoisonError::into_inner);
@@ -106,6 +117,34 @@ fn health_config() -> impl Strategy<Value = HealthConfig> {
                 ..HealthConfig::default()
             },
         )
+}
+
+/// A client's rate and burst within the ranges `PUT /clients/{client}` takes, mostly small.
+fn rate_and_burst() -> impl Strategy<Value = (u64, u64)> {
+    (
+        prop_oneof![3 => 1..=100u64, 1 => 1..=100_000u64],
+        prop_oneof![3 => 1..=100u64, 1 => 1..=1_000_000u64],
+    )
+}
+
+/// A bucket as a store may hold it (or none: full), and a time around its own.
+fn bucket_and_now() -> impl Strategy<Value = (Option<Bucket>, u64)> {
+    let at = 1_700_000_000_000..=1_800_000_000_000u64;
+    (
+        // Mostly nearly empty, where assigns are refused and waits computed.
+        proptest::option::of((
+            prop_oneof![3 => 0..=3_000u64, 1 => 0..=1_000_000_000u64],
+            at.clone(),
+        )),
+        at,
+        prop_oneof![3 => 0..=3_000u64, 1 => 0..=100_000_000_000u64],
+    )
+        .prop_map(|(bucket, at, later)| {
+            let bucket = bucket.map(|(milli, at_ms)| Bucket { milli, at_ms });
+            // Mostly shortly after the bucket's own time, sometimes before it.
+            let now = bucket.map_or(at, |b| b.at_ms) + later;
+            (bucket, now.saturating_sub(2_500))
+        })
 }
 
 /// How many in a row: mostly the first few, sometimes very many.
@@ -194,6 +233,37 @@ proptest! {
             draw.to_string(),
         ];
         prop_assert_eq!(number("cooldown_ms", &args), health::cooldown_ms(&config, trips, draw));
+    }
+
+    #[test]
+    fn a_bucket_gives_or_refuses_the_same_tokens_on_both_sides(
+        (rate, burst) in rate_and_burst(),
+        (bucket, now) in bucket_and_now(),
+        needed in prop_oneof![3 => 1..=10u64, 1 => 1..=100u64],
+    ) {
+        // A bucket never holds more than its burst.
+        let bucket = bucket.map(|b| Bucket { milli: b.milli.min(burst * bucket::MILLI), ..b });
+        let args = [
+            bucket.map_or_else(String::new, |b| b.milli.to_string()),
+            bucket.map_or_else(String::new, |b| b.at_ms.to_string()),
+            rate.to_string(),
+            burst.to_string(),
+            now.to_string(),
+            needed.to_string(),
+        ];
+        let (ok, value): (u64, String) = lua("take", &args);
+        let value: u64 = value.parse().expect("a whole number");
+        let lua = if ok == 1 {
+            Ok(Bucket { milli: value, at_ms: now })
+        } else {
+            Err(value)
+        };
+        let rust = bucket::take(bucket, rate, burst, now, needed);
+        prop_assert_eq!(lua, rust);
+        if let Ok(after) = rust {
+            let args = [after.milli.to_string(), rate.to_string(), burst.to_string()];
+            prop_assert_eq!(number("full_in_ms", &args), bucket::full_in_ms(after, rate, burst));
+        }
     }
 
     #[test]

@@ -23,6 +23,7 @@
 //! jitter draw the operations used.
 
 mod bans;
+mod buckets;
 mod clients;
 mod codec;
 mod due;
@@ -254,6 +255,8 @@ struct Pool {
     rests: rests::Rests,
     /// Sticky sessions (in memory only: see `sessions.rs`).
     sessions: sessions::Sessions,
+    /// Client rate limits (in memory only: see `buckets.rs`).
+    buckets: buckets::Buckets,
     tripped: u64,
     recovered: u64,
     /// Until when the last check round holds the pool.
@@ -442,6 +445,7 @@ impl Pool {
             shared_exit_ips: 0,
             bans: bans::Bans::default(),
             rests: rests::Rests::default(),
+            buckets: buckets::Buckets::default(),
             sessions: sessions::Sessions::default(),
             tripped: 0,
             recovered: 0,
@@ -1424,6 +1428,19 @@ impl Pool {
     /// Whether a session's member may still be handed out for `request`: eligible, not
     /// banned for its target, carrying its labels, not excluded, and on a capped
     /// least-in-flight pool below the cap.
+    /// Takes `needed` tokens from the bucket of the request's client, when it has a rate.
+    fn take_tokens(
+        &mut self,
+        request: &AssignRequest,
+        now: Timestamp,
+        needed: u64,
+    ) -> Result<(), StoreError> {
+        match &request.rate {
+            Some(limit) => self.buckets.take(limit, now, needed),
+            None => Ok(()),
+        }
+    }
+
     fn still_fits(&self, member: &MemberId, request: &AssignRequest, now: Timestamp) -> bool {
         let banned = request
             .target
@@ -1965,6 +1982,7 @@ impl Store for EmbeddedStore {
     ) -> Result<Assignment, StoreError> {
         let answer = self.with_pool(pool, |p, journal| {
             let now = self.clock.now();
+            p.take_tokens(request, now, 1)?;
             p.return_due(now, RETURN_ON_ASSIGN);
             let assignment = if p.config.policy == Policy::LeastInFlight {
                 p.assign_least_in_flight(request, now)
@@ -1989,6 +2007,7 @@ impl Store for EmbeddedStore {
     ) -> Result<Batch, StoreError> {
         let answer = self.with_pool(pool, |p, journal| {
             let now = self.clock.now();
+            p.take_tokens(request, now, count.get() as u64)?;
             p.return_due(now, RETURN_ON_ASSIGN);
             let batch = p.assign_several(request, count, now)?;
             journal_batch(journal, pool, &batch, p.total_assignments);
@@ -2008,6 +2027,9 @@ impl Store for EmbeddedStore {
         let draw = super::jitter_draw();
         let answer = self.with_pool(pool, |p, journal| {
             let now = self.clock.now();
+            // The rate limit before everything, as rate.lua checks it at the head of the
+            // script: a refused assign changes nothing, its `done` included.
+            p.take_tokens(request, now, count.get() as u64)?;
             // `done` first, in the same turn of the lock as the pick, as assign_done.lua
             // does it in the same script: the pick sees what the report and the release did.
             let summary = p.apply_done(done, now, draw);
@@ -2046,6 +2068,7 @@ impl Store for EmbeddedStore {
     ) -> Result<SessionAssignment, StoreError> {
         let answer = self.with_pool(pool, |p, journal| {
             let now = self.clock.now();
+            p.take_tokens(request, now, 1)?;
             p.return_due(now, RETURN_ON_ASSIGN);
             let answer = p.assign_in_session(request, session, now)?;
             if let Some(journal) = journal {
@@ -2068,6 +2091,7 @@ impl Store for EmbeddedStore {
         let draw = super::jitter_draw();
         let answer = self.with_pool(pool, |p, journal| {
             let now = self.clock.now();
+            p.take_tokens(request, now, 1)?;
             // `done` first, in the same turn of the lock: the session's member is judged
             // after what the report and the release did to it.
             let summary = p.apply_done(done, now, draw);

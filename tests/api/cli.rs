@@ -536,15 +536,46 @@ async fn clients_create_list_show_rotate_and_delete_print_what_they_did() {
     );
     assert_eq!(
         run(&app, &["clients", "create", "team-a", "--pool", "web"]).await,
-        Run::ok("client team-a: pools replaced, token kept\n")
+        Run::ok("client team-a: configuration replaced, token kept\n")
     );
     assert_eq!(
         run(&app, &["clients", "list"]).await,
         Run::ok("team-a\tweb\n")
     );
+    let limited = [
+        "clients",
+        "create",
+        "team-a",
+        "--pool",
+        "web",
+        "--rate-per-second",
+        "50",
+        "--burst",
+        "100",
+    ];
+    assert_eq!(
+        run(&app, &limited).await,
+        Run::ok("client team-a: configuration replaced, token kept\n")
+    );
     assert_eq!(
         run(&app, &["clients", "show", "team-a"]).await,
-        Run::ok("team-a\tweb\n")
+        Run::ok("team-a\tweb\t50/s burst 100\n")
+    );
+    let hostile = [
+        "clients",
+        "create",
+        "team-a",
+        "--pool",
+        "web",
+        "--rate-per-second",
+        "0",
+    ];
+    assert_eq!(
+        run(&app, &hostile).await,
+        Run::failed(
+            1,
+            "error: rate_per_second: a whole number from 1 to 100000 (invalid_request, HTTP 400)\n"
+        )
     );
     let rotated = run(&app, &["clients", "rotate", "team-a", "--json"]).await;
     assert_eq!(rotated.code, 0, "{rotated:?}");

@@ -229,7 +229,7 @@ async fn hostile_client_ids_and_bodies_are_refused_with_the_field_named() {
     let (status, body) = put_client(
         &app,
         "team-a",
-        &json!({"pools": ["web"], "rate_per_second": 5}),
+        &json!({"pools": ["web"], "max_open_tunnels": 20}),
     )
     .await;
     assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_json");

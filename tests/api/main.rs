@@ -44,6 +44,7 @@ mod process;
 mod proxies;
 mod prune;
 mod quality;
+mod rate_limits;
 mod redis_faults;
 mod requests;
 mod round_trips;

@@ -20,9 +20,13 @@ async fn assign_recovers_after_the_script_cache_is_flushed() {
     app.create_pool("p", json!({})).await;
     app.seed("p", &["a", "b"], Some(0)).await;
     assert_eq!(app.assigned("p").await, ("a".to_owned(), 1));
-    // The service puts the fast path, then the shared helpers in front of the script
-    // (`fast_path_then_helpers` in scripts.rs).
+    // The service puts the client rate limit in a block of its own, the fast path, then
+    // the shared helpers in front of the script (`fast_path_then_helpers` in scripts.rs).
     let sha = redis::Script::new(concat!(
+        "do\n",
+        include_str!("../../src/rules/bucket.lua"),
+        include_str!("../../src/store/scripts/rate.lua"),
+        "end\n",
         include_str!("../../src/store/scripts/leases_fast.lua"),
         include_str!("../../src/store/scripts/assign_fast.lua"),
         include_str!("../../src/store/scripts/labels.lua"),

@@ -268,3 +268,53 @@ async fn an_assign_in_a_session_carrying_done_is_one_evalsha_too() {
         assert_eq!(seen.get(extra), None, "{extra} was sent: {seen:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_client_token_adds_no_command_to_the_assign() {
+    let redis = RedisServer::start();
+    let mut config = test_config(Some(redis.url()));
+    without_background_traffic(&mut config);
+    config.worker_token = Some("worker".to_owned());
+    let app = TestApp::spawn_with(config).await;
+    app.create_pool("p", json!({})).await;
+    app.seed("p", &["a", "b", "c"], Some(0)).await;
+    let (status, created) = crate::helpers::read(
+        app.admin(reqwest::Method::PUT, "/clients/team-a")
+            .json(&json!({"pools": ["p"], "rate_per_second": 100000, "burst": 1000000}))
+            .send()
+            .await
+            .expect("sent"),
+    )
+    .await;
+    assert_eq!(status.as_u16(), 201, "{created}");
+    let token = created["token"].as_str().expect("a token").to_owned();
+    let assign = |body: serde_json::Value| {
+        app.anonymous(reqwest::Method::POST, "/pools/p/assign")
+            .bearer_auth(&token)
+            .json(&body)
+            .send()
+    };
+    for _ in 0..10 {
+        assign(json!({})).await.expect("sent");
+    }
+    let before = command_calls(&redis.url());
+    for n in 0..64 {
+        // Plain, several, in a session, and carrying `done`: each path of the limit.
+        let body = match n % 4 {
+            0 => json!({}),
+            1 => json!({"count": 2}),
+            2 => json!({"session": "kept"}),
+            _ => json!({"done": {"proxy": "a", "result": "ok"}}),
+        };
+        let response = assign(body).await.expect("sent");
+        assert_eq!(response.status().as_u16(), 200);
+    }
+    let seen = command_delta(&before, &command_calls(&redis.url()));
+    // Per assign, the lookup of the client's token (a script of its own, in the clients'
+    // hash slot) and the assign, whose script takes from the bucket inside.
+    assert_eq!(seen.get("evalsha"), Some(&128), "{seen:?}");
+    for extra in NEVER_PER_ASSIGN {
+        assert_eq!(seen.get(extra), None, "{extra} was sent: {seen:?}");
+    }
+    app.stop().await;
+}

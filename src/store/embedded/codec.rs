@@ -166,7 +166,8 @@ pub(super) enum Record<'a> {
     /// The last record of a complete snapshot, with how many records came before it.
     SnapshotEnd { generation: u64, records: u64 },
     /// A client exists, exactly like this (created, reconfigured or given a new token).
-    Client(ClientRecord),
+    /// Boxed, as pools are: client records are rare and as large as a member's.
+    Client(Box<ClientRecord>),
     /// The client is gone.
     ClientDeleted(&'a str),
 }
@@ -649,11 +650,11 @@ impl<'a> Reader<'a> {
                 let mut hash = [0; 32];
                 hash.copy_from_slice(token);
                 self.at += 32;
-                Record::Client(ClientRecord {
+                Record::Client(Box::new(ClientRecord {
                     id,
                     config,
                     token: TokenHash::from_bytes(hash),
-                })
+                }))
             }
             CLIENT_DELETED => Record::ClientDeleted(self.text()?),
             _ => {
@@ -813,7 +814,7 @@ mod tests {
                     generation: 3,
                     records: 6
                 },
-                Record::Client(client_record.clone()),
+                Record::Client(Box::new(client_record.clone())),
                 Record::ClientDeleted("team-a"),
             ]
         );

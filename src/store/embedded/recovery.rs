@@ -305,7 +305,7 @@ fn apply_frame(
 /// skipped: under a fuzzy snapshot they describe a pool deleted later (see `snapshot.rs`).
 pub(super) fn apply(pools: &mut BTreeMap<PoolId, Pool>, clients: &mut Clients, record: Record<'_>) {
     match record {
-        Record::Client(client) => clients.set(client),
+        Record::Client(client) => clients.set(*client),
         Record::ClientDeleted(id) => {
             clients.remove(id);
         }

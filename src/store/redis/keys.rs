@@ -31,6 +31,7 @@
 //! | `<prefix>:{<pool>}:paced:<target>` | sorted set with ttl | pools paced per target: member -> until when it rests for that target; expires with its last entry; passed, after the pool's keys and the target's ban hash, only to assigns that name the target. Valid only while the pacing index lists the target, so a deleted pool's sets (left to expire) are never read: the new pool's first rest for the target unlinks it |
 //! | `<prefix>:{<pool>}:paced_targets` | sorted set with ttl | the pacing index: targets the pool rests members for -> when the last of those rests ends (ms, Redis clock); expires with the last. Not one of the pool's fixed keys: passed, after the target's pacing set, only to assigns that name a target, and renamed with the pool on delete |
 //! | `<prefix>:{<pool>}:bans:<target>` | hash with ttl | one target's bans, member -> `"<until_ms> <ban_ms> <bans in a row>"`; expires when they are all forgotten. Not one of the pool's fixed keys: passed, after them, only to the calls that name the target. Valid only while the index lists the target, so a deleted pool's hashes (left to expire, see `delete_pool.lua`) are never read |
+//! | `<prefix>:{<pool>}:buckets` | hash with ttl | client rate limits: client id -> its token bucket in this pool, `"<milli-tokens> <ms>"` (see `scripts/rate.lua`; a client absent has a full bucket); expires once the last of them would be full again. Not one of the pool's fixed keys: passed, last, only to assigns with a client token that has a rate, and renamed with the pool on delete, so a pool made anew starts with full buckets |
 //! | `<prefix>:{<pool>}:sessions` | sorted set with ttl | the session index: live sticky sessions -> when they end (ms, Redis clock); expires with the last; ended ones leave it as assigns pass (see `assign.lua`). Not one of the pool's fixed keys: passed, after them, only to assigns and ends of sessions, and renamed with them on delete |
 //! | `<prefix>:{<pool>}:sessions:<session>` | string with ttl | one session's member, expiring with the session. Valid only while the index lists the session as live, so a deleted pool's (left to expire) are never read |
 //! | `<prefix>:{<pool>}:gone:<token>:<part>` | as its part | a deleted pool's key, renamed out of the way by `delete_pool.lua` and unlinked right after (see `operations.rs`) |
@@ -117,8 +118,8 @@ pub(super) const POOL_KEY_PARTS: [&str; 22] = [
 /// index and the pacing index, which no other pool script but the assigns (and ends of
 /// sessions) is given. Renaming the indexes is what makes the session keys and per-target
 /// pacing sets a deleted pool leaves behind unreadable.
-pub(super) const DELETE_KEY_PARTS: [&str; 24] = {
-    let mut parts = [""; 24];
+pub(super) const DELETE_KEY_PARTS: [&str; 25] = {
+    let mut parts = [""; 25];
     let mut i = 0;
     while i < POOL_KEY_PARTS.len() {
         parts[i] = POOL_KEY_PARTS[i];
@@ -126,11 +127,15 @@ pub(super) const DELETE_KEY_PARTS: [&str; 24] = {
     }
     parts[22] = "sessions";
     parts[23] = PACING_INDEX;
+    parts[24] = BUCKETS;
     parts
 };
 
 /// The part of the pacing index's key (see the key layout above).
 const PACING_INDEX: &str = "paced_targets";
+
+/// The pool's client rate limits, a hash (see [`RedisStore::buckets_key`]).
+const BUCKETS: &str = "buckets";
 
 /// The keys `pool_info.lua` is given: the first eight of [`POOL_KEY_PARTS`], which hold the
 /// four it reads (the meta hash, both member sets, the lease expiries) in their usual
@@ -240,6 +245,13 @@ impl RedisStore {
         let index = format!("{}:{{{}}}:sessions", self.prefix, pool.as_str());
         let key = format!("{index}:{session}");
         [index, key]
+    }
+
+    /// The clients' rate limit buckets in `pool` (see `scripts/rate.lua`), one field per
+    /// client: in the pool's hash slot so that the assign's own script takes from them, and
+    /// one key, so that deleting the pool renames it with the rest.
+    pub(super) fn buckets_key(&self, pool: &PoolId) -> String {
+        format!("{}:{{{}}}:{BUCKETS}", self.prefix, pool.as_str())
     }
 
     /// The registry of pool ids.

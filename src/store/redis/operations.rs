@@ -24,12 +24,12 @@ use crate::store::chunks::Started;
 use crate::store::{
     Applied, AssignRequest, Assignment, BAN_CLEANUP, Batch, CHUNK_GRANULE, CheckRound,
     ClaimedSource, ClientRecord, Cursor, DisableReport, Done, DoneSummary, EnableReport, ExitSeen,
-    FetchOutcome, Lease, MAX_BAN_TARGETS, MAX_LABEL_CHECKS, MAX_LISTING_SCAN, MAX_PROBES_PER_ROUND,
-    MemberPage, PRUNE_BATCH, PoolInfo, PoolPage, Pruned, PutClient, PutPool, RECLAIM_ON_ASSIGN,
-    RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource, ReportSummary, Restored,
-    SAFETY_NET_POOLS_PER_SWEEP, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin, SeedReport,
-    SessionAssignment, SessionPin, SessionRequest, SourceState, StateFilter, Store, StoreError,
-    StoreStatus, Swept,
+    FetchOutcome, Lease, MAX_BAN_TARGETS, MAX_BUCKETS, MAX_LABEL_CHECKS, MAX_LISTING_SCAN,
+    MAX_PROBES_PER_ROUND, MemberPage, PRUNE_BATCH, PoolInfo, PoolPage, Pruned, PutClient, PutPool,
+    RECLAIM_ON_ASSIGN, RETURN_ON_ASSIGN, RemoveReport, Renewed, Report, ReportSource,
+    ReportSummary, Restored, SAFETY_NET_POOLS_PER_SWEEP, SWEEP_POOLS_PER_CALL, Seed, SeedOrigin,
+    SeedReport, SessionAssignment, SessionPin, SessionRequest, SourceState, StateFilter, Store,
+    StoreError, StoreStatus, Swept,
 };
 
 /// The batch sizes every assign passes to its script, written out once rather than on
@@ -297,8 +297,27 @@ impl RedisStore {
             }
             _ => &self.scripts.assign,
         };
+        // The client's rate limit goes after everything, the pool's buckets the last key: rate.lua
+        // takes both off first (see there). Without a client, the call is as it was.
+        let rate_arg = request.rate.as_ref().map(|limit| {
+            extra.push(self.buckets_key(pool));
+            format!(
+                "\trate {} {} {} {} {}",
+                limit.rate.rate_per_second,
+                limit.rate.burst,
+                match session {
+                    Some(_) => 1,
+                    None => count.get(),
+                },
+                MAX_BUCKETS,
+                limit.client
+            )
+        });
+        if let Some(rate_arg) = &rate_arg {
+            args.push(rate_arg.as_bytes());
+        }
         let value = self.eval_assign(script, pool, &extra, &args).await?;
-        Ok((value, ids))
+        Ok((reply::rate_limited(value)?, ids))
     }
 
     /// The batch an assign's reply hands out, the i-th lease under the i-th of `ids`; lowers

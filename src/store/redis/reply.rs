@@ -224,6 +224,25 @@ impl AssignReply {
     }
 }
 
+/// The head of `assign.lua` and `assign_done.lua` (`rate.lua`): `{-4, ms}` when the
+/// request's client has too few tokens left, nothing else having run; any other reply is
+/// the script's own, passed on for its decoder.
+pub(super) fn rate_limited(value: Value) -> Result<Value, StoreError> {
+    match &value {
+        Value::Array(items) if matches!(items.first(), Some(Value::Int(-4))) => {
+            decode("rate.lua", value, |value| {
+                let mut items = Items::new(value)?;
+                items.int()?;
+                let wait = items.count()?;
+                items.end()?;
+                Ok(StoreError::ClientRateLimited(Duration::from_millis(wait)))
+            })
+            .and_then(Err)
+        }
+        _ => Ok(value),
+    }
+}
+
 /// `assign.lua` with a session: the session's state, then the answer as without one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum SessionAssignReply {

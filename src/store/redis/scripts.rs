@@ -10,10 +10,11 @@ use redis::Script;
 /// alone), `with_helpers` (the file with `labels.lua`, `leases.lua` and `health.lua` in front
 /// of it, and before `health.lua` the rules' Lua twins, `src/rules/expiry.lua` and
 /// `src/rules/health.lua`), `with_reports` (the same helpers, the quality rule `src/rules/quality.lua` with its
-/// helper `quality.lua`, and `report.lua`, the outcome rules, in front of it), `fast_path_then_helpers` (`leases_fast.lua` and `<name>_fast.lua`, then the file with
+/// helper `quality.lua`, and `report.lua`, the outcome rules, in front of it), `fast_path_then_helpers` (the client rate limit, `rate.lua` with its rule
+/// `src/rules/bucket.lua`, then `leases_fast.lua` and `<name>_fast.lua`, then the file with
 /// its helpers: a script that answers its common case before the helpers' closures are
 /// made) or `picking_after_done` (the assign that applies the worker's last outcome first:
-/// the quality rule and its helper, which every path counts outcomes with, then `leases_fast.lua` and `<name>_fast.lua`, which answers the outcome that changes nothing
+/// the rate limit as for `assign`, then the quality rule and its helper, which every path counts outcomes with, then `leases_fast.lua` and `<name>_fast.lua`, which answers the outcome that changes nothing
 /// and the release of a live lease before any helper exists, then the whole plain assign as the function `pick` for it, then for every
 /// other outcome the helpers, `report.lua` and the file, which applies it, and the assign
 /// again as a function on those helpers, so that their closures are made once) or
@@ -52,6 +53,7 @@ macro_rules! scripts {
     };
     (@fast_path_then_helpers $name:ident) => {
         concat!(
+            scripts!(@rate_limited),
             include_str!("../scripts/leases_fast.lua"),
             include_str!(concat!("../scripts/", stringify!($name), "_fast.lua")),
             include_str!("../scripts/labels.lua"),
@@ -77,6 +79,7 @@ macro_rules! scripts {
     };
     (@picking_after_done $name:ident) => {
         concat!(
+            scripts!(@rate_limited),
             include_str!("../../rules/quality.lua"),
             include_str!("../scripts/quality.lua"),
             include_str!("../scripts/leases_fast.lua"),
@@ -101,6 +104,16 @@ macro_rules! scripts {
             include_str!("../scripts/assign_fast.lua"),
             include_str!("../scripts/assign.lua"),
             "end\nreturn with_done(done, pick_after_done())\n"
+        )
+    };
+    // The head of both assign scripts: the client rate limit (`rate.lua`) with its rule,
+    // in a block of their own so that its names stay there.
+    (@rate_limited) => {
+        concat!(
+            "do\n",
+            include_str!("../../rules/bucket.lua"),
+            include_str!("../scripts/rate.lua"),
+            "end\n"
         )
     };
     (@chunked $name:ident) => {

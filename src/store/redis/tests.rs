@@ -233,8 +233,12 @@ async fn every_script_s_replies_decode_from_a_real_redis() {
             "assign" => {
                 assign(&redis).await;
                 session_assign(&redis).await;
+                rate_limited_assign(&redis, "assign").await;
             }
-            "assign_done" => assign_done(&redis).await,
+            "assign_done" => {
+                assign_done(&redis).await;
+                rate_limited_assign(&redis, "assign_done").await;
+            }
             "put_pool" => put_pool(&redis).await,
             "pool_info" => pool_info(&redis).await,
             "delete_pool" => delete_pool(&redis).await,
@@ -432,6 +436,69 @@ async fn assign_done(redis: &TestRedis) {
             pick: SessionAssignReply::TooManySessions,
         }
     );
+}
+
+/// The head of both assign scripts (`rate.lua`): with a client's rate limit at the end of
+/// ARGV and its bucket the last key, an assign takes a token, or answers `{-4, ms}` and
+/// changes nothing; the bucket expires once it would be full again.
+async fn rate_limited_assign(redis: &TestRedis, script: &str) {
+    let limited = pool(&format!("rate-{script}"));
+    let bucket = redis.store.buckets_key(&limited);
+    let done: &[&str] = match script {
+        // `done` about nobody: counted as unknown, changing nothing.
+        "assign_done" => &["nobody", "ok", "", "", "0", "100000", "16", ""],
+        _ => &[],
+    };
+    let mut args = vec!["l0", "", "16", "16", "2000", "1"];
+    args.extend(done);
+    args.push("\trate 1 1 1 10000 team-a");
+    let run = || redis.eval_keyed(script, &limited, std::slice::from_ref(&bucket), &args);
+    // No pool: no bucket either.
+    assert_pool_not_found(
+        reply::rate_limited(run().await).and_then(|value| match script {
+            "assign_done" => AssignDoneReply::decode(value).map(drop),
+            _ => AssignReply::decode(value).map(drop),
+        }),
+    );
+    let exists: u64 = redis.side(&["EXISTS", &bucket]).await;
+    assert_eq!(exists, 0);
+    redis.create(&limited, PoolConfig::default()).await;
+    redis.seed(&limited, &["a"], 0).await;
+    let first = reply::rate_limited(run().await).expect("a token");
+    let assignments = match script {
+        "assign_done" => AssignDoneReply::decode(first).expect("decodes").pick,
+        _ => AssignReply::decode(first).expect("decodes"),
+    };
+    assert_eq!(assignments, AssignReply::Assigned(vec![(member("a"), 1)]));
+    let ttl: i64 = redis.side(&["PTTL", &bucket]).await;
+    assert!((1..=1_000).contains(&ttl), "{ttl}");
+    match reply::rate_limited(run().await) {
+        Err(StoreError::ClientRateLimited(wait)) => {
+            assert!(
+                wait > Duration::ZERO && wait <= Duration::from_secs(1),
+                "{wait:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let count: String = redis
+        .side(&["ZSCORE", &TestRedis::key(&limited, "eligible"), "a"])
+        .await;
+    assert_eq!(count, "1");
+    // Past the most buckets a pool keeps (here 2), a new client's starts the hash over.
+    for client in ["team-b", "team-c"] {
+        let rate = format!("\trate 1 1 1 2 {client}");
+        let mut args = args.clone();
+        *args.last_mut().expect("the rate") = &rate;
+        reply::rate_limited(
+            redis
+                .eval_keyed(script, &limited, std::slice::from_ref(&bucket), &args)
+                .await,
+        )
+        .expect("a token");
+    }
+    let fields: Vec<String> = redis.side(&["HKEYS", &bucket]).await;
+    assert_eq!(fields, ["team-c"]);
 }
 
 /// Runs `assign.lua` with a lease id and a ttl (`""` for the pool's).

@@ -113,7 +113,15 @@ pub(super) struct Ask {
     filter: Option<usize>,
     target: Option<usize>,
     exclude: Vec<usize>,
+    /// A client's rate limit (of [`RATES`]), as a client token carries it.
+    rate: Option<usize>,
 }
+
+/// Clients with rate limits, `(id, rate_per_second, burst)`. Slow on purpose: Redis also
+/// expires a bucket once it would be full again on its own clock (a memory bound, not the
+/// rule), which the test clock does not hold back, so a bucket must outlive a sequence's
+/// real run (seconds here, far longer than a sequence takes).
+const RATES: [(&str, u64, u64); 2] = [("wide", 1, 3), ("narrow", 1, 1)];
 
 /// How many members an assign wants, or the session it names (with its ttl).
 #[derive(Debug, Clone)]
@@ -275,12 +283,14 @@ fn ask() -> impl Strategy<Value = Ask> {
         prop::option::weighted(0.25, 0..FILTERS.len()),
         prop::option::weighted(0.4, 0..TARGETS.len()),
         prop::collection::vec(0..MEMBERS.len(), 0..3),
+        prop::option::weighted(0.3, 0..RATES.len()),
     )
-        .prop_map(|(ttl_ms, filter, target, exclude)| Ask {
+        .prop_map(|(ttl_ms, filter, target, exclude, rate)| Ask {
             ttl_ms,
             filter,
             target,
             exclude,
+            rate,
         })
 }
 
@@ -666,6 +676,16 @@ async fn assign(
         labels: filter(ask.filter),
         target: ask.target.map(target_of),
         exclude: Exclude::of(member_list(&ask.exclude)),
+        rate: ask.rate.map(|index| {
+            let (client, rate_per_second, burst) = RATES[index];
+            crate::store::ClientLimit {
+                client: crate::domain::ClientId::parse(client).expect("a valid client id"),
+                rate: crate::domain::ClientRate {
+                    rate_per_second,
+                    burst,
+                },
+            }
+        }),
     };
     let session = |id: usize, ttl: Option<u64>| SessionRequest {
         id: SessionId::parse("session", SESSIONS[id]).expect("a valid session id"),
