@@ -30,6 +30,7 @@
 //!   not dial (logged once per pool), 503 `store_unavailable`.
 
 mod forward;
+mod relay;
 pub mod socks;
 pub mod status;
 pub mod upstream;
@@ -37,10 +38,8 @@ pub mod user;
 
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use base64::Engine;
@@ -52,7 +51,7 @@ use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use subtle::ConstantTimeEq;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -812,8 +811,8 @@ impl Held {
         let idle = self.gateway.inner.settings.idle_timeout;
         tokio::spawn(async move {
             let relayed = match client.await {
-                Some(client) => relay(client, connection, idle, entered.closing()).await,
-                None => Relayed::default(),
+                Some(client) => relay::relay(client, connection, idle, entered.closing()).await,
+                None => relay::Relayed::default(),
             };
             metrics::counter!("pa_gateway_bytes_total", "listener" => listener, "direction" => "sent")
                 .increment(relayed.sent);
@@ -986,116 +985,5 @@ impl Drop for Entered {
         self.set.open.fetch_sub(1, Ordering::AcqRel);
         metrics::gauge!("pa_gateway_tunnels_open").decrement(1.0);
         self.set.ended.notify_waiters();
-    }
-}
-
-/// What a relayed tunnel carried and why it ended.
-#[derive(Debug, Default)]
-struct Relayed {
-    sent: u64,
-    received: u64,
-    ended: &'static str,
-}
-
-/// Copies bytes both ways until either side closes, the tunnel is idle for `idle`, or
-/// shutdown closes it.
-async fn relay<C: AsyncRead + AsyncWrite + Unpin>(
-    client: C,
-    mut upstream: Connection,
-    idle: Duration,
-    mut closing: watch::Receiver<bool>,
-) -> Relayed {
-    let counts = Arc::new(Counts::default());
-    let mut client = Counted {
-        inner: client,
-        counts: Arc::clone(&counts),
-    };
-    let ended = {
-        let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
-        let mut copy = std::pin::pin!(copy);
-        let shutdown = closing.wait_for(|closing| *closing);
-        let mut shutdown = std::pin::pin!(shutdown);
-        let tick = (idle / 4).max(Duration::from_millis(10));
-        let mut ticker = tokio::time::interval(tick);
-        let mut last = 0;
-        let mut quiet_since = Instant::now();
-        loop {
-            tokio::select! {
-                copied = &mut copy => break if copied.is_ok() { "closed" } else { "reset" },
-                _ = &mut shutdown => break "shutdown",
-                _ = ticker.tick() => {
-                    let total = counts.total();
-                    if total != last {
-                        last = total;
-                        quiet_since = Instant::now();
-                    } else if quiet_since.elapsed() >= idle {
-                        break "idle";
-                    }
-                }
-            }
-        }
-    };
-    Relayed {
-        sent: counts.sent.load(Ordering::Relaxed),
-        received: counts.received.load(Ordering::Relaxed),
-        ended,
-    }
-}
-
-#[derive(Default)]
-struct Counts {
-    /// From the client to the upstream.
-    sent: AtomicU64,
-    /// From the upstream to the client.
-    received: AtomicU64,
-}
-
-impl Counts {
-    fn total(&self) -> u64 {
-        self.sent.load(Ordering::Relaxed) + self.received.load(Ordering::Relaxed)
-    }
-}
-
-/// The client's side of a tunnel, counting what it reads (sent on) and writes (received).
-struct Counted<T> {
-    inner: T,
-    counts: Arc<Counts>,
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let read = Pin::new(&mut this.inner).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        this.counts.sent.fetch_add(n as u64, Ordering::Relaxed);
-        read
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        let written = Pin::new(&mut this.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = written {
-            this.counts.received.fetch_add(n as u64, Ordering::Relaxed);
-        }
-        written
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
