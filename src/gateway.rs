@@ -809,7 +809,8 @@ impl Held {
         self.gateway.report_ok(&self.pool, &self.member);
         let entered = self.gateway.inner.tunnels.enter();
         let idle = self.gateway.inner.settings.idle_timeout;
-        tokio::spawn(async move {
+        // Boxed, as a connection's future is (see `connections.rs`).
+        tokio::spawn(Box::pin(async move {
             let relayed = match client.await {
                 Some(client) => relay::relay(client, connection, idle, entered.closing()).await,
                 None => relay::Relayed::default(),
@@ -836,7 +837,7 @@ impl Held {
                 self.gateway.inner.tickets.close(&ticket);
             }
             drop(entered);
-        });
+        }));
     }
 }
 
