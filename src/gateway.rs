@@ -815,10 +815,9 @@ impl Held {
                 Some(client) => relay::relay(client, connection, idle, entered.closing()).await,
                 None => relay::Relayed::default(),
             };
-            metrics::counter!("pa_gateway_bytes_total", "listener" => listener, "direction" => "sent")
-                .increment(relayed.sent);
-            metrics::counter!("pa_gateway_bytes_total", "listener" => listener, "direction" => "received")
-                .increment(relayed.received);
+            let bytes = entered.set.bytes(listener);
+            bytes.sent.increment(relayed.sent);
+            bytes.received.increment(relayed.received);
             tracing::info!(
                 listener,
                 pool = self.pool.as_str(),
@@ -923,15 +922,51 @@ struct TunnelSet {
     open: AtomicUsize,
     ended: Notify,
     closing: watch::Sender<bool>,
+    /// The metrics every tunnel touches, registered once rather than looked up by name
+    /// and labels per tunnel.
+    open_gauge: metrics::Gauge,
+    http_bytes: ByteCounters,
+    socks5_bytes: ByteCounters,
+}
+
+impl TunnelSet {
+    /// The byte counters of the port called `listener`.
+    fn bytes(&self, listener: &'static str) -> &ByteCounters {
+        if listener == "socks5" {
+            &self.socks5_bytes
+        } else {
+            &self.http_bytes
+        }
+    }
+}
+
+/// `pa_gateway_bytes_total` of one gateway port, both directions.
+struct ByteCounters {
+    sent: metrics::Counter,
+    received: metrics::Counter,
+}
+
+impl ByteCounters {
+    fn of(listener: &'static str) -> Self {
+        Self {
+            sent: metrics::counter!("pa_gateway_bytes_total", "listener" => listener, "direction" => "sent"),
+            received: metrics::counter!("pa_gateway_bytes_total", "listener" => listener, "direction" => "received"),
+        }
+    }
 }
 
 impl Default for Tunnels {
     fn default() -> Self {
+        // The handles go to the recorder only once it is installed.
+        crate::monitoring::prometheus();
         Self {
             inner: Arc::new(TunnelSet {
                 open: AtomicUsize::new(0),
                 ended: Notify::new(),
                 closing: watch::channel(false).0,
+                open_gauge: metrics::gauge!("pa_gateway_tunnels_open"),
+                http_bytes: ByteCounters::of("http"),
+                socks5_bytes: ByteCounters::of("socks5"),
             }),
         }
     }
@@ -940,7 +975,7 @@ impl Default for Tunnels {
 impl Tunnels {
     fn enter(&self) -> Entered {
         self.inner.open.fetch_add(1, Ordering::AcqRel);
-        metrics::gauge!("pa_gateway_tunnels_open").increment(1.0);
+        self.inner.open_gauge.increment(1.0);
         Entered {
             set: Arc::clone(&self.inner),
         }
@@ -984,7 +1019,7 @@ impl Entered {
 impl Drop for Entered {
     fn drop(&mut self) {
         self.set.open.fetch_sub(1, Ordering::AcqRel);
-        metrics::gauge!("pa_gateway_tunnels_open").decrement(1.0);
+        self.set.open_gauge.decrement(1.0);
         self.set.ended.notify_waiters();
     }
 }

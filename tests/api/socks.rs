@@ -10,7 +10,9 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::gateway::{CaFile, HEALTHY, TOKEN, health, http_proxy, member, proxy_pool};
+use crate::gateway::{
+    CaFile, HEALTHY, TOKEN, basic, gateway, health, http_proxy, member, proxy_pool,
+};
 use crate::helpers::{Backend, TestApp, backend_config};
 use crate::proxies::{HttpProxy, TestCa, closed_port, socks5, target};
 
@@ -317,6 +319,79 @@ for url in sys.argv[3:]:
         assert!(metrics.contains(&tunnels), "{metrics}");
         app.stop().await;
     }
+}
+
+/// A metric's value in a `/metrics` text, 0 when the series is not there yet.
+fn value(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnels_bytes_are_counted_by_port_and_direction_and_open_tunnels_in_a_gauge() {
+    let app = spawn_on(Backend::Embedded, |_| {}).await;
+    let site = target(None).await;
+    let proxy = http_proxy().await;
+    proxy_pool(&app, "counted").await;
+    app.seed("counted", &[&member("http", &proxy)], None).await;
+    let request = b"GET /health HTTP/1.1\r\nHost: target\r\nConnection: close\r\n\r\n";
+    let series = |port: &str, direction: &str| {
+        format!("pa_gateway_bytes_total{{listener=\"{port}\",direction=\"{direction}\"}}")
+    };
+    for port in ["http", "socks5"] {
+        let before = metrics(&app).await;
+        let mut stream = if port == "http" {
+            let mut stream = TcpStream::connect(gateway(&app)).await.expect("connected");
+            let authorization = basic("counted", TOKEN).expect("credentials");
+            let connect = format!(
+                "CONNECT 127.0.0.1:{0} HTTP/1.1\r\nHost: 127.0.0.1:{0}\r\n\
+                 Proxy-Authorization: {authorization}\r\n\r\n",
+                site.port()
+            );
+            stream.write_all(connect.as_bytes()).await.expect("sent");
+            let mut head = Vec::new();
+            while !head.ends_with(b"\r\n\r\n") {
+                head.push(stream.read_u8().await.expect("the answer's head"));
+            }
+            assert!(head.starts_with(b"HTTP/1.1 200 "), "{head:?}");
+            stream
+        } else {
+            let (reply, stream) =
+                connect(socks(&app), "counted", &To::V4([127, 0, 0, 1], site.port())).await;
+            assert_eq!(reply, 0);
+            stream
+        };
+        let open = metrics(&app).await;
+        assert!(
+            open.lines()
+                .any(|line| line.starts_with("pa_gateway_tunnels_open ")),
+            "{open}"
+        );
+        stream.write_all(request).await.expect("sent");
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.expect("read");
+        assert!(answer.ends_with(HEALTHY.as_bytes()), "{answer:?}");
+        drop(stream);
+        // Counted as the tunnel closes; other tests' tunnels may add to the same series.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let after = metrics(&app).await;
+            let sent = value(&after, &series(port, "sent")) - value(&before, &series(port, "sent"));
+            let received = value(&after, &series(port, "received"))
+                - value(&before, &series(port, "received"));
+            if sent >= request.len() as u64 && received >= answer.len() as u64 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{port}: {sent} sent, {received} received"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    app.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
