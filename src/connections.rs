@@ -583,11 +583,14 @@ impl GuardedListener {
                     .into_owned(),
             );
             let metrics = self.metrics.clone();
-            tokio::spawn(async move {
+            // Boxed: a connection's future is large, and tokio moves an unboxed one by value
+            // several times as it spawns it and again when it completes (about 6,000
+            // instructions a connection, measured with callgrind); a box is moved once.
+            tokio::spawn(Box::pin(async move {
                 if let Some(Err(error)) = activity.watch(connection, &metrics).await {
                     tracing::debug!(%error, "connection ended with an error");
                 }
-            });
+            }));
         }
     }
 }
@@ -609,7 +612,8 @@ impl GuardedListener {
                 accepted = self.accept() => accepted,
                 () = &mut stop => return,
             };
-            tokio::spawn(handle(accepted));
+            // Boxed, as an HTTP connection's future is (see `serve_http`).
+            tokio::spawn(Box::pin(handle(accepted)));
         }
     }
 }

@@ -31,6 +31,7 @@
 //!   not dial (logged once per pool), 503 `store_unavailable`.
 
 mod forward;
+mod relay;
 pub mod socks;
 pub mod status;
 pub mod upstream;
@@ -38,10 +39,8 @@ pub mod user;
 
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use base64::Engine;
@@ -53,7 +52,7 @@ use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use subtle::ConstantTimeEq;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -867,15 +866,15 @@ impl Held {
             .report_ok(&self.pool, &self.member, self.latency_ms());
         let entered = self.gateway.inner.tunnels.enter();
         let idle = self.gateway.inner.settings.idle_timeout;
-        tokio::spawn(async move {
+        // Boxed, as a connection's future is (see `connections.rs`).
+        tokio::spawn(Box::pin(async move {
             let relayed = match client.await {
-                Some(client) => relay(client, connection, idle, entered.closing()).await,
-                None => Relayed::default(),
+                Some(client) => relay::relay(client, connection, idle, entered.closing()).await,
+                None => relay::Relayed::default(),
             };
-            metrics::counter!("pa_gateway_bytes_total", "listener" => listener, "direction" => "sent")
-                .increment(relayed.sent);
-            metrics::counter!("pa_gateway_bytes_total", "listener" => listener, "direction" => "received")
-                .increment(relayed.received);
+            let bytes = entered.set.bytes(listener);
+            bytes.sent.increment(relayed.sent);
+            bytes.received.increment(relayed.received);
             tracing::info!(
                 listener,
                 pool = self.pool.as_str(),
@@ -894,7 +893,7 @@ impl Held {
                 self.gateway.inner.tickets.close(&ticket);
             }
             drop(entered);
-        });
+        }));
     }
 }
 
@@ -980,15 +979,51 @@ struct TunnelSet {
     open: AtomicUsize,
     ended: Notify,
     closing: watch::Sender<bool>,
+    /// The metrics every tunnel touches, registered once rather than looked up by name
+    /// and labels per tunnel.
+    open_gauge: metrics::Gauge,
+    http_bytes: ByteCounters,
+    socks5_bytes: ByteCounters,
+}
+
+impl TunnelSet {
+    /// The byte counters of the port called `listener`.
+    fn bytes(&self, listener: &'static str) -> &ByteCounters {
+        if listener == "socks5" {
+            &self.socks5_bytes
+        } else {
+            &self.http_bytes
+        }
+    }
+}
+
+/// `pa_gateway_bytes_total` of one gateway port, both directions.
+struct ByteCounters {
+    sent: metrics::Counter,
+    received: metrics::Counter,
+}
+
+impl ByteCounters {
+    fn of(listener: &'static str) -> Self {
+        Self {
+            sent: metrics::counter!("pa_gateway_bytes_total", "listener" => listener, "direction" => "sent"),
+            received: metrics::counter!("pa_gateway_bytes_total", "listener" => listener, "direction" => "received"),
+        }
+    }
 }
 
 impl Default for Tunnels {
     fn default() -> Self {
+        // The handles go to the recorder only once it is installed.
+        crate::monitoring::prometheus();
         Self {
             inner: Arc::new(TunnelSet {
                 open: AtomicUsize::new(0),
                 ended: Notify::new(),
                 closing: watch::channel(false).0,
+                open_gauge: metrics::gauge!("pa_gateway_tunnels_open"),
+                http_bytes: ByteCounters::of("http"),
+                socks5_bytes: ByteCounters::of("socks5"),
             }),
         }
     }
@@ -997,7 +1032,7 @@ impl Default for Tunnels {
 impl Tunnels {
     fn enter(&self) -> Entered {
         self.inner.open.fetch_add(1, Ordering::AcqRel);
-        metrics::gauge!("pa_gateway_tunnels_open").increment(1.0);
+        self.inner.open_gauge.increment(1.0);
         Entered {
             set: Arc::clone(&self.inner),
         }
@@ -1041,118 +1076,7 @@ impl Entered {
 impl Drop for Entered {
     fn drop(&mut self) {
         self.set.open.fetch_sub(1, Ordering::AcqRel);
-        metrics::gauge!("pa_gateway_tunnels_open").decrement(1.0);
+        self.set.open_gauge.decrement(1.0);
         self.set.ended.notify_waiters();
-    }
-}
-
-/// What a relayed tunnel carried and why it ended.
-#[derive(Debug, Default)]
-struct Relayed {
-    sent: u64,
-    received: u64,
-    ended: &'static str,
-}
-
-/// Copies bytes both ways until either side closes, the tunnel is idle for `idle`, or
-/// shutdown closes it.
-async fn relay<C: AsyncRead + AsyncWrite + Unpin>(
-    client: C,
-    mut upstream: Connection,
-    idle: Duration,
-    mut closing: watch::Receiver<bool>,
-) -> Relayed {
-    let counts = Arc::new(Counts::default());
-    let mut client = Counted {
-        inner: client,
-        counts: Arc::clone(&counts),
-    };
-    let ended = {
-        let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
-        let mut copy = std::pin::pin!(copy);
-        let shutdown = closing.wait_for(|closing| *closing);
-        let mut shutdown = std::pin::pin!(shutdown);
-        let tick = (idle / 4).max(Duration::from_millis(10));
-        let mut ticker = tokio::time::interval(tick);
-        let mut last = 0;
-        let mut quiet_since = Instant::now();
-        loop {
-            tokio::select! {
-                copied = &mut copy => break if copied.is_ok() { "closed" } else { "reset" },
-                _ = &mut shutdown => break "shutdown",
-                _ = ticker.tick() => {
-                    let total = counts.total();
-                    if total != last {
-                        last = total;
-                        quiet_since = Instant::now();
-                    } else if quiet_since.elapsed() >= idle {
-                        break "idle";
-                    }
-                }
-            }
-        }
-    };
-    Relayed {
-        sent: counts.sent.load(Ordering::Relaxed),
-        received: counts.received.load(Ordering::Relaxed),
-        ended,
-    }
-}
-
-#[derive(Default)]
-struct Counts {
-    /// From the client to the upstream.
-    sent: AtomicU64,
-    /// From the upstream to the client.
-    received: AtomicU64,
-}
-
-impl Counts {
-    fn total(&self) -> u64 {
-        self.sent.load(Ordering::Relaxed) + self.received.load(Ordering::Relaxed)
-    }
-}
-
-/// The client's side of a tunnel, counting what it reads (sent on) and writes (received).
-struct Counted<T> {
-    inner: T,
-    counts: Arc<Counts>,
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let read = Pin::new(&mut this.inner).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        this.counts.sent.fetch_add(n as u64, Ordering::Relaxed);
-        read
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        let written = Pin::new(&mut this.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = written {
-            this.counts.received.fetch_add(n as u64, Ordering::Relaxed);
-        }
-        written
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }

@@ -64,7 +64,8 @@
 //! - [`gateway`]: the forward-proxy gateway (`GATEWAY_LISTEN`): a proxy port that picks,
 //!   dials (`gateway/upstream.rs`: CONNECT, SOCKS, TLS to `https` proxies), reports and
 //!   releases by itself, with the pool and options in the proxy user name
-//!   (`gateway/user.rs`), and its SOCKS5 port (`GATEWAY_SOCKS_LISTEN`,
+//!   (`gateway/user.rs`), relays tunnels (`gateway/relay.rs`: the two-way copy with
+//!   buffers that grow with the traffic), and its SOCKS5 port (`GATEWAY_SOCKS_LISTEN`,
 //!   `gateway/socks.rs`).
 //! - [`tickets`]: the tickets of the gateway's tunnels, with which a client reports about
 //!   the member that served a tunnel without learning its credentials (shared by the

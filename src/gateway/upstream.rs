@@ -285,14 +285,14 @@ impl Dialer {
         allow_private: bool,
     ) -> Result<Connection, DialError> {
         let connection = self.connect_proxy(upstream, allow_private).await?;
-        let target: Uri = format!("http://{host}:{port}")
-            .parse()
-            .map_err(|error| failed("the target", error))?;
         if matches!(upstream.scheme, Scheme::Http | Scheme::Https) {
             // Our own CONNECT rather than hyper-util's tunnel, which drops whatever arrives
             // with the proxy's answer: see `connect_through`.
-            return connect_through(connection, &target, upstream.authorization()).await;
+            return connect_through(connection, host, port, upstream.authorization()).await;
         }
+        let target: Uri = format!("http://{host}:{port}")
+            .parse()
+            .map_err(|error| failed("the target", error))?;
         let proxy = upstream.uri();
         let mut ready = Some(TokioIo::new(connection));
         let connector = tower::service_fn(move |_: Uri| {
@@ -326,20 +326,34 @@ impl Dialer {
 /// The most an HTTP proxy's answer head to a CONNECT may take.
 const CONNECT_HEAD_LIMIT: usize = 8192;
 
-/// Opens a CONNECT tunnel to `target` through the HTTP(S) proxy at the other end of
-/// `connection`. Whatever the proxy sent after its answer's head, in the same reads, is the
+/// Opens a CONNECT tunnel to `host:port` (a host the gateway took as the assign's
+/// [`Target`](crate::domain::Target), an IPv6 literal in brackets) through the HTTP(S) proxy
+/// at the other end of `connection`. Whatever the proxy sent after its answer's head, in the same reads, is the
 /// tunnel's first bytes (a target that speaks first, or a proxy that writes both at once):
 /// it is handed on before anything read later, never dropped.
 async fn connect_through(
     mut connection: Connection,
-    target: &Uri,
+    host: &str,
+    port: u16,
     authorization: Option<HeaderValue>,
 ) -> Result<Connection, DialError> {
     let what = "CONNECT through the proxy";
-    let host = target.host().ok_or_else(|| failed(what, "no host"))?;
-    let port = target.port_u16().ok_or_else(|| failed(what, "no port"))?;
-    let mut request =
-        format!("CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n").into_bytes();
+    let mut port_text = itoa::Buffer::new();
+    let port = port_text.format(port);
+    let mut request = Vec::with_capacity(128);
+    for part in [
+        "CONNECT ",
+        host,
+        ":",
+        port,
+        " HTTP/1.1\r\nHost: ",
+        host,
+        ":",
+        port,
+        "\r\n",
+    ] {
+        request.extend_from_slice(part.as_bytes());
+    }
     if let Some(authorization) = authorization {
         request.extend_from_slice(b"Proxy-Authorization: ");
         request.extend_from_slice(authorization.as_bytes());
@@ -350,18 +364,25 @@ async fn connect_through(
         .write_all(&request)
         .await
         .map_err(|error| failed(what, error))?;
+    // Read straight into the head's spare room, never zeroed: an answer is one read.
     let mut head = Vec::with_capacity(1024);
-    let mut buf = [0_u8; 4096];
     loop {
+        if head.len() == head.capacity() {
+            head.reserve(1024);
+        }
+        let searched = head.len().saturating_sub(3);
         let n = connection
-            .read(&mut buf)
+            .read_buf(&mut head)
             .await
             .map_err(|error| failed(what, error))?;
         if n == 0 {
             return Err(failed(what, "the proxy closed the connection"));
         }
-        head.extend_from_slice(&buf[..n]);
-        if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+        if let Some(end) = head[searched..]
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map(|at| searched + at)
+        {
             let rest = head.split_off(end + 4);
             return match status_code(&head) {
                 Some(200..=299) if rest.is_empty() => Ok(connection),
@@ -462,10 +483,10 @@ mod tests {
             drop(proxy);
             String::from_utf8(request[..n].to_vec()).expect("text")
         });
-        let target: Uri = "http://shop.example:443".parse().expect("a uri");
         let mut tunnel = connect_through(
             Box::new(client),
-            &target,
+            "shop.example",
+            443,
             Some(HeaderValue::from_static("Basic dXNlcjpwYXNz")),
         )
         .await
@@ -484,6 +505,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_answer_that_arrives_a_byte_at_a_time_opens_the_tunnel() {
+        // A pipe of one byte: every read of the answer gets one byte.
+        let (client, mut proxy) = tokio::io::duplex(1);
+        tokio::spawn(async move {
+            let mut request = Vec::new();
+            while !request.ends_with(b"\r\n\r\n") {
+                request.push(proxy.read_u8().await.expect("the request"));
+            }
+            proxy
+                .write_all(b"HTTP/1.1 200 Connection established\r\nVia: 1.1 p\r\n\r\nhi")
+                .await
+                .expect("answered");
+        });
+        let mut tunnel = connect_through(Box::new(client), "[2001:db8::1]", 8443, None)
+            .await
+            .expect("a tunnel");
+        let mut first = [0; 2];
+        tunnel
+            .read_exact(&mut first)
+            .await
+            .expect("the tunnel's bytes");
+        assert_eq!(&first, b"hi");
+    }
+
+    #[tokio::test]
     async fn a_connect_answered_407_or_500_is_a_failed_dial() {
         for (answer, says) in [
             (
@@ -498,8 +544,7 @@ mod tests {
                 let _ = proxy.read(&mut request).await;
                 let _ = proxy.write_all(answer).await;
             });
-            let target: Uri = "http://shop.example:443".parse().expect("a uri");
-            match connect_through(Box::new(client), &target, None).await {
+            match connect_through(Box::new(client), "shop.example", 443, None).await {
                 Err(DialError::Failed(failure)) => {
                     assert_eq!(failure.kind, FailureKind::ProxyAnswer);
                     assert!(failure.message.contains(says), "{failure}");

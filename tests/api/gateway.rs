@@ -1027,10 +1027,10 @@ async fn gateway_max_connections_caps_the_open_tunnels() {
 }
 
 /// A file holding `ca`'s certificate, removed when dropped.
-struct CaFile(std::path::PathBuf);
+pub(crate) struct CaFile(pub(crate) std::path::PathBuf);
 
 impl CaFile {
-    fn new(ca: &TestCa) -> Self {
+    pub(crate) fn new(ca: &TestCa) -> Self {
         let path =
             std::env::temp_dir().join(format!("gateway-ca-{:016x}.pem", rand::random::<u64>()));
         std::fs::write(&path, ca.pem()).expect("written");

@@ -1,5 +1,5 @@
-//! The gateway's SOCKS5 port (`GATEWAY_SOCKS_LISTEN`) with curl and with SOCKS5 written by
-//! hand where the exact bytes matter, through real local upstream proxies (`proxies.rs`)
+//! The gateway's SOCKS5 port (`GATEWAY_SOCKS_LISTEN`) with curl, with Python `requests`
+//! (PySocks) and with SOCKS5 written by hand where the exact bytes matter, through real local upstream proxies (`proxies.rs`)
 //! to local targets: the handshake and its refusals, attempts, sessions, leases, the
 //! connection cap and deadlines, and the metric.
 
@@ -10,9 +10,11 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::gateway::{HEALTHY, TOKEN, health, http_proxy, member, proxy_pool};
+use crate::gateway::{
+    CaFile, HEALTHY, TOKEN, basic, gateway, health, http_proxy, member, proxy_pool,
+};
 use crate::helpers::{Backend, TestApp, backend_config};
-use crate::proxies::{HttpProxy, closed_port, socks5, target};
+use crate::proxies::{HttpProxy, TestCa, closed_port, socks5, target};
 
 async fn spawn_on(
     backend: Backend,
@@ -236,6 +238,160 @@ async fn curl_reaches_targets_through_http_and_socks5_members_with_names_and_add
         assert!(metrics.contains(&tunnels), "{metrics}");
         app.stop().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_requests_reaches_http_and_https_targets_through_the_socks5_port_by_name_and_by_address()
+ {
+    // requests with PySocks (requests[socks]): socks5h:// sends the gateway the name,
+    // socks5:// resolves it first and sends the address.
+    let script = r#"
+import sys, requests
+gateway, ca = sys.argv[1], sys.argv[2]
+for url in sys.argv[3:]:
+    for scheme in ("socks5h", "socks5"):
+        proxy = f"{scheme}://{gateway}"
+        answer = requests.get(url, proxies={"http": proxy, "https": proxy}, verify=ca, timeout=20)
+        print(scheme, answer.status_code, answer.text)
+"#;
+    let ca = TestCa::new();
+    let ca_file = CaFile::new(&ca);
+    // Pools of names of their own: the metrics are the process's, shared by every test.
+    for (backend, pool) in [(Backend::Embedded, "pysocks"), (Backend::Redis, "pysocks2")] {
+        let app = spawn_on(backend, |_| {}).await;
+        let secure = target(Some(ca.acceptor(&["localhost", "127.0.0.1"]))).await;
+        let plain = target(None).await;
+        let proxy = http_proxy().await;
+        proxy_pool(&app, pool).await;
+        app.seed(pool, &[&member("http", &proxy)], None).await;
+        let output = tokio::process::Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .arg(format!("{pool}:{TOKEN}@{}", socks(&app)))
+            .arg(&ca_file.0)
+            .arg(format!("https://localhost:{}/health", secure.port()))
+            .arg(format!("http://localhost:{}/health", plain.port()))
+            .output()
+            .await
+            .expect("python3 runs");
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout),
+            format!(
+                "socks5h 200 {HEALTHY}\nsocks5 200 {HEALTHY}\nsocks5h 200 {HEALTHY}\nsocks5 200 {HEALTHY}\n"
+            ),
+            "{backend:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let (secure_port, plain_port) = (secure.port(), plain.port());
+        assert_eq!(
+            proxy.seen(),
+            vec![
+                format!("CONNECT localhost:{secure_port} HTTP/1.1 | Basic dXNlcjpzM2NyZXQ="),
+                format!("CONNECT 127.0.0.1:{secure_port} HTTP/1.1 | Basic dXNlcjpzM2NyZXQ="),
+                format!("CONNECT localhost:{plain_port} HTTP/1.1 | Basic dXNlcjpzM2NyZXQ="),
+                format!("CONNECT 127.0.0.1:{plain_port} HTTP/1.1 | Basic dXNlcjpzM2NyZXQ="),
+            ],
+            "the member is handed the name or the address requests sent, with its own \
+             credentials: {backend:?}"
+        );
+        for site in [&secure, &plain] {
+            let agents: Vec<String> = site
+                .seen()
+                .iter()
+                .map(|seen| {
+                    seen.split(" | python-requests/")
+                        .next()
+                        .unwrap_or(seen)
+                        .to_owned()
+                })
+                .collect();
+            assert_eq!(agents, vec!["GET /health HTTP/1.1"; 2], "{:?}", site.seen());
+        }
+        assert_eq!(
+            health(&app, pool).await,
+            vec![(member("http", &proxy), 4, 0)],
+            "{backend:?}"
+        );
+        let metrics = metrics(&app).await;
+        let tunnels = format!(
+            "pa_gateway_requests_total{{listener=\"socks5\",pool=\"{pool}\",outcome=\"tunnel\"}} 4\n"
+        );
+        assert!(metrics.contains(&tunnels), "{metrics}");
+        app.stop().await;
+    }
+}
+
+/// A metric's value in a `/metrics` text, 0 when the series is not there yet.
+fn value(metrics: &str, series: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnels_bytes_are_counted_by_port_and_direction_and_open_tunnels_in_a_gauge() {
+    let app = spawn_on(Backend::Embedded, |_| {}).await;
+    let site = target(None).await;
+    let proxy = http_proxy().await;
+    proxy_pool(&app, "counted").await;
+    app.seed("counted", &[&member("http", &proxy)], None).await;
+    let request = b"GET /health HTTP/1.1\r\nHost: target\r\nConnection: close\r\n\r\n";
+    let series = |port: &str, direction: &str| {
+        format!("pa_gateway_bytes_total{{listener=\"{port}\",direction=\"{direction}\"}}")
+    };
+    for port in ["http", "socks5"] {
+        let before = metrics(&app).await;
+        let mut stream = if port == "http" {
+            let mut stream = TcpStream::connect(gateway(&app)).await.expect("connected");
+            let authorization = basic("counted", TOKEN).expect("credentials");
+            let connect = format!(
+                "CONNECT 127.0.0.1:{0} HTTP/1.1\r\nHost: 127.0.0.1:{0}\r\n\
+                 Proxy-Authorization: {authorization}\r\n\r\n",
+                site.port()
+            );
+            stream.write_all(connect.as_bytes()).await.expect("sent");
+            let mut head = Vec::new();
+            while !head.ends_with(b"\r\n\r\n") {
+                head.push(stream.read_u8().await.expect("the answer's head"));
+            }
+            assert!(head.starts_with(b"HTTP/1.1 200 "), "{head:?}");
+            stream
+        } else {
+            let (reply, stream) =
+                connect(socks(&app), "counted", &To::V4([127, 0, 0, 1], site.port())).await;
+            assert_eq!(reply, 0);
+            stream
+        };
+        let open = metrics(&app).await;
+        assert!(
+            open.lines()
+                .any(|line| line.starts_with("pa_gateway_tunnels_open ")),
+            "{open}"
+        );
+        stream.write_all(request).await.expect("sent");
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await.expect("read");
+        assert!(answer.ends_with(HEALTHY.as_bytes()), "{answer:?}");
+        drop(stream);
+        // Counted as the tunnel closes; other tests' tunnels may add to the same series.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let after = metrics(&app).await;
+            let sent = value(&after, &series(port, "sent")) - value(&before, &series(port, "sent"));
+            let received = value(&after, &series(port, "received"))
+                - value(&before, &series(port, "received"));
+            if sent >= request.len() as u64 && received >= answer.len() as u64 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{port}: {sent} sent, {received} received"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    app.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! tunnels serve [--target ADDR] [--upstreams ADDR,ADDR]
-//! tunnels rate  --via ADDR[,ADDR] --to ADDR [--socks] [--concurrency 64] [--duration 5]
+//! tunnels rate  --via ADDR[,ADDR] --to ADDR [--socks] [--concurrency 64] [--duration 5] [--count N]
 //! tunnels bytes --via ADDR --to ADDR [--socks] [--bytes N]
 //! tunnels hold  --via ADDR --to ADDR [--socks] --count N --pid PID
 //! ```
@@ -17,7 +17,9 @@
 //! - `rate` opens tunnels through `--via` (several are taken in turn), each with `CONCURRENCY`
 //!   clients for `DURATION` seconds: connect, `CONNECT` (or the SOCKS5 handshake), one
 //!   `GET /`, read to the end, close. It prints the tunnels per second and the setup latency
-//!   (connect to the proxy's success reply) at p50 and p99.
+//!   (connect to the proxy's success reply) at p50 and p99. With `--count`, exactly that
+//!   many tunnels are opened (then `--duration` is only an upper bound): a fixed amount of
+//!   work, for counting instructions or system calls per tunnel in the proxy measured.
 //! - `bytes` streams `BYTES` bytes over one tunnel and prints bytes per second.
 //! - `hold` opens `COUNT` tunnels, keeps them open with one exchange done over each, and
 //!   prints the resident memory of `--pid` before and after, and per tunnel.
@@ -267,15 +269,26 @@ fn base64(bytes: &[u8]) -> String {
 async fn rate(options: &Options) -> Result<()> {
     let route = Arc::new(options.route()?);
     let concurrency = options.number("concurrency", 64)?;
-    let duration = Duration::from_secs_f64(options.number("duration", 5.0)?);
+    let count: Option<usize> = options
+        .0
+        .get("count")
+        .map(|_| options.number("count", 0))
+        .transpose()?;
+    let default_duration = if count.is_some() { 3600.0 } else { 5.0 };
+    let duration = Duration::from_secs_f64(options.number("duration", default_duration)?);
+    // Tunnels started so far, when their number is fixed.
+    let started_count = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let deadline = started + duration;
     let mut clients = JoinSet::new();
     for _ in 0..concurrency {
         let route = Arc::clone(&route);
+        let started_count = Arc::clone(&started_count);
         clients.spawn(async move {
             let (mut setups, mut errors, mut first_error) = (Vec::new(), 0u64, None);
-            while Instant::now() < deadline {
+            while Instant::now() < deadline
+                && count.is_none_or(|count| started_count.fetch_add(1, Ordering::Relaxed) < count)
+            {
                 let opened = Instant::now();
                 let outcome = async {
                     let mut stream = route.open().await?;
