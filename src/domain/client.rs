@@ -162,9 +162,6 @@ pub enum InvalidClientConfig {
         /// Its highest value.
         most: u64,
     },
-    /// A `burst` without a `rate_per_second`.
-    #[error("burst: only with rate_per_second")]
-    BurstWithoutRate,
 }
 
 /// The body as JSON: unknown fields are refused, so that a limit this version does not
@@ -215,7 +212,12 @@ impl ClientConfig {
         }
         let rate = match (&body.rate_per_second, &body.burst) {
             (None, None) => None,
-            (None, Some(_)) => return Err(InvalidClientConfig::BurstWithoutRate),
+            // A burst without a rate limits nothing (the contract allows the pair): it is
+            // checked like any burst, then dropped with the rate it would go with.
+            (None, Some(burst)) => {
+                in_range("burst", burst, MAX_BURST)?;
+                None
+            }
             (Some(rate), burst) => {
                 let rate_per_second = in_range("rate_per_second", rate, MAX_RATE_PER_SECOND)?;
                 let burst = match burst {
@@ -420,9 +422,15 @@ mod tests {
             let json = format!(r#"{{"pools": [], "rate_per_second": 1, "burst": {bad}}}"#);
             assert_eq!(limited(&json), Err(burst_error.to_owned()), "{bad}");
         }
+        // Without a rate a burst limits nothing, but is still checked.
+        assert_eq!(limited(r#"{"pools": [], "burst": 5}"#), Ok(None));
         assert_eq!(
-            limited(r#"{"pools": [], "burst": 5}"#),
-            Err("burst: only with rate_per_second".to_owned())
+            limited(r#"{"pools": [], "burst": 0}"#),
+            Err(burst_error.to_owned())
+        );
+        assert_eq!(
+            limited(r#"{"pools": [], "rate_per_second": null, "burst": null}"#),
+            Ok(None)
         );
         let config = ClientConfig::parse(
             &serde_json::from_str(r#"{"pools": ["web"], "rate_per_second": 5, "burst": 9}"#)
